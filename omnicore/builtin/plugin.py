@@ -1,0 +1,59 @@
+"""omnicore's built-in components, registered through the same hooks as any plugin.
+
+This module is imported by ``omnicore plugins``: it names targets as strings and imports nothing
+heavy.
+"""
+
+from __future__ import annotations
+
+from omnicore.components import ComponentSpec
+from omnicore.hookspecs import hookimpl
+
+
+@hookimpl
+def omnicore_foundations() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="foundation",
+            name="hf_causal_lm",
+            target="omnicore.builtin.foundation:build",
+            options_model="omnicore.builtin.foundation:HFCausalLMOptions",
+            description="any transformers causal LM, from a config dict or a local checkpoint directory",
+        )
+    ]
+
+
+@hookimpl
+def omnicore_parallel_strategies() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="parallel",
+            name="fsdp2",
+            target="omnicore.builtin.parallel:FSDP2",
+            description="FSDP2 (torch.distributed.fsdp.fully_shard) per block, then the root, over dp_shard",
+        ),
+        ComponentSpec(
+            kind="parallel",
+            name="none",
+            target="omnicore.builtin.parallel:NoParallel",
+            description="one process, no sharding (the reference every strategy is compared with)",
+        ),
+    ]
+
+
+@hookimpl
+def omnicore_kernels() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="kernel",
+            name="sdpa",
+            target="omnicore.builtin.kernels:SDPAAttention",
+            description="torch scaled_dot_product_attention through transformers; packed samples kept apart",
+        ),
+        ComponentSpec(
+            kind="kernel",
+            name="eager",
+            target="omnicore.builtin.kernels:EagerAttention",
+            description="transformers' eager (matmul + softmax) attention; a slow, simple reference",
+        ),
+    ]

@@ -1,0 +1,1 @@
+"""Data: chat-format JSONL samples to token ids with placeholder spans, packing, collation."""
