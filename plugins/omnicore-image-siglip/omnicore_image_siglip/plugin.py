@@ -1,0 +1,24 @@
+"""Hook module of omnicore-image-siglip (entry point ``siglip`` in the group ``omnicore``).
+
+Torch-free on purpose: ``omnicore plugins`` imports every hook module. The component's heavy code
+(torch, transformers) is imported only when the encoder is built, through the spec's ``target``.
+"""
+
+from __future__ import annotations
+
+from omnicore.components import ComponentSpec
+from omnicore.hookspecs import hookimpl
+
+
+@hookimpl
+def omnicore_encoders() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="encoder",
+            name="siglip",
+            target="omnicore_image_siglip.encoder:build",
+            options_model="omnicore_image_siglip.encoder:SiglipEncoderOptions",
+            modalities=("image",),
+            description="SigLIP vision tower (all patch tokens) + LLaVA-style 2-layer GELU MLP projector to H",
+        )
+    ]
