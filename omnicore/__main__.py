@@ -1,0 +1,7 @@
+"""``python -m omnicore`` (what ``torchrun -m omnicore train CONFIG`` runs)."""
+
+import sys
+
+from omnicore.cli import main
+
+sys.exit(main())

@@ -1,0 +1,140 @@
+"""The ``omnicore`` command line: ``plugins``, ``train``, ``eval``, ``generate``.
+
+User errors (bad config, bad data, unknown component) print one clean ``error: ...`` message and exit
+with status 2; they never show a traceback. ``omnicore plugins`` imports neither torch nor any
+plugin's heavy code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def _table(rows: list[dict[str, str]], columns: list[str]) -> str:
+    widths = {c: max([len(c)] + [len(r[c]) for r in rows]) for c in columns}
+    line = "  ".join(c.upper().ljust(widths[c]) for c in columns).rstrip()
+    out = [line]
+    for r in rows:
+        out.append("  ".join(r[c].ljust(widths[c]) for c in columns).rstrip())
+    return "\n".join(out)
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from omnicore.components import KINDS
+    from omnicore.registry import Registry
+
+    reg = Registry.discover()
+    rows = [r.as_dict() for r in reg.rows]
+    if args.kind:
+        rows = [r for r in rows if r["kind"] in (args.kind, "-")]
+    order = {k: i for i, k in enumerate(KINDS)}
+    rows.sort(key=lambda r: (order.get(r["kind"], len(KINDS)), r["name"], r["provider"]))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        r["description"] = r["reason"] if r["status"] != "available" else r["description"]
+    print(_table(rows, ["kind", "name", "provider", "version", "status", "description"]))
+    return 0
+
+
+def _config(args: argparse.Namespace, extra: list[str]) -> Any:
+    from omnicore.config import load_config
+
+    return load_config(args.config, extra)
+
+
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
+    cfg = _config(args, extra)
+    from omnicore.distributed.state import init_parallel_state, shutdown
+    from omnicore.train.loop import train
+
+    state = init_parallel_state(cfg.run.device, cfg.parallel.backend)
+    history = train(cfg, resume=args.resume, state=state)
+    if state.is_main and history:
+        print(f"done: step {history[-1]['step']}, loss {history[-1]['loss']:.4f}; metrics in {cfg.run.output_dir}/metrics.jsonl")
+    shutdown(state, exit_code=0)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
+    cfg = _config(args, extra)
+    from omnicore.evaluate import evaluate
+
+    result = evaluate(cfg, checkpoint=args.checkpoint, export=args.export, limit=args.limit)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        for task, r in result["tasks"].items():
+            print(f"{task}: accuracy {r['accuracy']:.3f} ({r['correct']}/{r['total']})")
+        print(f"overall: accuracy {result['accuracy']:.3f} ({result['correct']}/{result['total']})")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace, extra: list[str]) -> int:
+    cfg = _config(args, extra)
+    from omnicore.evaluate import generate_cli
+
+    for line in generate_cli(cfg, prompt=args.prompt, image=args.image, audio=args.audio, out_dir=args.out, checkpoint=args.checkpoint, export=args.export):
+        print(line)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="omnicore", description="Train omni-modal models from plugins.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sp = sub.add_parser("plugins", help="list every installed component, its provider and status")
+    sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sp.add_argument("--kind", choices=["encoder", "decoder", "foundation", "parallel", "kernel"], help="only this kind")
+
+    over = "dotted overrides such as --train.max_steps 50 may follow"
+    sp = sub.add_parser("train", help="train from a YAML config (" + over + ")")
+    sp.add_argument("config")
+    sp.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run.output_dir")
+
+    for name, text in (("eval", "accuracy on held-out samples whose answer is text"), ("generate", "generate text, or an image saved as PNG")):
+        sp = sub.add_parser(name, help=text + " (" + over + ")")
+        sp.add_argument("config")
+        sp.add_argument("--checkpoint", help="a checkpoint folder (default: the latest under run.output_dir)")
+        sp.add_argument("--export", help="an export folder to load instead of a checkpoint")
+        if name == "eval":
+            sp.add_argument("--limit", type=int, help="evaluate only the first N samples")
+            sp.add_argument("--json", action="store_true", help="print JSON")
+        else:
+            sp.add_argument("--prompt", required=True, help="the user's text")
+            sp.add_argument("--image", help="an input image file")
+            sp.add_argument("--audio", help="an input audio file")
+            sp.add_argument("--out", default=".", help="folder for generated images (PNG)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from omnicore.config import ConfigError
+    from omnicore.registry import RegistryError
+
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "plugins":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return cmd_plugins(args)
+    handlers = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate}
+    user_errors: tuple[type[BaseException], ...] = (ConfigError, RegistryError)
+    try:
+        from omnicore.checkpoint.dcp import CheckpointError
+        from omnicore.data.jsonl import SampleError
+        from omnicore.data.packing import PackingError
+
+        user_errors += (SampleError, CheckpointError, PackingError)
+        return handlers[args.command](args, extra)
+    except user_errors as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

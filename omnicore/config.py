@@ -1,0 +1,226 @@
+"""The run config: one YAML file validated by pydantic, with dotted command-line overrides.
+
+Every model is strict (unknown keys are errors) and every field is documented here, next to what it
+configures. Errors name the file, the dotted key and, for a misspelt key, the closest valid one::
+
+    examples/digits/config.yaml: train.max_step: unknown key; did you mean 'max_steps'?
+
+Overrides use dotted keys, as in ``omnicore train CONFIG --train.max_steps 50``; the value is parsed
+as YAML (``50`` is an int, ``true`` a bool, ``[1, 2]`` a list).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(Exception):
+    """The config file or an override is invalid; the message names the file and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class ComponentConfig(_Strict):
+    """One component chosen from the registry."""
+
+    name: str = Field(description="registry name, or 'provider:name' to pick one provider when several offer it")
+    options: dict[str, Any] = Field(default_factory=dict, description="the component's own options, validated by its options model")
+
+
+class ModelConfig(_Strict):
+    foundation: ComponentConfig = Field(
+        default_factory=lambda: ComponentConfig(name="hf_causal_lm"), description="the language model at the centre"
+    )
+    encoders: dict[str, ComponentConfig] = Field(
+        default_factory=dict, description="input-side encoders keyed by modality (image, audio, ...)"
+    )
+    decoders: dict[str, ComponentConfig] = Field(
+        default_factory=dict, description="output-side decoders keyed by modality (image, ...)"
+    )
+    attention: str = Field(default="sdpa", description="attention kernel from the registry (kind 'kernel'), e.g. sdpa or eager")
+
+
+class DataConfig(_Strict):
+    train: str = Field(description="training JSONL in the chat 'messages' format; media paths relative to the file")
+    eval: str | None = Field(default=None, description="held-out JSONL for `omnicore eval` (answers are text)")
+    max_tokens: int = Field(default=1024, gt=0, description="token budget of one packed micro-batch (all samples share one row)")
+    max_samples: int | None = Field(default=None, gt=0, description="use only the first N training samples")
+    on_error: Literal["raise", "skip"] = Field(
+        default="raise", description="bad sample (missing/unreadable media, malformed line): stop with the file and line, or skip and count"
+    )
+    shuffle: bool = Field(default=True, description="shuffle samples each epoch (seeded by run.seed and the epoch)")
+    system_prompt: str | None = Field(default=None, description="optional system message prepended to every sample")
+
+
+class TrainConfig(_Strict):
+    max_steps: int = Field(default=100, gt=0, description="optimizer steps to run")
+    lr: float = Field(default=1e-3, gt=0, description="peak learning rate of AdamW")
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="final LR of the cosine decay as a fraction of lr")
+    warmup_steps: int = Field(default=10, ge=0, description="linear warm-up steps from 0 to lr")
+    weight_decay: float = Field(default=0.01, ge=0, description="AdamW decoupled weight decay")
+    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW betas")
+    grad_clip: float = Field(default=1.0, ge=0, description="clip the global gradient L2 norm to this (0 disables)")
+    grad_accum: int = Field(default=1, gt=0, description="packed micro-batches per rank per optimizer step")
+    log_every: int = Field(default=1, gt=0, description="append metrics to metrics.jsonl every N steps")
+    save_every: int = Field(default=0, ge=0, description="save a checkpoint every N steps (0: only at the end)")
+    keep_checkpoints: int = Field(default=2, gt=0, description="keep the newest N checkpoints")
+    export: bool = Field(default=True, description="export the trained components as safetensors folders at the end")
+    progress: bool = Field(default=True, description="show a progress bar on rank 0")
+
+
+class ParallelConfig(_Strict):
+    strategy: str = Field(default="auto", description="'auto' (fsdp2 when launched on several processes, else none) or a registry name")
+    backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description="torch.distributed backend; auto picks nccl on CUDA, gloo on CPU")
+
+
+class GenerateConfig(_Strict):
+    max_new_tokens: int = Field(default=8, gt=0, description="text tokens generated per answer in eval/generate")
+    temperature: float = Field(default=0.0, ge=0, description="0 is greedy decoding; otherwise softmax temperature")
+
+
+class RunConfig(_Strict):
+    output_dir: str = Field(default="runs/default", description="checkpoints, exports and metrics.jsonl go here (relative to the current directory)")
+    seed: int = Field(default=0, description="seeds model init, data order and sampling")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="where to train")
+    dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="parameter and compute dtype")
+
+
+class Config(_Strict):
+    """The whole run: ``run``, ``model``, ``data``, ``train``, ``parallel``, ``generate``."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    source: str | None = Field(default=None, exclude=True, description="the file this config came from (set by load_config)")
+
+    def resolve_path(self, p: str) -> Path:
+        """A data path from config, relative to the config file's folder when not absolute."""
+        path = Path(p)
+        if path.is_absolute() or self.source is None:
+            return path
+        return Path(self.source).parent / path
+
+
+def _closest(key: str, model: type[BaseModel] | None) -> str:
+    if model is None:
+        return ""
+    fields = list(model.model_fields)
+    close = difflib.get_close_matches(key, fields, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that owns the field at ``loc`` (the parent of the last element)."""
+    model: Any = Config
+    parts = list(loc[:-1])
+    while parts:
+        part = parts.pop(0)
+        field = model.model_fields.get(str(part)) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        if getattr(ann, "__origin__", None) is dict and parts:
+            parts.pop(0)  # the dict key, e.g. the modality in encoders.<modality>
+            model = args[-1]
+        elif isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            return None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def format_errors(exc: ValidationError, source: str) -> str:
+    """Turn pydantic errors into ``FILE: dotted.key: message`` lines, with closest-key hints."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        dotted = ".".join(str(x) for x in loc)
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key" + _closest(str(loc[-1]), _model_at(loc))
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        else:
+            msg = err["msg"]
+        lines.append(f"{source}: {dotted}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["--train.max_steps", "50", "--run.seed=3"]`` -> nested dict ``{"train": {"max_steps": 50}, ...}``.
+
+    Raises:
+        ConfigError: for an argument that is not ``--dotted.key VALUE`` or ``--dotted.key=VALUE``.
+    """
+    import yaml
+
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"override {arg!r}: expected --section.key VALUE (for example --train.max_steps 50)")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(args):
+                raise ConfigError(f"override --{key} has no value")
+            value = args[i + 1]
+            i += 1
+        i += 1
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override --{key} conflicts with another override")
+        node[parts[-1]] = yaml.safe_load(value)
+    return out
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_config(path: str | Path, overrides: list[str] | dict[str, Any] | None = None) -> Config:
+    """Read, merge overrides into, and validate a YAML config.
+
+    Raises:
+        ConfigError: the file is missing or not YAML (with its line), or a key is unknown or invalid
+            (``FILE: dotted.key: message``).
+    """
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (run, model, data, train, ...)")
+    extra = parse_overrides(overrides) if isinstance(overrides, list) else (overrides or {})
+    merged = _merge(raw, extra)
+    try:
+        cfg = Config.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc, str(path))) from exc
+    cfg.source = str(path)
+    return cfg

@@ -1,0 +1,177 @@
+"""Chat samples to token ids with placeholder spans, and the special tokens they use.
+
+The template (ours, in the style of ChatML)::
+
+    <|im_start|>user\\n{parts}<|im_end|>\\n<|im_start|>assistant\\n{parts}<|im_end|>\\n
+
+A media part on the *input* side (any role but assistant) becomes ``N`` copies of the encoder's
+placeholder ``<|{modality}_pad|>``, where ``N = encoder.num_tokens(features)``: the one formula that
+data and model share. A media part in an *assistant* message is a generation target: it becomes
+``<|{modality}_start|>`` followed by ``N`` copies of ``<|{modality}_out|>``, with
+``N = decoder.num_tokens(features)``.
+
+Labels are shifted here, on the full sequence, before any packing or sharding: ``labels[i]`` is the
+target for position ``i`` (the id of token ``i + 1``) or ``-100``. Text targets are the assistant
+messages' text tokens and their closing ``<|im_end|>``. Decoder targets are not in ``labels``: the
+model scores the hidden state at the position *before* each ``<|{modality}_out|>`` token against the
+decoder's codebook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnicore.data.jsonl import Sample, SampleError
+from omnicore.data.media import MediaError, load_audio, load_image
+
+IGNORE_INDEX = -100
+IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|pad|>"
+
+
+def encoder_token(modality: str) -> str:
+    """Placeholder for an encoder's output embeddings, e.g. ``<|audio_pad|>``."""
+    return f"<|{modality}_pad|>"
+
+
+def decoder_start_token(modality: str) -> str:
+    """Token that opens a generated span, e.g. ``<|image_start|>``."""
+    return f"<|{modality}_start|>"
+
+
+def decoder_token(modality: str) -> str:
+    """Placeholder for one generated code, e.g. ``<|image_out|>``."""
+    return f"<|{modality}_out|>"
+
+
+def special_tokens(encoder_modalities: list[str], decoder_modalities: list[str]) -> list[str]:
+    """Every special token a model with these encoders and decoders needs, in a fixed order."""
+    toks = [IM_START, IM_END, PAD]
+    toks += [encoder_token(m) for m in sorted(encoder_modalities)]
+    for m in sorted(decoder_modalities):
+        toks += [decoder_start_token(m), decoder_token(m)]
+    return toks
+
+
+LOADERS = {"image": load_image, "audio": load_audio}
+
+
+@dataclass
+class Encoded:
+    """One sample as token ids.
+
+    ``input_ids`` and ``labels`` have the same length ``T``; ``media`` lists ``(side, modality,
+    features)`` in order of appearance (``side`` is ``"encoder"`` or ``"decoder"``).
+    ``n_targets`` counts text targets plus decoder code targets.
+    """
+
+    input_ids: list[int]
+    labels: list[int]
+    media: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    n_targets: int = 0
+    where: str = ""
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+class ChatProcessor:
+    """Turns :class:`~omnicore.data.jsonl.Sample` objects into :class:`Encoded` ones.
+
+    Args:
+        tokenizer: a ``PreTrainedTokenizerFast`` that already holds :func:`special_tokens`.
+        encoders: modality -> component implementing :class:`omnicore.components.Encoder`.
+        decoders: modality -> component implementing :class:`omnicore.components.Decoder`.
+    """
+
+    def __init__(self, tokenizer: Any, encoders: dict[str, Any], decoders: dict[str, Any], system_prompt: str | None = None):
+        self.tokenizer = tokenizer
+        self.encoders = encoders
+        self.decoders = decoders
+        self.system_prompt = system_prompt
+        ids = tokenizer.convert_tokens_to_ids
+        self.im_start, self.im_end = ids(IM_START), ids(IM_END)
+        self.enc_ids = {m: ids(encoder_token(m)) for m in encoders}
+        self.dec_start_ids = {m: ids(decoder_start_token(m)) for m in decoders}
+        self.dec_ids = {m: ids(decoder_token(m)) for m in decoders}
+        self.reserved = set(self.enc_ids.values()) | set(self.dec_ids.values()) | set(self.dec_start_ids.values())
+        unk = tokenizer.unk_token_id
+        missing = [t for t, i in zip(special_tokens(list(encoders), list(decoders)), map(ids, special_tokens(list(encoders), list(decoders)))) if i is None or (unk is not None and i == unk)]
+        if missing:
+            raise ValueError(f"tokenizer lacks the special tokens {missing}; build it with omnicore.model.build.prepare_tokenizer")
+
+    def _text(self, text: str, where: str) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if self.reserved.intersection(ids):
+            raise SampleError(f"{where}: text contains a reserved placeholder token; placeholders come only from media parts")
+        return ids
+
+    def _media(self, kind: str, path: str, side: str, where: str) -> tuple[dict[str, Any], Any]:
+        table = self.encoders if side == "encoder" else self.decoders
+        comp = table.get(kind)
+        if comp is None:
+            have = ", ".join(sorted(table)) or "none"
+            raise SampleError(f"{where}: a {kind} part on the {side} side needs a {kind} {side} in model.{side}s (configured: {have})")
+        try:
+            media = LOADERS[kind](path)
+        except MediaError as exc:
+            raise SampleError(f"{where}: {exc}") from exc
+        try:
+            features = comp.preprocess(media)
+        except Exception as exc:
+            raise SampleError(f"{where}: cannot preprocess {kind} {path}: {type(exc).__name__}: {exc}") from exc
+        return features, comp
+
+    def encode(self, sample: Sample, *, prompt_only: bool = False) -> Encoded:
+        """Token ids, pre-shifted labels and media features for one sample.
+
+        With ``prompt_only`` the last assistant message is dropped and the assistant header is
+        appended, ready for generation.
+
+        Raises:
+            SampleError: (``FILE:LINE: ...``) for missing or unreadable media, a media type without
+                a configured encoder/decoder, or placeholder tokens written as text.
+        """
+        where = sample.where
+        messages = list(sample.messages)
+        if prompt_only:
+            if messages and messages[-1].role == "assistant":
+                messages = messages[:-1]
+        if self.system_prompt and (not messages or messages[0].role != "system"):
+            from omnicore.data.jsonl import Message, Part
+
+            messages = [Message("system", [Part("text", self.system_prompt)])] + messages
+        ids: list[int] = []
+        trained: list[bool] = []  # is token i a text target (predicted from position i-1)?
+        media: list[tuple[str, str, dict[str, Any]]] = []
+        n_dec = 0
+
+        def add(tokens: list[int], train: bool) -> None:
+            ids.extend(tokens)
+            trained.extend([train] * len(tokens))
+
+        for msg in messages:
+            assistant = msg.role == "assistant"
+            add([self.im_start] + self._text(f"{msg.role}\n", where), False)
+            for part in msg.parts:
+                if part.type == "text":
+                    add(self._text(part.value, where), assistant)
+                elif assistant:
+                    features, dec = self._media(part.type, part.value, "decoder", where)
+                    n = int(dec.num_tokens(features))
+                    add([self.dec_start_ids[part.type]], True)
+                    add([self.dec_ids[part.type]] * n, False)  # scored by the decoder head, not in labels
+                    media.append(("decoder", part.type, features))
+                    n_dec += n
+                else:
+                    features, enc = self._media(part.type, part.value, "encoder", where)
+                    n = int(enc.num_tokens(features))
+                    add([self.enc_ids[part.type]] * n, False)
+                    media.append(("encoder", part.type, features))
+            add([self.im_end], assistant)
+            add(self._text("\n", where), False)
+        if prompt_only:
+            add([self.im_start] + self._text("assistant\n", where), False)
+        labels = [ids[i + 1] if trained[i + 1] else IGNORE_INDEX for i in range(len(ids) - 1)] + [IGNORE_INDEX]
+        n_text = sum(1 for x in labels if x != IGNORE_INDEX)
+        return Encoded(ids, labels, media, n_text + n_dec, where)

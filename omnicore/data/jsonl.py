@@ -1,0 +1,129 @@
+"""Reading chat-format JSONL, the way Hugging Face processors take multimodal chats.
+
+One sample per line::
+
+    {"messages": [
+        {"role": "user", "content": [{"type": "image", "path": "images/00012.png"},
+                                     {"type": "text", "text": "Which digit is this?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "7"}]}]}
+
+``content`` is a list of typed parts (``text`` with ``text``; ``image`` or ``audio`` with ``path``,
+relative to the JSONL file's folder) or a plain string. Other top-level keys (for example ``task``)
+are kept as metadata. Every error names the file and the 1-based line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROLES = ("system", "user", "assistant")
+MEDIA_TYPES = ("image", "audio")
+
+
+class SampleError(Exception):
+    """A sample is malformed or its media cannot be used; the message starts with ``FILE:LINE:``."""
+
+
+@dataclass
+class Part:
+    """One content part: ``type`` is ``text`` or a media type; ``value`` is the text or the resolved path."""
+
+    type: str
+    value: str
+
+
+@dataclass
+class Message:
+    role: str
+    parts: list[Part]
+
+
+@dataclass
+class Sample:
+    """A parsed line: its messages, its origin (``file``, ``line``) and the other top-level keys."""
+
+    messages: list[Message]
+    file: str
+    line: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+def _parse_part(raw: Any, base: Path, where: str, m: int, p: int) -> Part:
+    if not isinstance(raw, dict) or "type" not in raw:
+        raise SampleError(f"{where}: messages[{m}].content[{p}] must be an object with a 'type'")
+    kind = raw["type"]
+    if kind == "text":
+        if not isinstance(raw.get("text"), str):
+            raise SampleError(f"{where}: messages[{m}].content[{p}] of type 'text' needs a string 'text'")
+        return Part("text", raw["text"])
+    if kind in MEDIA_TYPES:
+        rel = raw.get("path") or raw.get(kind)
+        if not isinstance(rel, str) or not rel:
+            raise SampleError(f"{where}: messages[{m}].content[{p}] of type {kind!r} needs a 'path' (relative to the JSONL file)")
+        return Part(kind, str((base / rel) if not Path(rel).is_absolute() else Path(rel)))
+    raise SampleError(f"{where}: messages[{m}].content[{p}] has unknown type {kind!r}; use text, {', '.join(MEDIA_TYPES)}")
+
+
+def parse_line(text: str, file: str, line: int) -> Sample:
+    """Parse one JSONL line into a :class:`Sample`.
+
+    Raises:
+        SampleError: for invalid JSON, a missing or empty ``messages`` list, an unknown role or part type.
+    """
+    where = f"{file}:{line}"
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SampleError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+    if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list) or not obj["messages"]:
+        raise SampleError(f"{where}: each line must be an object with a non-empty 'messages' list")
+    base = Path(file).parent
+    messages = []
+    for m, raw in enumerate(obj["messages"]):
+        if not isinstance(raw, dict) or raw.get("role") not in ROLES:
+            raise SampleError(f"{where}: messages[{m}] needs a 'role' of {', '.join(ROLES)}")
+        content = raw.get("content")
+        if isinstance(content, str):
+            parts = [Part("text", content)]
+        elif isinstance(content, list):
+            parts = [_parse_part(c, base, where, m, p) for p, c in enumerate(content)]
+        else:
+            raise SampleError(f"{where}: messages[{m}].content must be a string or a list of parts")
+        messages.append(Message(raw["role"], parts))
+    meta = {k: v for k, v in obj.items() if k != "messages"}
+    return Sample(messages, file, line, meta)
+
+
+def read_jsonl(path: str | Path, *, on_error: str = "raise", errors: list[str] | None = None) -> list[Sample]:
+    """Read every non-blank line of a JSONL file.
+
+    Args:
+        on_error: ``"raise"`` stops at the first bad line; ``"skip"`` drops it and appends the
+            message to ``errors`` (so the caller can count and report skipped lines).
+
+    Raises:
+        SampleError: if the file is missing, or for a bad line when ``on_error="raise"``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SampleError(f"{path}: data file not found")
+    samples = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            try:
+                samples.append(parse_line(text, str(path), lineno))
+            except SampleError as exc:
+                if on_error != "skip":
+                    raise
+                if errors is not None:
+                    errors.append(str(exc))
+    return samples

@@ -1,0 +1,161 @@
+"""Packing samples into token budgets, collation, and the deterministic micro-batch stream.
+
+A packed micro-batch is one row of at most ``max_tokens`` tokens holding whole samples back to back.
+``position_ids`` restart at 0 at each sample; ``cu_seqlens`` marks sample boundaries. With no 2-D
+attention mask, transformers derives a block-diagonal causal mask from the restarting
+``position_ids`` (``masking_utils.find_packed_sequence_indices``), so attention never crosses samples.
+
+The stream is a pure function of ``(seed, position)``: epoch ``e`` shuffles the samples with
+``seed + e``, packs them first-fit, and yields the packed micro-batches in order. A run that stops
+after ``k`` micro-batches resumes by skipping ``k``; with ``G = grad_accum * dp`` micro-batches per
+optimizer step, rank ``r`` takes micro-batches ``r, r + dp, ...`` of each step's ``G``, so one process
+with ``grad_accum = G`` sees exactly the batches that ``G`` processes see together.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from omnicore.data.chat import Encoded
+
+
+class PackingError(ValueError):
+    """A sample does not fit the packing budget; the message names the sample and what to change."""
+
+
+def pack_first_fit(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Group indices into bins of total length at most ``max_tokens``, first-fit in the given order.
+
+    Returns the bins in order of creation, each a list of indices in insertion order.
+
+    Raises:
+        PackingError: if one length exceeds ``max_tokens``.
+    """
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i, n in enumerate(lengths):
+        if n > max_tokens:
+            raise PackingError(f"sample {i} has {n} tokens, more than the packing budget {max_tokens}")
+        for b, free in enumerate(room):
+            if n <= free:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(max_tokens - n)
+    return bins
+
+
+@dataclass
+class MicroBatch:
+    """One packed row, ready for :class:`omnicore.model.omni.OmniModel`.
+
+    Tensors: ``input_ids``, ``labels``, ``position_ids``: LongTensor ``[1, T]``; ``cu_seqlens``:
+    int32 ``[num_samples + 1]``. ``encoder_inputs`` / ``decoder_inputs``: modality -> collated
+    features of the media in this row, in order of appearance. ``n_targets``: text + code targets.
+    """
+
+    input_ids: Any
+    labels: Any
+    position_ids: Any
+    cu_seqlens: Any
+    encoder_inputs: dict[str, Any]
+    decoder_inputs: dict[str, Any]
+    n_targets: int
+    wheres: list[str]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
+
+
+def collate(samples: list[Encoded], encoders: dict[str, Any], decoders: dict[str, Any]) -> MicroBatch:
+    """Concatenate encoded samples into one packed :class:`MicroBatch`."""
+    import torch
+
+    ids: list[int] = []
+    labels: list[int] = []
+    pos: list[int] = []
+    cu = [0]
+    enc_items: dict[str, list[Any]] = {}
+    dec_items: dict[str, list[Any]] = {}
+    for s in samples:
+        ids += s.input_ids
+        labels += s.labels
+        pos += list(range(len(s)))
+        cu.append(cu[-1] + len(s))
+        for side, modality, feats in s.media:
+            (enc_items if side == "encoder" else dec_items).setdefault(modality, []).append(feats)
+    return MicroBatch(
+        input_ids=torch.tensor([ids], dtype=torch.long),
+        labels=torch.tensor([labels], dtype=torch.long),
+        position_ids=torch.tensor([pos], dtype=torch.long),
+        cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+        encoder_inputs={m: encoders[m].collate(v) for m, v in enc_items.items()},
+        decoder_inputs={m: decoders[m].collate(v) for m, v in dec_items.items()},
+        n_targets=sum(s.n_targets for s in samples),
+        wheres=[s.where for s in samples],
+    )
+
+
+class PackedStream:
+    """The deterministic stream of packed micro-batches over epochs (see the module docstring).
+
+    Args:
+        samples: encoded samples (the whole training set).
+        max_tokens: packing budget per micro-batch.
+        seed: base seed; epoch ``e`` shuffles with ``seed + e``.
+        shuffle: shuffle each epoch (otherwise file order).
+    """
+
+    def __init__(self, samples: list[Encoded], max_tokens: int, seed: int, shuffle: bool = True):
+        if not samples:
+            raise PackingError("no training samples")
+        for s in samples:
+            if len(s) > max_tokens:
+                raise PackingError(f"{s.where}: sample has {len(s)} tokens, more than data.max_tokens={max_tokens}; raise data.max_tokens")
+        self.samples = samples
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self.shuffle = shuffle
+        self._epochs: dict[int, list[list[int]]] = {}
+
+    def epoch_bins(self, epoch: int) -> list[list[int]]:
+        """Sample indices of every micro-batch of one epoch."""
+        if epoch not in self._epochs:
+            order = list(range(len(self.samples)))
+            if self.shuffle:
+                random.Random(self.seed + epoch).shuffle(order)
+            bins = pack_first_fit([len(self.samples[i]) for i in order], self.max_tokens)
+            self._epochs[epoch] = [[order[j] for j in b] for b in bins]
+        return self._epochs[epoch]
+
+    def micro_batch(self, index: int) -> list[Encoded]:
+        """The samples of global micro-batch ``index`` (counting from the start of epoch 0)."""
+        epoch = 0
+        while True:
+            bins = self.epoch_bins(epoch)
+            if index < len(bins):
+                return [self.samples[i] for i in bins[index]]
+            index -= len(bins)
+            epoch += 1
+
+    def epoch_of(self, index: int) -> float:
+        """Fractional epoch reached after ``index`` micro-batches."""
+        epoch = 0
+        while True:
+            n = len(self.epoch_bins(epoch))
+            if index < n:
+                return epoch + index / n
+            index -= n
+            epoch += 1
+
+    def iter_step(self, step: int, grad_accum: int, dp_rank: int, dp_size: int) -> Iterator[list[Encoded]]:
+        """This rank's ``grad_accum`` micro-batches of optimizer step ``step`` (0-based)."""
+        per_step = grad_accum * dp_size
+        start = step * per_step
+        for k in range(grad_accum):
+            yield self.micro_batch(start + k * dp_size + dp_rank)

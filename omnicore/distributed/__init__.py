@@ -1,0 +1,1 @@
+"""Parallel state (one DeviceMesh with named dims) and process-group lifecycle."""

@@ -1,0 +1,70 @@
+"""``build_omni_model``: resolve the configured components from the registry and assemble them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnicore.config import Config
+from omnicore.data.chat import decoder_start_token, decoder_token, encoder_token, special_tokens
+from omnicore.registry import Registry, RegistryError
+
+
+def prepare_tokenizer(tokenizer: Any, encoder_modalities: list[str], decoder_modalities: list[str]) -> Any:
+    """Add omnicore's chat and placeholder tokens (see :func:`omnicore.data.chat.special_tokens`)."""
+    from omnicore.data.chat import IM_END, PAD
+
+    tokenizer.add_special_tokens({"additional_special_tokens": special_tokens(encoder_modalities, decoder_modalities)}, replace_extra_special_tokens=False)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = PAD
+    tokenizer.eos_token = IM_END
+    return tokenizer
+
+
+def _check_modality(component: Any, kind: str, key: str, name: str) -> None:
+    got = getattr(component, "modality", None)
+    if got != key:
+        raise RegistryError(f"model.{kind}s.{key}: {kind} {name!r} handles modality {got!r}, not {key!r}; put it under model.{kind}s.{got}")
+
+
+def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any, Any]:
+    """Build ``(OmniModel, tokenizer)`` from ``cfg.model``, on CPU, randomly initialised or loaded.
+
+    The foundation's vocabulary is sized to the tokenizer after omnicore's special tokens are added;
+    each encoder and decoder is built with the foundation's hidden size. The attention kernel named
+    in ``cfg.model.attention`` is activated on the foundation.
+
+    Raises:
+        RegistryError: a component is unknown, ambiguous, fails its options, or sits under the wrong
+            modality key.
+    """
+    import torch
+
+    from omnicore.model.omni import OmniModel
+
+    registry = registry or Registry.discover()
+    torch.manual_seed(cfg.run.seed)
+    m = cfg.model
+    foundation = registry.build("foundation", m.foundation.name, m.foundation.options)
+    tokenizer = prepare_tokenizer(foundation.build_tokenizer(), list(m.encoders), list(m.decoders))
+    lm = foundation.build_model(vocab_size=len(tokenizer))
+    hidden = lm.config.get_text_config().hidden_size
+    encoders = {}
+    for key, c in m.encoders.items():
+        encoders[key] = registry.build("encoder", c.name, c.options, hidden_size=hidden)
+        _check_modality(encoders[key], "encoder", key, c.name)
+    decoders = {}
+    for key, c in m.decoders.items():
+        decoders[key] = registry.build("decoder", c.name, c.options, hidden_size=hidden)
+        _check_modality(decoders[key], "decoder", key, c.name)
+    kernel = registry.build("kernel", m.attention)
+    ok, why = kernel.available()
+    if not ok:
+        raise RegistryError(f"model.attention: kernel {m.attention!r} is unavailable here: {why}")
+    kernel.activate(lm)
+    ids = tokenizer.convert_tokens_to_ids
+    token_ids = {
+        "encoder": {k: ids(encoder_token(k)) for k in encoders},
+        "decoder": {k: ids(decoder_token(k)) for k in decoders},
+        "decoder_start": {k: ids(decoder_start_token(k)) for k in decoders},
+    }
+    return OmniModel(lm, encoders, decoders, token_ids), tokenizer

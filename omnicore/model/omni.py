@@ -1,0 +1,132 @@
+"""OmniModel: encoders -> foundation -> decoders, as pure computation (no distribution inside).
+
+Encoder outputs are scattered into the foundation's input embeddings at their placeholder positions
+(``masked_scatter``); decoder targets become codes whose embeddings fill the ``<|m_out|>`` positions
+(teacher forcing). The loss is the sum of the text cross-entropy over ``labels`` and, per decoder, the
+cross-entropy of the codebook logits at the position before each code; the training loop divides it
+by the global number of targets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omnicore.data.chat import IGNORE_INDEX
+
+
+class PlaceholderMismatch(ValueError):
+    """The number of placeholder tokens does not match the encoder/decoder output for a micro-batch."""
+
+
+@dataclass
+class ModelOutput:
+    """Sums, not means: ``loss_sum`` (scalar fp32) = ``text_loss_sum`` + sum of ``decoder_loss_sums``;
+    ``n_targets`` counts the targets behind them. ``logits`` (``[1, T, V]``) only when asked."""
+
+    loss_sum: torch.Tensor
+    n_targets: int
+    text_loss_sum: torch.Tensor
+    decoder_loss_sums: dict[str, torch.Tensor]
+    logits: torch.Tensor | None = None
+
+
+class OmniModel(nn.Module):
+    """The assembled model. Build it with :func:`omnicore.model.build.build_omni_model`.
+
+    Args:
+        lm: a transformers causal LM (``PreTrainedModel``).
+        encoders: modality -> encoder module (:class:`omnicore.components.Encoder`).
+        decoders: modality -> decoder module (:class:`omnicore.components.Decoder`).
+        token_ids: ``{"encoder": {m: id}, "decoder": {m: id}, "decoder_start": {m: id}}``.
+    """
+
+    def __init__(self, lm: nn.Module, encoders: dict[str, nn.Module], decoders: dict[str, nn.Module], token_ids: dict[str, dict[str, int]]):
+        super().__init__()
+        self.lm = lm
+        self.encoders = nn.ModuleDict(encoders)
+        self.decoders = nn.ModuleDict(decoders)
+        self.token_ids = token_ids
+
+    def blocks(self) -> list[nn.Module]:
+        """The foundation's repeated transformer blocks (the FSDP2 / checkpointing unit)."""
+        names = set(getattr(self.lm, "_no_split_modules", None) or [])
+        return [m for m in self.lm.modules() if type(m).__name__ in names]
+
+    # ---- embedding ---------------------------------------------------------------------------
+
+    def embed(self, input_ids: torch.Tensor, encoder_inputs: dict[str, Any], decoder_inputs: dict[str, Any], wheres: list[str] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """Input embeddings ``[1, T, H]`` with media merged in.
+
+        Returns ``(embeds, codes, dummy)``: the decoder codes per modality (LongTensor ``[N_m]``) and
+        a zero-valued scalar that ties the dummy passes of absent modalities into the graph.
+
+        Raises:
+            PlaceholderMismatch: when placeholder counts differ from what the components produce.
+        """
+        embeds = self.lm.get_input_embeddings()(input_ids)
+        dummy = embeds.new_zeros(())
+        where = f" (samples: {', '.join(wheres[:4])}{', ...' if wheres and len(wheres) > 4 else ''})" if wheres else ""
+        for m, enc in self.encoders.items():
+            mask = input_ids == self.token_ids["encoder"][m]
+            if m in encoder_inputs:
+                out = enc(encoder_inputs[m]).to(embeds.dtype)
+                if out.shape[0] != int(mask.sum()):
+                    raise PlaceholderMismatch(f"{m} encoder produced {out.shape[0]} embeddings for {int(mask.sum())} placeholders{where}")
+                embeds = embeds.masked_scatter(mask.unsqueeze(-1), out)
+            else:
+                dummy = dummy + 0.0 * enc(enc.dummy_batch()).sum()
+        codes: dict[str, torch.Tensor] = {}
+        for m, dec in self.decoders.items():
+            mask = input_ids == self.token_ids["decoder"][m]
+            if m in decoder_inputs:
+                c = dec.encode(decoder_inputs[m]).to(input_ids.device)
+                if c.shape[0] != int(mask.sum()):
+                    raise PlaceholderMismatch(f"{m} decoder produced {c.shape[0]} codes for {int(mask.sum())} placeholders{where}")
+                embeds = embeds.masked_scatter(mask.unsqueeze(-1), dec.embed(c).to(embeds.dtype))
+                codes[m] = c
+            else:
+                c = dec.dummy_codes().to(input_ids.device)
+                dummy = dummy + 0.0 * dec.head(dec.embed(c)).sum()
+        return embeds, codes, dummy
+
+    # ---- forward -----------------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        position_ids: torch.Tensor,
+        encoder_inputs: dict[str, Any] | None = None,
+        decoder_inputs: dict[str, Any] | None = None,
+        wheres: list[str] | None = None,
+        return_logits: bool = False,
+        **_: Any,
+    ) -> ModelOutput:
+        """Summed losses of one packed micro-batch.
+
+        Args:
+            input_ids, labels, position_ids: LongTensor ``[1, T]``; ``labels`` are already shifted
+                (``labels[i]`` is the target at position ``i``) with ``-100`` where not trained.
+            encoder_inputs / decoder_inputs: modality -> collated features.
+        """
+        embeds, codes, dummy = self.embed(input_ids, encoder_inputs or {}, decoder_inputs or {}, wheres)
+        # No attention mask: transformers builds a block-diagonal causal mask from position_ids.
+        hidden = self.lm.base_model(inputs_embeds=embeds, position_ids=position_ids, use_cache=False).last_hidden_state
+        logits = self.lm.get_output_embeddings()(hidden).float()
+        text_sum = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+        n = int((labels != IGNORE_INDEX).sum())
+        dec_sums: dict[str, torch.Tensor] = {}
+        for m, c in codes.items():
+            mask = input_ids == self.token_ids["decoder"][m]
+            pred = torch.zeros_like(mask)
+            pred[:, :-1] = mask[:, 1:]  # the hidden state before each code position predicts that code
+            dec_logits = self.decoders[m].head(hidden[pred]).float()
+            dec_sums[m] = F.cross_entropy(dec_logits, c, reduction="sum")
+            n += int(c.shape[0])
+        loss = text_sum + sum(dec_sums.values(), torch.zeros((), device=text_sum.device)) + dummy.float()
+        return ModelOutput(loss, n, text_sum.detach(), {k: v.detach() for k, v in dec_sums.items()}, logits if return_logits else None)

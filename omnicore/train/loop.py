@@ -1,0 +1,187 @@
+"""The training recipe, readable top to bottom.
+
+config -> components from the registry -> model -> data (read, tokenise, pack) -> parallel strategy
+-> AdamW + warm-up/cosine LR -> steps (forward, loss over the global target count, backward, clip,
+step) -> metrics -> checkpoints -> export.
+
+Loss normalisation: each micro-batch returns the *sum* of its target losses. Every rank adds up the
+target counts of its micro-batches, one all-reduce gives the global count ``N`` of the step, and
+each micro-batch backpropagates ``loss_sum * dp / N`` (FSDP2 averages gradients over ``dp`` ranks).
+So gradient accumulation and more ranks give the gradients of one big batch, and a micro-batch
+without targets contributes exactly zero.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnicore.config import Config
+from omnicore.data.chat import ChatProcessor, Encoded
+from omnicore.data.jsonl import SampleError, read_jsonl
+from omnicore.data.packing import PackedStream, collate
+from omnicore.distributed.state import ParallelState, init_parallel_state
+from omnicore.registry import Registry
+
+
+def warmup_cosine(warmup: int, total: int, min_ratio: float):
+    """LR multiplier: linear from 0 to 1 over ``warmup`` steps, then cosine down to ``min_ratio``
+    at ``total`` (Loshchilov & Hutter 2017, SGDR, without restarts)."""
+
+    def fn(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return fn
+
+
+def load_samples(path: Path, processor: ChatProcessor, on_error: str, max_samples: int | None = None, *, prompt_only: bool = False) -> tuple[list[Encoded], list[str]]:
+    """Read and encode a JSONL file. With ``on_error="skip"`` bad samples are dropped and their
+    messages returned; otherwise the first :class:`SampleError` propagates."""
+    errors: list[str] = []
+    samples = read_jsonl(path, on_error=on_error, errors=errors)
+    if max_samples is not None:
+        samples = samples[:max_samples]
+    encoded = []
+    for s in samples:
+        try:
+            encoded.append(processor.encode(s, prompt_only=prompt_only))
+        except SampleError as exc:
+            if on_error != "skip":
+                raise
+            errors.append(str(exc))
+    return encoded, errors
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Optimizer:
+    """AdamW (Loshchilov & Hutter 2019); weight decay only on matrices (>= 2-D), as in GPT-2/nanoGPT."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=cfg.train.betas, foreach=False)
+
+
+def _to_device(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_device(v, device) for v in obj]
+    return obj
+
+
+def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None, state: ParallelState | None = None) -> list[dict[str, Any]]:
+    """Run training as configured; returns the per-step metrics (on every rank).
+
+    Raises:
+        SampleError: a bad training sample (``FILE:LINE: ...``) when ``data.on_error`` is ``raise``.
+        RegistryError: a component or strategy cannot be resolved.
+        CheckpointError: ``resume`` with no usable checkpoint.
+    """
+    from omnicore.checkpoint.dcp import latest_checkpoint, load_checkpoint, save_checkpoint
+    from omnicore.checkpoint.export import export_model
+    from omnicore.model.build import build_omni_model
+
+    registry = registry or Registry.discover()
+    state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend)
+    out_dir = Path(cfg.run.output_dir)
+    log = print if state.is_main else (lambda *a, **k: None)
+
+    # ---- model and data ------------------------------------------------------------------------
+    model, tokenizer = build_omni_model(cfg, registry)
+    processor = ChatProcessor(tokenizer, dict(model.encoders), dict(model.decoders), cfg.data.system_prompt)
+    samples, errors = load_samples(cfg.resolve_path(cfg.data.train), processor, cfg.data.on_error, cfg.data.max_samples)
+    if errors:
+        log(f"skipped {len(errors)} bad samples (data.on_error=skip); first: {errors[0]}")
+    stream = PackedStream(samples, cfg.data.max_tokens, cfg.run.seed, cfg.data.shuffle)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params / 1e6:.2f} M parameters; data: {len(samples)} samples from {cfg.data.train}")
+
+    # ---- parallelism: the strategy wraps the model from outside --------------------------------
+    strategy_name = cfg.parallel.strategy
+    if strategy_name == "auto":
+        strategy_name = "fsdp2" if state.distributed else "none"
+    model = model.to(state.device)
+    model = registry.build("parallel", strategy_name).apply(model, state.mesh)
+
+    optimizer = build_optimizer(model, cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.min_lr_ratio))
+    start = 0
+    ckpt_root = out_dir / "checkpoints"
+    if resume:
+        meta = load_checkpoint(latest_checkpoint(ckpt_root), model, optimizer, scheduler, state)
+        start = meta["step"]
+        log(f"resumed from step {start} ({ckpt_root / ('step-%08d' % start)})")
+
+    metrics_path = out_dir / "metrics.jsonl"
+    if state.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    history: list[dict[str, Any]] = []
+    bar = None
+    if state.is_main and cfg.train.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.train.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+
+    # ---- the loop ------------------------------------------------------------------------------
+    model.train()
+    accum, dp = cfg.train.grad_accum, state.world_size
+    for step in range(start, cfg.train.max_steps):
+        t0 = time.perf_counter()
+        micro = [collate(mb, processor.encoders, processor.decoders) for mb in stream.iter_step(step, accum, state.rank, dp)]
+        # one all-reduce gives the step's global target count (the loss denominator)
+        n_global = state.all_reduce_sum(sum(mb.n_targets for mb in micro))
+        scale = dp / max(n_global, 1.0)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        tokens = 0
+        for mb in micro:
+            out = model(**_to_device(vars(mb), state.device))
+            (out.loss_sum * scale).backward()
+            loss_sum += out.loss_sum.detach().double().cpu()
+            tokens += mb.num_tokens
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        loss = state.all_reduce_sum(float(loss_sum)) / max(n_global, 1.0)
+        tokens_global = state.all_reduce_sum(tokens)
+        dt = time.perf_counter() - t0
+        row = {
+            "step": step + 1,
+            "loss": loss,
+            "lr": scheduler.get_last_lr()[0],
+            "grad_norm": float(grad_norm),
+            "targets": int(n_global),
+            "tokens": int(tokens_global),
+            "tokens_per_s": tokens_global / dt,
+            "epoch": stream.epoch_of((step + 1) * accum * dp),
+        }
+        history.append(row)
+        if state.is_main:
+            if (step + 1) % cfg.train.log_every == 0 or step + 1 == cfg.train.max_steps:
+                with metrics_path.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
+                bar.update(1)
+        last = step + 1 == cfg.train.max_steps
+        if last or (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0):
+            save_checkpoint(ckpt_root, step + 1, model, optimizer, scheduler, {"micro_batches": (step + 1) * accum * dp, "seed": cfg.run.seed}, state, cfg.train.keep_checkpoints)
+    if bar is not None:
+        bar.close()
+    if cfg.train.export and start < cfg.train.max_steps:
+        path = export_model(model, tokenizer, cfg, out_dir / "export", state)
+        log(f"exported to {path}")
+    return history
