@@ -67,6 +67,7 @@ class TrainConfig(_Strict):
     betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW betas")
     grad_clip: float = Field(default=1.0, ge=0, description="clip the global gradient L2 norm to this (0 disables)")
     grad_accum: int = Field(default=1, gt=0, description="packed micro-batches per rank per optimizer step")
+    stop_after: int | None = Field(default=None, gt=0, description="stop with a checkpoint after this step, as if interrupted (the LR schedule still spans max_steps); --resume continues")
     log_every: int = Field(default=1, gt=0, description="append metrics to metrics.jsonl every N steps")
     save_every: int = Field(default=0, ge=0, description="save a checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = Field(default=2, gt=0, description="keep the newest N checkpoints")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from omnicore.config import Config
@@ -26,10 +27,19 @@ def _check_modality(component: Any, kind: str, key: str, name: str) -> None:
         raise RegistryError(f"model.{kind}s.{key}: {kind} {name!r} handles modality {got!r}, not {key!r}; put it under model.{kind}s.{got}")
 
 
+def _resolve_checkpoints(options: dict[str, Any], base: Path | None) -> dict[str, Any]:
+    """A relative ``checkpoint`` option is relative to the config file's folder."""
+    ckpt = options.get("checkpoint")
+    if base is None or not isinstance(ckpt, str) or Path(ckpt).is_absolute():
+        return options
+    return dict(options, checkpoint=str(base / ckpt))
+
+
 def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any, Any]:
     """Build ``(OmniModel, tokenizer)`` from ``cfg.model``, on CPU, randomly initialised or loaded.
 
-    The foundation's vocabulary is sized to the tokenizer after omnicore's special tokens are added;
+    A relative ``checkpoint`` in a component's options is taken relative to the config file. The
+    foundation's vocabulary is sized to the tokenizer after omnicore's special tokens are added;
     each encoder and decoder is built with the foundation's hidden size. The attention kernel named
     in ``cfg.model.attention`` is activated on the foundation.
 
@@ -44,17 +54,18 @@ def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any
     registry = registry or Registry.discover()
     torch.manual_seed(cfg.run.seed)
     m = cfg.model
-    foundation = registry.build("foundation", m.foundation.name, m.foundation.options)
+    base = Path(cfg.source).parent if cfg.source else None
+    foundation = registry.build("foundation", m.foundation.name, _resolve_checkpoints(m.foundation.options, base))
     tokenizer = prepare_tokenizer(foundation.build_tokenizer(), list(m.encoders), list(m.decoders))
     lm = foundation.build_model(vocab_size=len(tokenizer))
     hidden = lm.config.get_text_config().hidden_size
     encoders = {}
     for key, c in m.encoders.items():
-        encoders[key] = registry.build("encoder", c.name, c.options, hidden_size=hidden)
+        encoders[key] = registry.build("encoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden)
         _check_modality(encoders[key], "encoder", key, c.name)
     decoders = {}
     for key, c in m.decoders.items():
-        decoders[key] = registry.build("decoder", c.name, c.options, hidden_size=hidden)
+        decoders[key] = registry.build("decoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden)
         _check_modality(decoders[key], "decoder", key, c.name)
     kernel = registry.build("kernel", m.attention)
     ok, why = kernel.available()

@@ -151,6 +151,7 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
+        lr = scheduler.get_last_lr()[0]  # the rate this step uses
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -161,7 +162,7 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
         row = {
             "step": step + 1,
             "loss": loss,
-            "lr": scheduler.get_last_lr()[0],
+            "lr": lr,
             "grad_norm": float(grad_norm),
             "targets": int(n_global),
             "tokens": int(tokens_global),
@@ -177,11 +178,16 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
                 bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
                 bar.update(1)
         last = step + 1 == cfg.train.max_steps
-        if last or (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0):
+        stop = cfg.train.stop_after is not None and step + 1 >= cfg.train.stop_after
+        if last or stop or (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0):
             save_checkpoint(ckpt_root, step + 1, model, optimizer, scheduler, {"micro_batches": (step + 1) * accum * dp, "seed": cfg.run.seed}, state, cfg.train.keep_checkpoints)
+        if stop and not last:
+            log(f"stopped after step {step + 1} (train.stop_after); continue with --resume")
+            break
     if bar is not None:
         bar.close()
-    if cfg.train.export and start < cfg.train.max_steps:
+    finished = bool(history) and history[-1]["step"] == cfg.train.max_steps
+    if cfg.train.export and finished:
         path = export_model(model, tokenizer, cfg, out_dir / "export", state)
         log(f"exported to {path}")
     return history
