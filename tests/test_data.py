@@ -1,0 +1,389 @@
+"""Data side: chat template and pre-shifted labels, placeholder counts, packing, bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+import torch
+
+from omnicore.data.chat import IGNORE_INDEX, ChatProcessor, Encoded
+from omnicore.data.jsonl import SampleError, parse_line, read_jsonl
+from omnicore.data.packing import PackedStream, PackingError, collate, pack_first_fit
+from omnicore.train.loop import load_samples
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+
+
+def _load_conftest():
+    """tests/conftest.py as a module (pytest runs with --import-mode=importlib: it is not importable by name)."""
+    spec = importlib.util.spec_from_file_location("_omnicore_tests_conftest", Path(__file__).with_name("conftest.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+tiny_config_dict = _load_conftest().tiny_config_dict
+
+
+@pytest.fixture(scope="module")
+def env(digits_jsonl):
+    """The tiny omni model (built once) with its tokenizer and chat processor."""
+    from omnicore.config import Config
+    from omnicore.model.build import build_omni_model
+
+    cfg = Config.model_validate(tiny_config_dict(str(digits_jsonl / "train.jsonl")))
+    model, tok = build_omni_model(cfg)
+    proc = ChatProcessor(tok, dict(model.encoders), dict(model.decoders))
+    return model, tok, proc
+
+
+@pytest.fixture(scope="module")
+def digit_lines(digits_jsonl):
+    """The parsed train.jsonl lines by task: {task: [raw dict, ...]} with media paths made absolute."""
+    out: dict[str, list[dict]] = {}
+    for text in (digits_jsonl / "train.jsonl").read_text().splitlines():
+        obj = json.loads(text)
+        for msg in obj["messages"]:
+            for part in msg["content"] if isinstance(msg["content"], list) else []:
+                if "path" in part:
+                    part["path"] = str((digits_jsonl / part["path"]).resolve())
+        out.setdefault(obj["task"], []).append(obj)
+    return out
+
+
+def _encode_line(proc, obj, file="mem.jsonl", line=1):
+    return proc.encode(parse_line(json.dumps(obj), file, line))
+
+
+def _token_strings(tok, ids):
+    return [tok.decode([i]) for i in ids]
+
+
+# ---- template and labels ---------------------------------------------------------------------
+
+
+def test_text_only_template_and_shifted_labels(env):
+    _, tok, proc = env
+    obj = {"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Sum 2+2?"}]},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3+4?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Seven"}, {"type": "text", "text": " (7)"}]},
+    ]}
+    enc = _encode_line(proc, obj)
+    expected = (
+        f"{IM_START}system\nBe brief.{IM_END}\n"
+        f"{IM_START}user\nSum 2+2?{IM_END}\n"
+        f"{IM_START}assistant\n4{IM_END}\n"
+        f"{IM_START}user\nAnd 3+4?{IM_END}\n"
+        f"{IM_START}assistant\nSeven (7){IM_END}\n"
+    )
+    assert tok.decode(enc.input_ids, skip_special_tokens=False) == expected
+    assert len(enc.labels) == len(enc.input_ids)
+    assert enc.media == []
+
+    # Independent expectation: char offsets of each token, and the assistant spans (text + <|im_end|>).
+    pieces = _token_strings(tok, enc.input_ids)
+    assert "".join(pieces) == expected
+    starts, pos = [], 0
+    for p in pieces:
+        starts.append(pos)
+        pos += len(p)
+    spans = [(m.start(1), m.end(1)) for m in re.finditer(re.escape(f"{IM_START}assistant\n") + r"(.*?" + re.escape(IM_END) + ")", expected, re.S)]
+    assert len(spans) == 2
+    trained = [any(a <= s < b for a, b in spans) for s in starts]
+    want = [enc.input_ids[i + 1] if trained[i + 1] else IGNORE_INDEX for i in range(len(enc.input_ids) - 1)] + [IGNORE_INDEX]
+    assert enc.labels == want
+    # "4" + <|im_end|> and "Seven (7)" + <|im_end|>
+    assert sum(trained) == 2 + 10
+    assert enc.n_targets == sum(1 for x in enc.labels if x != IGNORE_INDEX) == 12
+    # the trained targets, read back, are exactly the assistant answers with their closing token
+    assert tok.decode([x for x in enc.labels if x != IGNORE_INDEX], skip_special_tokens=False) == f"4{IM_END}Seven (7){IM_END}"
+
+
+def test_prompt_only_drops_answer_and_opens_assistant(env):
+    _, tok, proc = env
+    obj = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
+    enc = proc.encode(parse_line(json.dumps(obj), "mem.jsonl", 1), prompt_only=True)
+    assert tok.decode(enc.input_ids, skip_special_tokens=False) == f"{IM_START}user\nHi{IM_END}\n{IM_START}assistant\n"
+    assert enc.n_targets == 0 and set(enc.labels) == {IGNORE_INDEX}
+
+
+# ---- placeholders ----------------------------------------------------------------------------
+
+
+def test_image_sample_placeholders(env, digit_lines):
+    model, tok, proc = env
+    enc = _encode_line(proc, digit_lines["image_to_text"][0])
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    [(side, modality, feats)] = enc.media
+    assert (side, modality) == ("encoder", "image")
+    n = model.encoders["image"].num_tokens(feats)
+    assert n == (28 // 7) ** 2 == 16
+    assert enc.input_ids.count(pad) == n
+    # the placeholders form one contiguous run right after the user header
+    first = enc.input_ids.index(pad)
+    assert enc.input_ids[first:first + n] == [pad] * n
+    assert tok.decode(enc.input_ids[:first], skip_special_tokens=False) == f"{IM_START}user\n"
+    assert all(enc.labels[i] == IGNORE_INDEX for i in range(first - 1, first + n))
+    answer = digit_lines["image_to_text"][0]["messages"][1]["content"][0]["text"]
+    assert enc.n_targets == len(answer) + 1
+
+
+def test_audio_sample_placeholders_follow_whisper_formula(env, digit_lines):
+    model, tok, proc = env
+    obj = digit_lines["audio_to_text"][0]
+    path = obj["messages"][0]["content"][0]["path"]
+    enc = _encode_line(proc, obj)
+    pad = tok.convert_tokens_to_ids("<|audio_pad|>")
+    # independent count from the file's duration: 100 mel frames per second at 16 kHz (hop 160),
+    # capped at chunk_seconds=2.5 (250 frames), conv stride 2, pooling 5
+    info = sf.info(path)
+    samples_16k = round(info.frames * 16000 / info.samplerate)
+    frames = min(math.ceil(samples_16k / 160), 250)
+    want = max(1, math.ceil(math.ceil(frames / 2) / 5))
+    assert 0.2 < info.duration < 2.5  # a short FSDD clip: the count depends on its length
+    assert enc.input_ids.count(pad) == want
+    [(side, modality, feats)] = enc.media
+    assert (side, modality) == ("encoder", "audio")
+    assert model.encoders["audio"].num_tokens(feats) == want
+
+
+def test_text_to_image_sample_has_start_and_codes(env, digit_lines):
+    model, tok, proc = env
+    enc = _encode_line(proc, digit_lines["text_to_image"][0])
+    start = tok.convert_tokens_to_ids("<|image_start|>")
+    out = tok.convert_tokens_to_ids("<|image_out|>")
+    im_end = tok.convert_tokens_to_ids(IM_END)
+    [(side, modality, feats)] = enc.media
+    assert (side, modality) == ("decoder", "image")
+    n = model.decoders["image"].num_tokens(feats)
+    assert n == (32 // 4) ** 2 == 64
+    i = enc.input_ids.index(start)
+    assert enc.input_ids.count(start) == 1 and enc.input_ids.count(out) == n
+    assert enc.input_ids[i + 1:i + 1 + n] == [out] * n
+    assert enc.input_ids[i + 1 + n] == im_end
+    # text targets: <|image_start|> (predicted from the assistant header) and the closing <|im_end|>;
+    # the codes are scored by the decoder head, so they are -100 in labels but counted in n_targets
+    assert enc.labels[i - 1] == start
+    assert all(enc.labels[j] == IGNORE_INDEX for j in range(i, i + n))
+    assert enc.labels[i + n] == im_end
+    assert sum(1 for x in enc.labels if x != IGNORE_INDEX) == 2
+    assert enc.n_targets == 2 + n
+
+
+# ---- packing ---------------------------------------------------------------------------------
+
+
+def test_pack_first_fit_hand_example_and_budget():
+    assert pack_first_fit([5, 7, 3, 6, 2], 10) == [[0, 2, 4], [1], [3]]
+    assert pack_first_fit([10, 1, 10], 10) == [[0], [1], [2]]
+    rng = random.Random(1)
+    lengths = [rng.randint(1, 50) for _ in range(200)]
+    bins = pack_first_fit(lengths, 64)
+    assert sorted(i for b in bins for i in b) == list(range(200))
+    assert all(sum(lengths[i] for i in b) <= 64 for b in bins)
+    assert all(b == sorted(b) for b in bins)  # insertion order within a bin
+    # first fit: a sample never opens a new bin when an earlier bin had room for it
+    for k, b in enumerate(bins):
+        first = b[0]
+        for earlier in bins[:k]:
+            used = sum(lengths[i] for i in earlier if i < first)
+            assert used + lengths[first] > 64
+    with pytest.raises(PackingError, match="sample 1 has 11 tokens"):
+        pack_first_fit([3, 11], 10)
+
+
+def _fake(n: int, tag: str, targets: int = 0) -> Encoded:
+    return Encoded(list(range(100, 100 + n)), [IGNORE_INDEX] * n, [], targets, tag)
+
+
+def test_collate_positions_and_cu_seqlens():
+    samples = [_fake(3, "a:1", 1), _fake(5, "a:2", 2), _fake(2, "a:3", 4)]
+    mb = collate(samples, {}, {})
+    assert mb.input_ids.shape == (1, 10) and mb.input_ids.dtype == torch.long
+    assert mb.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4, 0, 1]]
+    assert mb.cu_seqlens.dtype == torch.int32
+    assert mb.cu_seqlens.tolist() == [0, 3, 8, 10]
+    assert mb.input_ids[0, 3:8].tolist() == samples[1].input_ids
+    assert mb.n_targets == 7 and mb.wheres == ["a:1", "a:2", "a:3"] and mb.num_tokens == 10
+    assert mb.encoder_inputs == {} and mb.decoder_inputs == {}
+
+
+def test_collate_real_media_in_order(env, digit_lines):
+    model, _, proc = env
+    objs = [digit_lines["image_to_text"][0], digit_lines["audio_to_text"][0], digit_lines["image_to_text"][1], digit_lines["text_to_image"][0]]
+    encs = [_encode_line(proc, o, line=i + 1) for i, o in enumerate(objs)]
+    mb = collate(encs, proc.encoders, proc.decoders)
+    assert mb.cu_seqlens.tolist() == [0] + list(torch.tensor([len(e) for e in encs]).cumsum(0).tolist())
+    assert mb.encoder_inputs["image"]["pixel_values"].shape == (2, 3, 28, 28)
+    assert torch.equal(mb.encoder_inputs["image"]["pixel_values"][1], encs[2].media[0][2]["pixel_values"])
+    assert mb.encoder_inputs["audio"]["input_features"].shape[0] == 1
+    assert mb.decoder_inputs["image"]["pixel_values"].shape == (1, 3, 32, 32)
+    for k, e in enumerate(encs):
+        a, b = mb.cu_seqlens[k].item(), mb.cu_seqlens[k + 1].item()
+        assert mb.position_ids[0, a:b].tolist() == list(range(len(e)))
+
+
+@pytest.fixture
+def fake_samples():
+    rng = random.Random(7)
+    return [_fake(rng.randint(1, 12), f"f:{i + 1}") for i in range(40)]
+
+
+def _wheres(batches):
+    return [[s.where for s in mb] for mb in batches]
+
+
+def test_packed_stream_deterministic_and_epochs(fake_samples):
+    a = PackedStream(fake_samples, 16, seed=3)
+    b = PackedStream(fake_samples, 16, seed=3)
+    c = PackedStream(fake_samples, 16, seed=4)
+    assert a.epoch_bins(0) == b.epoch_bins(0) and a.epoch_bins(1) == b.epoch_bins(1)
+    assert a.epoch_bins(0) != c.epoch_bins(0)
+    assert a.epoch_bins(0) != a.epoch_bins(1)
+    for e in range(3):
+        bins = a.epoch_bins(e)
+        assert sorted(i for bn in bins for i in bn) == list(range(40))
+        assert all(sum(len(fake_samples[i]) for i in bn) <= 16 for bn in bins)
+    # epoch e shuffles with seed + e: seed 3's epoch 1 is seed 4's epoch 0
+    assert a.epoch_bins(1) == c.epoch_bins(0)
+    # without shuffle, file order
+    plain = PackedStream(fake_samples, 16, seed=3, shuffle=False)
+    assert plain.epoch_bins(0) == plain.epoch_bins(5) == pack_first_fit([len(s) for s in fake_samples], 16)
+
+
+def test_packed_stream_micro_batch_across_epoch_boundary(fake_samples):
+    s = PackedStream(fake_samples, 16, seed=0)
+    n0, n1 = len(s.epoch_bins(0)), len(s.epoch_bins(1))
+    assert _wheres([s.micro_batch(n0 - 1)]) == [[fake_samples[i].where for i in s.epoch_bins(0)[-1]]]
+    assert _wheres([s.micro_batch(n0)]) == [[fake_samples[i].where for i in s.epoch_bins(1)[0]]]
+    assert _wheres([s.micro_batch(n0 + n1 + 2)]) == [[fake_samples[i].where for i in s.epoch_bins(2)[2]]]
+    assert s.epoch_of(n0) == 1.0 and s.epoch_of(0) == 0.0
+    assert s.epoch_of(n0 + n1 // 2) == pytest.approx(1 + (n1 // 2) / n1)
+
+
+def test_iter_step_grad_accum_equals_data_parallel(fake_samples):
+    s = PackedStream(fake_samples, 16, seed=5)
+    total = len(s.epoch_bins(0)) + len(s.epoch_bins(1))
+    for step in range(total // 2 + 2):  # crosses the epoch boundary
+        accum = _wheres(s.iter_step(step, grad_accum=2, dp_rank=0, dp_size=1))
+        r0 = _wheres(s.iter_step(step, grad_accum=1, dp_rank=0, dp_size=2))
+        r1 = _wheres(s.iter_step(step, grad_accum=1, dp_rank=1, dp_size=2))
+        assert len(accum) == 2 and accum == r0 + r1
+        assert accum == _wheres([s.micro_batch(2 * step), s.micro_batch(2 * step + 1)])
+    # ga=2, dp=2: rank r takes micro-batches r and r + 2 of the step's 4
+    assert _wheres(s.iter_step(1, 2, 1, 2)) == _wheres([s.micro_batch(5), s.micro_batch(7)])
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+
+def _write(path: Path, lines: list) -> Path:
+    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in lines))
+    return path
+
+
+def _text_line(q="Hi", a="Hello"):
+    return {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+
+
+def _media_line(kind, path):
+    return {"messages": [{"role": "user", "content": [{"type": kind, "path": str(path)}, {"type": "text", "text": "?"}]},
+                         {"role": "assistant", "content": "1"}]}
+
+
+@pytest.fixture(scope="module")
+def garbage(tmp_path_factory):
+    d = tmp_path_factory.mktemp("garbage")
+    (d / "x.png").write_bytes(b"this is not a png at all" * 10)
+    (d / "x.wav").write_bytes(b"RIFF....garbage, not a wave file" * 10)
+    return d
+
+
+def _bad_cases(digit_lines, garbage):
+    img = digit_lines["image_to_text"][0]["messages"][0]["content"][0]["path"]
+    return {
+        "malformed_json": ('{"messages": [', "not valid JSON"),
+        "no_messages": ({"task": "x"}, "non-empty 'messages'"),
+        "unknown_part": ({"messages": [{"role": "user", "content": [{"type": "video", "path": "v.mp4"}]}]}, "unknown type 'video'"),
+        "missing_image": (_media_line("image", garbage / "nope.png"), "image file not found"),
+        "missing_audio": (_media_line("audio", garbage / "nope.wav"), "audio file not found"),
+        "unreadable_image": (_media_line("image", garbage / "x.png"), "cannot read image"),
+        "unreadable_audio": (_media_line("audio", garbage / "x.wav"), "cannot read audio"),
+        "literal_placeholder": (_text_line("look: <|image_pad|> here"), "reserved placeholder"),
+        "_img": (_media_line("image", img), None),
+    }
+
+
+@pytest.mark.parametrize("case", ["malformed_json", "no_messages", "unknown_part", "missing_image", "missing_audio",
+                                  "unreadable_image", "unreadable_audio", "literal_placeholder"])
+def test_bad_line_names_file_and_line(env, digit_lines, garbage, tmp_path, case):
+    _, _, proc = env
+    line, why = _bad_cases(digit_lines, garbage)[case]
+    path = _write(tmp_path / "train.jsonl", [_text_line(), "", line, _text_line()])  # blank line 2 still counts
+    with pytest.raises(SampleError) as info:
+        load_samples(path, proc, "raise")
+    msg = str(info.value)
+    assert msg.startswith(f"{path}:3: "), msg
+    assert why in msg
+    if "missing" in case or "unreadable" in case:
+        assert str(line["messages"][0]["content"][0]["path"]) in msg
+
+
+def test_image_part_without_image_encoder(env, digit_lines, garbage, tmp_path):
+    _, tok, proc = env
+    audio_only = ChatProcessor(tok, {"audio": proc.encoders["audio"]}, {})
+    img_line = _bad_cases(digit_lines, garbage)["_img"][0]
+    path = _write(tmp_path / "train.jsonl", [_text_line(), _text_line(), img_line])
+    with pytest.raises(SampleError, match=re.escape(f"{path}:3: ") + r"a image part on the encoder side needs a image encoder .*configured: audio"):
+        load_samples(path, audio_only, "raise")
+    # an image in an assistant message needs an image decoder
+    gen = {"messages": [{"role": "user", "content": "Draw"}, {"role": "assistant", "content": img_line["messages"][0]["content"][:1]}]}
+    path2 = _write(tmp_path / "gen.jsonl", [gen])
+    with pytest.raises(SampleError, match=re.escape(f"{path2}:1: ") + r".*image decoder.*configured: none"):
+        load_samples(path2, audio_only, "raise")
+
+
+def test_too_long_sample_packing_error_names_line(env, tmp_path):
+    _, _, proc = env
+    path = _write(tmp_path / "train.jsonl", [_text_line(), _text_line("x" * 600), _text_line()])
+    samples, errors = load_samples(path, proc, "raise")
+    assert errors == [] and [len(s) for s in samples][1] > 512
+    with pytest.raises(PackingError, match=re.escape(f"{path}:2: sample has {len(samples[1])} tokens") + r".*max_tokens=512"):
+        PackedStream(samples, 512, seed=0)
+    PackedStream(samples[:1] + samples[2:], 512, seed=0)  # the others fit
+
+
+def test_on_error_skip_counts_bad_lines(env, digit_lines, garbage, tmp_path):
+    _, _, proc = env
+    cases = _bad_cases(digit_lines, garbage)
+    lines = [
+        _text_line(),                        # 1 ok
+        cases["malformed_json"][0],          # 2 parse error
+        cases["_img"][0],                    # 3 ok
+        cases["missing_image"][0],           # 4 encode error
+        "",                                  # 5 blank: ignored, not an error
+        cases["unreadable_audio"][0],        # 6 encode error
+        cases["no_messages"][0],             # 7 parse error
+        cases["literal_placeholder"][0],     # 8 encode error
+        _text_line("a", "b"),                # 9 ok
+    ]
+    path = _write(tmp_path / "train.jsonl", lines)
+    samples, errors = load_samples(path, proc, "skip")
+    assert [s.where for s in samples] == [f"{path}:1", f"{path}:3", f"{path}:9"]
+    assert len(errors) == 5
+    assert sorted(int(re.match(re.escape(str(path)) + r":(\d+): ", e).group(1)) for e in errors) == [2, 4, 6, 7, 8]
+    # read_jsonl alone skips only the parse errors
+    errs: list[str] = []
+    assert len(read_jsonl(path, on_error="skip", errors=errs)) == 6 and len(errs) == 2
+    with pytest.raises(SampleError, match=re.escape(f"{path}:2: ")):
+        load_samples(path, proc, "raise")
