@@ -1,0 +1,463 @@
+"""The MoVQGAN image decoder: a discrete image tokenizer for generation, on diffusers' ``VQModel``.
+
+MoVQ (Zheng et al. 2022, "MoVQ: Modulating Quantized Vectors for High-Fidelity Image Generation",
+https://arxiv.org/abs/2209.09002) is a VQGAN whose decoder normalisation layers are *spatially
+conditioned* on the quantised latents: each ``GroupNorm`` output is scaled and shifted per pixel by
+1x1 convolutions of the (nearest-upsampled) code vectors. diffusers implements it as
+``VQModel(norm_type="spatial")`` (``SpatialNorm`` in ``diffusers.models.attention_processor``), and
+published MoVQ weights in diffusers format (for example the ``movq`` subfolder of
+``kandinsky-community/kandinsky-2-2-decoder``) load with ``VQModel.from_pretrained(folder)``.
+
+Data flow (S = ``image_size``, f = downsample factor, g = S / f, C = ``num_vq_embeddings``,
+D = ``vq_embed_dim`` = ``latent_channels``, H = the foundation's hidden size):
+
+* :meth:`MoVQGANDecoder.preprocess`: ``PIL.Image`` -> RGB, resized to S x S ->
+  ``pixel_values`` float32 ``[3, S, S]`` in [-1, 1];
+* :meth:`MoVQGANDecoder.encode`: ``[B, 3, S, S]`` -> encoder -> ``quant_conv`` -> nearest codebook
+  entry (diffusers' own ``VectorQuantizer``) -> LongTensor ``[B * g * g]``, row-major per image;
+* :meth:`MoVQGANDecoder.embed` / :meth:`MoVQGANDecoder.head`: the trainable LM adapter
+  (``nn.Embedding(C, H)`` and ``nn.Linear(H, C)``);
+* :meth:`MoVQGANDecoder.decode`: ``[g * g]`` codes -> codebook vectors ``[1, D, g, g]`` ->
+  ``post_quant_conv`` -> decoder with spatial norm conditioned on the codebook vectors -> uint8 RGB
+  ``PIL.Image`` of S x S.
+
+The one formula shared by the data side and the model: ``num_tokens = (S / f) ** 2`` with
+``f = 2 ** (len(block_out_channels) - 1)`` (diffusers' ``Encoder`` downsamples by 2 after every block
+but the last).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+ADAPTER_FILE = "lm_adapter.safetensors"
+"""omnicore's own weights in a saved folder: ``code_embed.weight`` [C, H], ``lm_head.weight`` [C, H], ``lm_head.bias`` [C]."""
+META_FILE = "omnicore_decoder.json"
+"""Small JSON written next to the diffusers files: ``{"image_size": S, "hidden_size": H, ...}``."""
+VQ_CONFIG_FILE = "config.json"
+DEFAULT_IMAGE_SIZE = 32
+
+DEFAULT_CONFIG: dict[str, Any] = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "block_out_channels": (32, 64, 64),
+    "down_block_types": ("DownEncoderBlock2D",) * 3,
+    "up_block_types": ("UpDecoderBlock2D",) * 3,
+    "layers_per_block": 1,
+    "latent_channels": 4,
+    "num_vq_embeddings": 256,
+    "norm_num_groups": 32,
+    "sample_size": 32,
+    "mid_block_add_attention": True,
+}
+"""The tiny from-scratch MoVQ used when ``options.config`` leaves a key out (~0.5 M parameters):
+32x32 RGB -> 8x8 = 64 codes from a 256-entry codebook of 4-d vectors. Recommended for MNIST-sized
+digits (see README for the measured fit)."""
+
+
+class MoVQGANOptions(BaseModel):
+    """Options of ``decoder/movqgan`` (validated by the registry before :func:`build` is called).
+
+    Raises:
+        pydantic.ValidationError: on unknown keys, or when both ``checkpoint`` and ``config`` are given.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: str | None = Field(
+        None,
+        description=(
+            "Local folder holding a diffusers VQModel (config.json + diffusion_pytorch_model.safetensors), "
+            "e.g. the 'movq' subfolder of Kandinsky 2.2, or a folder written by MoVQGANDecoder.save_pretrained "
+            "(then the LM adapter is restored too). None: build a tiny model from 'config'."
+        ),
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "VQModel keyword arguments for a from-scratch model; missing keys come from DEFAULT_CONFIG, "
+            "down/up_block_types follow len(block_out_channels) when not given, norm_type is forced to 'spatial'."
+        ),
+    )
+    image_size: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Side S in pixels of the square RGB image targets are resized to; must be a multiple of the "
+            "downsample factor. None: the value saved in omnicore_decoder.json of the checkpoint, else 32."
+        ),
+    )
+    freeze_vq: bool = Field(
+        True,
+        description=(
+            "Keep the VQ autoencoder frozen (a fixed tokenizer during LM training); only the code embedding "
+            "and the head train."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "MoVQGANOptions":
+        if self.checkpoint is not None and self.config:
+            raise ValueError("give either 'checkpoint' (a folder to load) or 'config' (a model to build), not both")
+        return self
+
+
+def make_vq_config(config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Complete user ``config`` into ``VQModel`` kwargs for a MoVQ (``norm_type="spatial"``).
+
+    Missing keys come from :data:`DEFAULT_CONFIG`; when ``block_out_channels`` is given without block
+    types, plain ``DownEncoderBlock2D``/``UpDecoderBlock2D`` are used, one per level.
+
+    Raises:
+        ValueError: if ``norm_type`` is set to something other than ``"spatial"``; if the block lists
+            differ in length; if a channel count is not a multiple of 32 (diffusers' ``SpatialNorm``
+            uses 32 groups) or of ``norm_num_groups``; if ``vq_embed_dim`` differs from
+            ``latent_channels`` (the spatial norm is conditioned on the codebook vectors with
+            ``latent_channels`` inputs); if ``in_channels``/``out_channels`` are not 3 (RGB).
+    """
+    user = dict(config or {})
+    if user.get("norm_type", "spatial") != "spatial":
+        raise ValueError(f"MoVQGAN needs norm_type='spatial' (MoVQ's spatially conditioned norm); got {user['norm_type']!r}")
+    cfg = dict(DEFAULT_CONFIG)
+    if "block_out_channels" in user:
+        n = len(user["block_out_channels"])
+        cfg["down_block_types"] = ("DownEncoderBlock2D",) * n
+        cfg["up_block_types"] = ("UpDecoderBlock2D",) * n
+    cfg.update(user)
+    cfg["norm_type"] = "spatial"
+    boc = tuple(int(c) for c in cfg["block_out_channels"])
+    cfg["block_out_channels"] = boc
+    cfg["down_block_types"] = tuple(cfg["down_block_types"])
+    cfg["up_block_types"] = tuple(cfg["up_block_types"])
+    if not (len(boc) == len(cfg["down_block_types"]) == len(cfg["up_block_types"])) or not boc:
+        raise ValueError(
+            f"block_out_channels {boc}, down_block_types {cfg['down_block_types']} and up_block_types "
+            f"{cfg['up_block_types']} must be non-empty and of equal length"
+        )
+    groups = int(cfg["norm_num_groups"])
+    for c in boc:
+        if c % 32 or c % groups:
+            raise ValueError(f"block_out_channels {boc}: every entry must be a multiple of 32 and of norm_num_groups={groups}")
+    if cfg.get("vq_embed_dim") not in (None, cfg["latent_channels"]):
+        raise ValueError(
+            f"vq_embed_dim={cfg['vq_embed_dim']} must equal latent_channels={cfg['latent_channels']} with norm_type='spatial'"
+        )
+    if cfg["in_channels"] != 3 or cfg["out_channels"] != 3:
+        raise ValueError(f"MoVQGAN works on RGB: in_channels and out_channels must be 3, got {cfg['in_channels']}, {cfg['out_channels']}")
+    return cfg
+
+
+def downsample_factor(vq_config: Any) -> int:
+    """``2 ** (len(block_out_channels) - 1)``: pixels per code along each side."""
+    return 2 ** (len(vq_config["block_out_channels"] if isinstance(vq_config, dict) else vq_config.block_out_channels) - 1)
+
+
+class MoVQGANDecoder(nn.Module):
+    """omnicore :class:`~omnicore.components.Decoder` for images around a diffusers MoVQ ``VQModel``.
+
+    Args:
+        vq: a ``diffusers.VQModel`` with ``norm_type="spatial"``, RGB in and out.
+        hidden_size: H, the foundation's hidden size.
+        image_size: S, the square side targets are resized to (a multiple of the downsample factor).
+        freeze_vq: freeze the VQ autoencoder (``requires_grad=False``, kept in eval mode).
+
+    Attributes:
+        modality: ``"image"``.
+        codebook_size: C, ``vq.config.num_vq_embeddings``.
+        downsample_factor: f; ``grid_size`` = S / f; ``num_image_tokens`` = (S / f) ** 2.
+        vq: the wrapped ``VQModel``; ``code_embed`` (``nn.Embedding(C, H)``), ``lm_head``
+            (``nn.Linear(H, C)``): the LM adapter.
+
+    Raises:
+        ValueError: if ``vq`` is not a spatial-norm RGB model or S is not a multiple of f.
+    """
+
+    modality = "image"
+
+    def __init__(self, vq: Any, *, hidden_size: int, image_size: int = DEFAULT_IMAGE_SIZE, freeze_vq: bool = True) -> None:
+        super().__init__()
+        cfg = vq.config
+        if cfg.norm_type != "spatial":
+            raise ValueError(f"MoVQGAN needs a VQModel with norm_type='spatial' (MoVQ); this one has norm_type={cfg.norm_type!r}")
+        if cfg.in_channels != 3 or cfg.out_channels != 3:
+            raise ValueError(f"MoVQGAN needs an RGB VQModel (in/out_channels 3), got {cfg.in_channels}/{cfg.out_channels}")
+        self.vq = vq
+        self.hidden_size = int(hidden_size)
+        self.image_size = int(image_size)
+        self.downsample_factor = downsample_factor(cfg)
+        if self.image_size % self.downsample_factor:
+            raise ValueError(f"image_size {self.image_size} must be a multiple of the downsample factor {self.downsample_factor}")
+        self.grid_size = self.image_size // self.downsample_factor
+        self.num_image_tokens = self.grid_size**2
+        self.codebook_size = int(cfg.num_vq_embeddings)
+        self.code_dim = int(vq.quantize.vq_embed_dim)
+        self.freeze_vq = bool(freeze_vq)
+        self.code_embed = nn.Embedding(self.codebook_size, self.hidden_size)
+        self.lm_head = nn.Linear(self.hidden_size, self.codebook_size)
+        nn.init.normal_(self.code_embed.weight, std=0.02)
+        nn.init.normal_(self.lm_head.weight, std=0.02)
+        nn.init.zeros_(self.lm_head.bias)
+        if self.freeze_vq:
+            self.vq.requires_grad_(False)
+            self.vq.eval()
+
+    def train(self, mode: bool = True) -> "MoVQGANDecoder":
+        """As ``nn.Module.train``, but a frozen VQ autoencoder stays in eval mode."""
+        super().train(mode)
+        if self.freeze_vq:
+            self.vq.eval()
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.code_embed.weight.device
+
+    # ---- data side ---------------------------------------------------------------------------
+
+    def preprocess(self, media: Any) -> dict[str, torch.Tensor]:
+        """One ``PIL.Image`` -> ``{"pixel_values": float32 [3, S, S] in [-1, 1]}``.
+
+        The image is converted to RGB and resized (bicubic, aspect ratio not kept) to S x S.
+
+        Raises:
+            TypeError: if ``media`` is not a ``PIL.Image.Image``.
+        """
+        from PIL import Image
+
+        if not isinstance(media, Image.Image):
+            raise TypeError(f"MoVQGAN preprocess expects a PIL.Image.Image, got {type(media).__name__}")
+        img = media.convert("RGB")
+        if img.size != (self.image_size, self.image_size):
+            img = img.resize((self.image_size, self.image_size), Image.BICUBIC)
+        arr = np.asarray(img, dtype=np.float32) / 127.5 - 1.0
+        return {"pixel_values": torch.from_numpy(arr).permute(2, 0, 1).contiguous()}
+
+    def num_tokens(self, features: dict[str, Any]) -> int:
+        """``(h / f) * (w / f)`` for ``pixel_values`` of ``[3, h, w]`` (``(S / f) ** 2`` after preprocess).
+
+        Raises:
+            ValueError: if h or w is not a multiple of f.
+        """
+        h, w = features["pixel_values"].shape[-2:]
+        f = self.downsample_factor
+        if h % f or w % f:
+            raise ValueError(f"image of {h}x{w} pixels is not a multiple of the downsample factor {f}")
+        return (h // f) * (w // f)
+
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Stack per-item features: ``{"pixel_values": [B, 3, S, S]}``.
+
+        Raises:
+            ValueError: on an empty list.
+        """
+        if not items:
+            raise ValueError("MoVQGAN collate got no items")
+        return {"pixel_values": torch.stack([it["pixel_values"] for it in items])}
+
+    # ---- tokenizer ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def encode(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Pixels to codes: LongTensor ``[B * (h/f) * (w/f)]``, item by item, row-major within an item.
+
+        encoder -> ``quant_conv`` -> diffusers' ``VectorQuantizer`` (nearest codebook entry by
+        Euclidean distance); no gradients. ``pixel_values`` may be ``[B, 3, h, w]`` or ``[3, h, w]``.
+        """
+        x = batch["pixel_values"]
+        if x.dim() == 3:
+            x = x.unsqueeze(0)
+        p = next(self.vq.parameters())
+        x = x.to(device=p.device, dtype=p.dtype)
+        latents = self.vq.encode(x).latents
+        _, _, (_, _, indices) = self.vq.quantize(latents)
+        return indices.reshape(-1).long()
+
+    def codes_to_latents(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes ``[B, g*g]`` (or ``[B, g, g]``) -> codebook vectors ``[B, D, g, g]`` (the quantised latents).
+
+        Raises:
+            ValueError: if the number of codes per item is not ``g * g`` or a code is outside [0, C).
+        """
+        codes = torch.as_tensor(codes, device=self.vq.quantize.embedding.weight.device).long()
+        b = codes.shape[0]
+        codes = codes.reshape(b, -1)
+        if codes.shape[1] != self.num_image_tokens:
+            raise ValueError(
+                f"MoVQGAN decode needs {self.num_image_tokens} codes per image ({self.grid_size}x{self.grid_size}), got {codes.shape[1]}"
+            )
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
+            raise ValueError(f"codes must lie in [0, {self.codebook_size}); got [{int(codes.min())}, {int(codes.max())}]")
+        g = self.grid_size
+        return self.vq.quantize.get_codebook_entry(codes.reshape(-1), (b, g, g, self.code_dim))
+
+    @torch.no_grad()
+    def decode_pixels(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes ``[B, g*g]`` -> images float ``[B, 3, S, S]`` (about [-1, 1], unclamped).
+
+        codebook vectors -> ``post_quant_conv`` -> ``vq.decoder(.., latent_embeds=codebook vectors)``:
+        exactly what ``VQModel.decode`` does after quantising, with MoVQ's spatial conditioning.
+        """
+        quant = self.codes_to_latents(codes)
+        return self.vq.decoder(self.vq.post_quant_conv(quant), quant)
+
+    def decode(self, codes: torch.Tensor) -> Any:
+        """Codes of one image ``[g*g]`` (or ``[g, g]``) -> ``PIL.Image`` RGB of S x S, uint8.
+
+        Raises:
+            ValueError: if there are not ``g * g`` codes or a code is outside [0, C).
+        """
+        from PIL import Image
+
+        codes = torch.as_tensor(codes).reshape(1, -1)
+        pixels = self.decode_pixels(codes)[0]
+        return Image.fromarray(to_uint8(pixels), mode="RGB")
+
+    # ---- LM adapter --------------------------------------------------------------------------
+
+    def embed(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes ``[N]`` (long) -> input embeddings ``[N, H]`` (trainable ``nn.Embedding``)."""
+        return self.code_embed(codes)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states ``[N, H]`` -> codebook logits ``[N, C]`` (trainable ``nn.Linear``)."""
+        return self.lm_head(hidden)
+
+    def dummy_codes(self) -> torch.Tensor:
+        """``g * g`` zeros (LongTensor on the module's device) for the dummy pass."""
+        return torch.zeros(self.num_image_tokens, dtype=torch.long, device=self.device)
+
+    # ---- persistence -------------------------------------------------------------------------
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write ``path`` loadable by ``build({"checkpoint": path}, hidden_size=H)``.
+
+        Files: ``config.json`` + ``diffusion_pytorch_model.safetensors`` (``VQModel.save_pretrained``,
+        so ``VQModel.from_pretrained(path)`` works on it too), ``lm_adapter.safetensors`` (embedding
+        and head) and ``omnicore_decoder.json`` (image_size, hidden_size).
+        """
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.vq.save_pretrained(str(path), safe_serialization=True)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self._adapter_state().items()}
+        save_file(tensors, str(path / ADAPTER_FILE), metadata={"format": "pt"})
+        meta = {
+            "format": "omnicore-image-movqgan",
+            "version": 1,
+            "image_size": self.image_size,
+            "hidden_size": self.hidden_size,
+            "codebook_size": self.codebook_size,
+        }
+        (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+    def _adapter_state(self) -> dict[str, torch.Tensor]:
+        return {
+            "code_embed.weight": self.code_embed.weight,
+            "lm_head.weight": self.lm_head.weight,
+            "lm_head.bias": self.lm_head.bias,
+        }
+
+    def load_adapter(self, file: str | Path) -> None:
+        """Load ``lm_adapter.safetensors`` into ``code_embed`` and ``lm_head``.
+
+        Raises:
+            ValueError: naming the file, if a tensor is missing or its shape differs (another hidden
+                or codebook size).
+        """
+        from safetensors.torch import load_file
+
+        state = load_file(str(file))
+        own = self._adapter_state()
+        for k, p in own.items():
+            if k not in state:
+                raise ValueError(f"{file}: missing tensor {k!r}")
+            if tuple(state[k].shape) != tuple(p.shape):
+                raise ValueError(
+                    f"{file}: {k} has shape {tuple(state[k].shape)}, expected {tuple(p.shape)} "
+                    f"(hidden_size={self.hidden_size}, codebook_size={self.codebook_size})"
+                )
+        with torch.no_grad():
+            for k, p in own.items():
+                p.copy_(state[k].to(p.dtype))
+
+
+def to_uint8(pixels: torch.Tensor) -> np.ndarray:
+    """``[3, S, S]`` in [-1, 1] -> uint8 ``[S, S, 3]`` (clamped, rounded)."""
+    x = ((pixels.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.permute(1, 2, 0).cpu().numpy()
+
+
+def load_vq(folder: str | Path) -> Any:
+    """Load a diffusers MoVQ ``VQModel`` from a local folder (no download).
+
+    Raises:
+        ValueError: naming the folder and what it must hold, if it is missing, has no ``config.json``
+            of a ``VQModel``, or the model is not a spatial-norm (MoVQ) one.
+    """
+    from diffusers import VQModel
+
+    folder = Path(folder)
+    what = (
+        "a diffusers VQModel folder (config.json + diffusion_pytorch_model.safetensors, e.g. the 'movq' "
+        "subfolder of kandinsky-2-2-decoder, or a folder written by MoVQGANDecoder.save_pretrained / "
+        "`python -m omnicore_image_movqgan.fit`)"
+    )
+    if not folder.is_dir():
+        raise ValueError(f"MoVQGAN checkpoint folder {folder} does not exist; options.checkpoint must be {what}")
+    cfg_file = folder / VQ_CONFIG_FILE
+    if not cfg_file.is_file():
+        hint = f"; did you mean {folder / 'movq'}?" if (folder / "movq" / VQ_CONFIG_FILE).is_file() else ""
+        raise ValueError(f"MoVQGAN checkpoint folder {folder} has no {VQ_CONFIG_FILE}; put {what} there{hint}")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{cfg_file} is not valid JSON ({exc}); the folder must be {what}") from exc
+    cls_name = cfg.get("_class_name")
+    if cls_name not in (None, "VQModel"):
+        raise ValueError(f"{cfg_file} describes a {cls_name}, not a VQModel; options.checkpoint must be {what}")
+    if cfg.get("norm_type", "group") != "spatial":
+        raise ValueError(
+            f"{folder} holds a VQModel with norm_type={cfg.get('norm_type', 'group')!r}; MoVQGAN needs norm_type='spatial' (MoVQ)"
+        )
+    return VQModel.from_pretrained(str(folder))
+
+
+def build(options: dict[str, Any] | MoVQGANOptions, *, hidden_size: int) -> MoVQGANDecoder:
+    """Factory of ``decoder/movqgan``: ``build(options, hidden_size=H) -> MoVQGANDecoder``.
+
+    With ``checkpoint``: loads the VQModel from that local folder (:func:`load_vq`); when the folder
+    was written by :meth:`MoVQGANDecoder.save_pretrained` the LM adapter and image size are restored,
+    otherwise the adapter is freshly initialised. Without: a from-scratch MoVQ from
+    :func:`make_vq_config` (``options.config``), initialised by torch's current RNG.
+
+    Raises:
+        ValueError: on a bad checkpoint folder or config (see :func:`load_vq`, :func:`make_vq_config`)
+            or an adapter saved for another hidden size.
+        pydantic.ValidationError: on invalid options.
+    """
+    opts = options if isinstance(options, MoVQGANOptions) else MoVQGANOptions.model_validate(dict(options or {}))
+    image_size = opts.image_size
+    adapter = None
+    if opts.checkpoint is not None:
+        vq = load_vq(opts.checkpoint)
+        folder = Path(opts.checkpoint)
+        if (folder / META_FILE).is_file() and image_size is None:
+            image_size = int(json.loads((folder / META_FILE).read_text()).get("image_size", DEFAULT_IMAGE_SIZE))
+        if (folder / ADAPTER_FILE).is_file():
+            adapter = folder / ADAPTER_FILE
+    else:
+        from diffusers import VQModel
+
+        vq = VQModel(**make_vq_config(opts.config))
+    dec = MoVQGANDecoder(vq, hidden_size=hidden_size, image_size=image_size or DEFAULT_IMAGE_SIZE, freeze_vq=opts.freeze_vq)
+    if adapter is not None:
+        dec.load_adapter(adapter)
+    return dec

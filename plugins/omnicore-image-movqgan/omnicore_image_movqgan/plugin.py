@@ -1,0 +1,25 @@
+"""Hook module of omnicore-image-movqgan (entry point ``movqgan`` in group ``omnicore``).
+
+Torch-free by contract: ``omnicore plugins`` imports this module, so it only names the target and
+the options model as strings; :mod:`omnicore_image_movqgan.decoder` (torch, diffusers) is imported
+when the registry builds the component.
+"""
+
+from __future__ import annotations
+
+from omnicore.components import ComponentSpec
+from omnicore.hookspecs import hookimpl
+
+
+@hookimpl
+def omnicore_decoders() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="decoder",
+            name="movqgan",
+            target="omnicore_image_movqgan.decoder:build",
+            options_model="omnicore_image_movqgan.decoder:MoVQGANOptions",
+            modalities=("image",),
+            description="MoVQGAN image tokenizer/decoder (diffusers VQModel, norm_type='spatial'); codes -> RGB image",
+        )
+    ]
