@@ -121,7 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plugins":
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        return cmd_plugins(args)
+        try:
+            return cmd_plugins(args)
+        except RegistryError as exc:  # OMNICORE_STRICT=1 and a plugin failed
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     handlers = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate}
     user_errors: tuple[type[BaseException], ...] = (ConfigError, RegistryError)
     try:

@@ -214,7 +214,9 @@ def load_config(path: str | Path, overrides: list[str] | dict[str, Any] | None =
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise ConfigError(f"{where}: not valid YAML: {exc}") from exc
+        # one line: PyYAML's own text spans several lines and calls the file "<unicode string>"
+        detail = ", ".join(str(x) for x in (getattr(exc, "context", None), getattr(exc, "problem", None)) if x)
+        raise ConfigError(f"{where}: not valid YAML: {detail or ' '.join(str(exc).split())}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (run, model, data, train, ...)")
     extra = parse_overrides(overrides) if isinstance(overrides, list) else (overrides or {})

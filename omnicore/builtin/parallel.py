@@ -18,8 +18,8 @@ class NoParallel:
 
 
 class FSDP2:
-    """FSDP2 (``torch.distributed.fsdp.fully_shard``): each transformer block, each encoder and
-    decoder, then the root, sharded over the mesh's ``dp_shard`` dim.
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``): each transformer block, each encoder, then
+    the root (which holds the embeddings, the LM head and the decoders), sharded over the mesh's ``dp_shard`` dim.
 
     Sharding per block lets FSDP2 all-gather one block's parameters at a time (Zhao et al. 2023,
     "PyTorch FSDP"; torchtitan's ``apply_fsdp``). Gradients are reduce-scattered and averaged over the
@@ -32,17 +32,15 @@ class FSDP2:
         self.options = options or {}
 
     def apply(self, model: Any, mesh: Any) -> Any:
-        from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+        from torch.distributed.fsdp import fully_shard
 
         sub = mesh["dp_shard"] if mesh is not None and mesh.mesh_dim_names and "dp_shard" in mesh.mesh_dim_names else mesh
         for block in model.blocks():
             fully_shard(block, mesh=sub)
         for module in model.encoders.values():
             fully_shard(module, mesh=sub)
-        for module in model.decoders.values():
-            fully_shard(module, mesh=sub)
-            # decoders are called through methods, not forward: let FSDP2 gather around them too
-            for method in ("encode", "embed", "head", "decode"):
-                register_fsdp_forward_method(module, method)
+        # Decoders stay in the root's group: they are called through several methods (encode,
+        # embed, head), a different number of times on a rank whose batch lacks the modality, so
+        # a group of their own would issue mismatched all-gathers across ranks.
         fully_shard(model, mesh=sub)
         return model

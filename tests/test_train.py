@@ -1,0 +1,122 @@
+"""Training recipe: FSDP2 on 2 processes equals 1 process, resume equals straight, export equals trained.
+
+These run the real command line (``omnicore train`` and ``torchrun -m omnicore train``) on a small
+real-data set built from the shipped digits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import tiny_config_dict
+
+STEPS = 4
+
+
+def _write_cfg(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def _losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _omnicore(*args: str, nproc: int = 1, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "omnicore", *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "omnicore", *args]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def one_process_run(digits_jsonl, tmp_path_factory):
+    """4 steps on one process with grad_accum=2, saving a checkpoint every step and exporting."""
+    work = tmp_path_factory.mktemp("one")
+    cfg = tiny_config_dict(str(digits_jsonl / "train.jsonl"), output_dir=str(work / "run"), max_steps=STEPS, grad_accum=2, save_every=2, export=True)
+    path = _write_cfg(work / "cfg.yaml", cfg)
+    _omnicore("train", str(path), cwd=work)
+    return work / "run", cfg
+
+
+def test_fsdp2_two_processes_match_one_process(one_process_run, digits_jsonl, tmp_path):
+    """Same global batch (1 process x 2 micro-batches vs 2 processes x 1): same losses, rtol 1e-5.
+
+    The loss is normalised by the global target count, so only the order of floating-point sums
+    differs between the runs; measured differences are around 1e-7.
+    """
+    run1, cfg = one_process_run
+    cfg2 = json.loads(json.dumps(cfg))
+    cfg2["run"]["output_dir"] = str(tmp_path / "run")
+    cfg2["train"].update(grad_accum=1, export=False, save_every=0)
+    _omnicore("train", str(_write_cfg(tmp_path / "cfg.yaml", cfg2)), nproc=2, cwd=tmp_path)
+    one, two = _losses(run1), _losses(tmp_path / "run")
+    assert len(one) == len(two) == STEPS
+    assert one[0] > one[-1]  # it learns
+    assert two == pytest.approx(one, rel=1e-5)
+
+
+def test_resume_matches_straight_run(one_process_run, tmp_path):
+    """2 steps, stop, then --resume for 2 more gives the losses of 4 steps straight."""
+    run1, cfg = one_process_run
+    cfg2 = json.loads(json.dumps(cfg))
+    cfg2["run"]["output_dir"] = str(tmp_path / "run")
+    cfg2["train"].update(stop_after=STEPS // 2, export=False)
+    path = _write_cfg(tmp_path / "cfg.yaml", cfg2)
+    _omnicore("train", str(path), cwd=tmp_path)
+    assert len(_losses(tmp_path / "run")) == STEPS // 2
+    _omnicore("train", str(path), "--resume", "--train.stop_after", "null", cwd=tmp_path)
+    assert _losses(tmp_path / "run") == pytest.approx(_losses(run1), rel=1e-6)
+
+
+def test_checkpoint_is_atomic_and_latest_points_to_complete(one_process_run):
+    run1, _ = one_process_run
+    root = run1 / "checkpoints"
+    assert (root / "latest").read_text().strip() == f"step-{STEPS:08d}"
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [f"step-{STEPS // 2:08d}", f"step-{STEPS:08d}"]
+    meta = json.loads((root / f"step-{STEPS:08d}" / "trainer_state.json").read_text())
+    assert meta["step"] == STEPS and meta["micro_batches"] == STEPS * 2
+    assert not list(root.glob(".tmp-*"))
+
+
+def test_export_loads_with_transformers_and_matches_checkpoint(one_process_run, digits_jsonl):
+    """The exported foundation loads with AutoModelForCausalLM and gives the trained model's logits."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from omnicore.config import Config
+    from omnicore.evaluate import load_trained
+
+    run1, cfg = one_process_run
+    trained, tok, _ = load_trained(Config.model_validate(cfg), checkpoint=str(run1 / "checkpoints" / f"step-{STEPS:08d}"))
+    hf = AutoModelForCausalLM.from_pretrained(run1 / "export" / "foundation").eval()
+    hf_tok = AutoTokenizer.from_pretrained(run1 / "export" / "foundation")
+    ids = torch.tensor([hf_tok.encode("<|im_start|>user\nWhich digit is this?<|im_end|>\n")])
+    assert ids.tolist() == [tok.encode("<|im_start|>user\nWhich digit is this?<|im_end|>\n")]
+    with torch.no_grad():
+        want = trained.lm(input_ids=ids).logits
+        got = hf(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-6, rtol=0)
+    # the trained weights really moved away from initialisation
+    from omnicore.model.build import build_omni_model
+
+    fresh, _ = build_omni_model(Config.model_validate(cfg))
+    assert not torch.allclose(fresh.lm(input_ids=ids).logits, want)
+    # encoders and decoders reload from the export too, with identical weights
+    from omnicore.evaluate import model_config_from_export
+
+    mcfg = model_config_from_export(run1 / "export")
+    reloaded, _ = build_omni_model(Config.model_validate(dict(cfg, model=mcfg.model_dump())))
+    for name, p in trained.state_dict().items():
+        assert torch.equal(p, reloaded.state_dict()[name]), name
