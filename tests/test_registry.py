@@ -1,0 +1,572 @@
+"""The component registry: built-ins, installed plugins, and fake distributions with real entry points.
+
+The fake distributions are real ``*.dist-info`` folders on ``sys.path``, so ``Registry.discover()``
+finds them through ``importlib.metadata`` exactly as it finds installed plugins.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from omnicore.builtin import plugin as builtin_plugin
+from omnicore.components import ComponentSpec
+from omnicore.registry import Registry, RegistryError
+
+VERSION = "0.1.0"
+
+EXPECTED_INSTALLED = {
+    ("foundation", "hf_causal_lm"): "omnicore",
+    ("parallel", "fsdp2"): "omnicore",
+    ("parallel", "none"): "omnicore",
+    ("kernel", "sdpa"): "omnicore",
+    ("kernel", "eager"): "omnicore",
+    ("encoder", "siglip"): "omnicore-image-siglip",
+    ("encoder", "whisper"): "omnicore-audio-whisper",
+    ("decoder", "movqgan"): "omnicore-image-movqgan",
+}
+
+
+# ---- fake distributions ------------------------------------------------------------------------
+
+HEADER = """\
+from pydantic import BaseModel, ConfigDict
+from omnicore.components import ComponentSpec
+from omnicore.hookspecs import hookimpl
+"""
+
+
+def write_fake_dist(root: Path, dist: str, version: str, entry_points: dict[str, str], modules: dict[str, str]) -> Path:
+    """Write modules ``<root>/<module>.py`` and ``<root>/<dist>-<version>.dist-info`` (METADATA, entry_points.txt)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for mod, src in modules.items():
+        (root / f"{mod}.py").write_text(textwrap.dedent(src))
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    eps = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[omnicore]\n{eps}")
+    return info
+
+
+class FakeSite:
+    """A folder on ``sys.path`` holding fake distributions; module names are unique per test."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch):
+        self.root = root
+        self.prefix = f"fakeplug_{uuid.uuid4().hex[:8]}"
+        root.mkdir()
+        monkeypatch.syspath_prepend(str(root))
+
+    def mod(self, name: str) -> str:
+        return f"{self.prefix}_{name}"
+
+    def add(self, dist: str, version: str, ep_name: str, body: str | None, *, module: str | None = None) -> str:
+        """One distribution with one entry point ``ep_name = <module>``; ``body=None`` writes no module."""
+        module = module or self.mod(ep_name)
+        modules = {} if body is None else {module: HEADER + textwrap.dedent(body)}
+        write_fake_dist(self.root, dist, version, {ep_name: module}, modules)
+        importlib.invalidate_caches()
+        return module
+
+    def cleanup(self) -> None:
+        for name in [m for m in sys.modules if m.startswith(self.prefix)]:
+            del sys.modules[name]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    monkeypatch.delenv("OMNICORE_STRICT", raising=False)
+    monkeypatch.delenv("OMNICORE_DISABLE_PLUGINS", raising=False)
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    s = FakeSite(tmp_path / "site", monkeypatch)
+    yield s
+    s.cleanup()
+    importlib.invalidate_caches()
+
+
+KERNEL_PLUGIN = """
+class Opts(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    block_size: int = 64
+    causal: bool = True
+
+class FastAttn:
+    op = "attention"
+    def __init__(self, options):
+        self.options = options
+    def available(self):
+        return True, "fake kernel"
+    def activate(self, model):
+        pass
+
+def build_encoder(options, *, hidden_size):
+    return {"options": options, "hidden_size": hidden_size}
+
+@hookimpl
+def omnicore_kernels():
+    return [ComponentSpec(kind="kernel", name="fastattn", target=__name__ + ":FastAttn",
+                          options_model=__name__ + ":Opts", description="fake fast attention")]
+
+@hookimpl
+def omnicore_encoders():
+    return [ComponentSpec(kind="encoder", name="fakeenc", target=__name__ + ":build_encoder",
+                          modalities=("video",), description="fake video encoder")]
+"""
+
+
+def rows_of(reg: Registry, provider: str) -> list:
+    return [r for r in reg.rows if r.provider == provider]
+
+
+# ---- built-ins and installed plugins -----------------------------------------------------------
+
+
+def test_builtins_and_installed_plugins_are_available():
+    reg = Registry.discover()
+    found = {(r.kind, r.name): r for r in reg.rows if r.status == "available"}
+    for key, provider in EXPECTED_INSTALLED.items():
+        assert key in found, f"{key} missing from {sorted(found)}"
+        row = found[key]
+        assert row.provider == provider
+        assert row.version == VERSION
+        assert row.reason == ""
+        assert row.description  # every shipped component describes itself
+        assert row.spec is not None and row.spec.key == f"{key[0]}/{key[1]}"
+    assert found[("encoder", "siglip")].spec.modalities == ("image",)
+    assert found[("encoder", "whisper")].spec.modalities == ("audio",)
+    assert found[("decoder", "movqgan")].spec.modalities == ("image",)
+    assert found[("encoder", "whisper")].entry_point == "omnicore_audio_whisper.plugin"
+    assert found[("kernel", "sdpa")].entry_point == "builtin"
+    assert not [r for r in reg.rows if r.status != "available"], [r.as_dict() for r in reg.rows if r.status != "available"]
+    # resolve the bare names
+    assert reg.resolve("kernel", "sdpa").target == "omnicore.builtin.kernels:SDPAAttention"
+    assert reg.resolve("encoder", "whisper").target == "omnicore_audio_whisper.encoder:build"
+    assert reg.resolve("decoder", "omnicore-image-movqgan:movqgan").name == "movqgan"
+
+
+def test_row_as_dict_keys():
+    reg = Registry.discover()
+    d = next(r for r in reg.rows if r.name == "fsdp2").as_dict()
+    assert d == {
+        "kind": "parallel",
+        "name": "fsdp2",
+        "provider": "omnicore",
+        "version": VERSION,
+        "status": "available",
+        "reason": "",
+        "description": d["description"],
+        "entry_point": "builtin",
+        "target": "omnicore.builtin.parallel:FSDP2",
+    }
+    assert "FSDP2" in d["description"]
+
+
+def test_componentspec_validation():
+    with pytest.raises(ValueError, match="kind 'encoders' is not one of encoder, decoder"):
+        ComponentSpec(kind="encoders", name="x", target="m:f")
+    with pytest.raises(ValueError, match="must be non-empty"):
+        ComponentSpec(kind="encoder", name="bad name", target="m:f")
+    with pytest.raises(ValueError, match="must be 'module:attr'"):
+        ComponentSpec(kind="encoder", name="x", target="m.f")
+
+
+# ---- (a) a missing module: failed row, the rest still lists and builds -----------------------
+
+
+def test_missing_module_is_a_failed_row_and_others_still_build(site):
+    missing = site.mod("does_not_exist")
+    site.add("omnicore-broken", "0.3.0", "broken", None, module=missing)
+    kmod = site.add("omnicore-fake-kernels", "1.2.3", "fastattn", KERNEL_PLUGIN)
+
+    reg = Registry.discover()
+    failed = [r for r in reg.rows if r.status == "failed"]
+    assert len(failed) == 1
+    row = failed[0]
+    assert (row.kind, row.name, row.provider, row.version) == ("-", "broken", "omnicore-broken", "0.3.0")
+    assert row.spec is None
+    assert f"entry point 'broken = {missing}' of omnicore-broken 0.3.0 failed to import" in row.reason
+    assert "ModuleNotFoundError" in row.reason and missing in row.reason
+    assert "\n" not in row.reason
+
+    # everything else still lists
+    avail = {(r.kind, r.name): r for r in reg.rows if r.status == "available"}
+    assert set(EXPECTED_INSTALLED) <= set(avail)
+    fake = avail[("kernel", "fastattn")]
+    assert (fake.provider, fake.version, fake.description) == ("omnicore-fake-kernels", "1.2.3", "fake fast attention")
+    assert avail[("encoder", "fakeenc")].provider == "omnicore-fake-kernels"
+
+    # ... and builds
+    sdpa = reg.build("kernel", "sdpa")
+    assert type(sdpa).__name__ == "SDPAAttention"
+    assert (sdpa.op, sdpa.implementation) == ("attention", "sdpa")
+    assert sdpa.available()[0] is True
+    fast = reg.build("kernel", "fastattn", {"block_size": 128})
+    assert type(fast).__module__ == kmod
+    assert fast.options == {"block_size": 128, "causal": True}  # validated and defaults filled in
+    assert fast.available() == (True, "fake kernel")
+    enc = reg.build("encoder", "fakeenc", {"x": 1}, hidden_size=32)
+    assert enc == {"options": {"x": 1}, "hidden_size": 32}
+
+    # the failed plugin is named when a lookup misses
+    with pytest.raises(RegistryError) as ei:
+        reg.resolve("encoder", "brokenenc")
+    assert "Plugins that failed to load (see `omnicore plugins`): omnicore-broken (broken)." in str(ei.value)
+
+
+def test_import_error_inside_plugin_module_is_failed(site):
+    site.add("omnicore-explodes", "2.0", "explodes", "raise RuntimeError('boom at import')\n")
+    reg = Registry.discover()
+    (row,) = rows_of(reg, "omnicore-explodes")
+    assert row.status == "failed"
+    assert "failed to import: RuntimeError: boom at import" in row.reason
+    assert "entry point 'explodes = " in row.reason
+
+
+# ---- (b) all-or-nothing ----------------------------------------------------------------------
+
+
+HALFWAY_PLUGIN = """
+@hookimpl
+def omnicore_encoders():
+    return [ComponentSpec(kind="encoder", name="halfenc", target="x.y:build")]
+
+@hookimpl
+def omnicore_kernels():
+    raise ValueError("kernel table is corrupt")
+"""
+
+
+def test_hook_raising_halfway_registers_nothing(site):
+    module = site.add("omnicore-halfway", "0.9", "halfway", HALFWAY_PLUGIN)
+    reg = Registry.discover()
+    rows = rows_of(reg, "omnicore-halfway")
+    assert len(rows) == 1, [r.as_dict() for r in rows]
+    (row,) = rows
+    assert (row.status, row.name, row.version, row.spec) == ("failed", "halfway", "0.9", None)
+    assert row.reason == (
+        f"entry point 'halfway = {module}' of omnicore-halfway 0.9 raised in registration: "
+        "ValueError: kernel table is corrupt"
+    )
+    assert not [r for r in reg.components() if r.name == "halfenc"]
+    with pytest.raises(RegistryError, match="no encoder named 'halfenc'"):
+        reg.resolve("encoder", "halfenc")
+    # the plugin is also unregistered from pluggy: calling the hook does not reach it
+    assert all(impl.plugin_name != f"omnicore-halfway:halfway" for impl in reg.pm.hook.omnicore_encoders.get_hookimpls())
+    names = [spec.name for specs in reg.pm.hook.omnicore_encoders() for spec in specs]
+    assert "halfenc" not in names and {"siglip", "whisper"} <= set(names)
+
+
+# ---- (c) wrong return types -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            """
+            @hookimpl
+            def omnicore_encoders():
+                return [{"kind": "encoder", "name": "dictenc", "target": "a:b"}]
+            """,
+            "TypeError: hook omnicore_encoders returned {'kind': 'encoder', 'name': 'dictenc', 'target': 'a:b'}; "
+            "expected ComponentSpec(kind='encoder', ...)",
+        ),
+        (
+            """
+            @hookimpl
+            def omnicore_encoders():
+                return [ComponentSpec(kind="decoder", name="wrongkind", target="a:b")]
+            """,
+            "TypeError: hook omnicore_encoders returned ComponentSpec(kind='decoder', name='wrongkind'",
+        ),
+        (
+            """
+            @hookimpl
+            def omnicore_kernels():
+                return [ComponentSpec(kind="kernel", name="bad name!", target="a:b")]
+            """,
+            "ValueError: ComponentSpec name 'bad name!' must be non-empty",
+        ),
+    ],
+    ids=["not-a-spec", "wrong-kind", "invalid-spec"],
+)
+def test_bad_hook_results_are_failed(site, body, expected):
+    site.add("omnicore-badresult", "0.1", "badresult", body)
+    reg = Registry.discover()
+    (row,) = rows_of(reg, "omnicore-badresult")
+    assert row.status == "failed"
+    assert "raised in registration" in row.reason
+    assert expected in row.reason
+    assert {(r.kind, r.name) for r in reg.rows if r.status == "available"} >= set(EXPECTED_INSTALLED)
+
+
+def test_pluggy_validation_failure_is_failed(site):
+    site.add(
+        "omnicore-typo-hook",
+        "0.1",
+        "typohook",
+        """
+        @hookimpl
+        def omnicore_encoderz():
+            return []
+        """,
+    )
+    site.add(
+        "omnicore-bad-args",
+        "0.1",
+        "badargs",
+        """
+        @hookimpl
+        def omnicore_kernels(config):
+            return []
+        """,
+    )
+    reg = Registry.discover()
+    (typo,) = rows_of(reg, "omnicore-typo-hook")
+    assert typo.status == "failed"
+    assert "failed validation" in typo.reason and "omnicore_encoderz" in typo.reason
+    (bad,) = rows_of(reg, "omnicore-bad-args")
+    assert bad.status == "failed"
+    assert "failed validation" in bad.reason and "config" in bad.reason
+    assert not reg.pm.has_plugin("omnicore-typo-hook:typohook")
+    assert not reg.pm.has_plugin("omnicore-bad-args:badargs")
+
+
+# ---- (d) conflicts ----------------------------------------------------------------------------
+
+
+def _dup_plugin(tag: str) -> str:
+    return f"""
+    def build(options, *, hidden_size):
+        return "{tag}"
+
+    @hookimpl
+    def omnicore_encoders():
+        return [ComponentSpec(kind="encoder", name="dup", target=__name__ + ":build", description="{tag} dup")]
+    """
+
+
+def test_conflict_between_two_distributions(site):
+    site.add("omnicore-alpha", "1.0", "alpha", _dup_plugin("alpha"))
+    site.add("omnicore-beta", "2.0", "beta", _dup_plugin("beta"))
+    reg = Registry.discover()
+    dup = sorted((r for r in reg.rows if r.name == "dup"), key=lambda r: r.provider)
+    assert [(r.provider, r.version, r.status) for r in dup] == [
+        ("omnicore-alpha", "1.0", "conflict"),
+        ("omnicore-beta", "2.0", "conflict"),
+    ]
+    for r in dup:
+        assert r.reason == f"encoder/dup is offered by omnicore-alpha, omnicore-beta; pick one in config as '{r.provider}:dup'"
+
+    with pytest.raises(RegistryError) as ei:
+        reg.resolve("encoder", "dup")
+    msg = str(ei.value)
+    assert msg == "encoder/dup is offered by several plugins; choose one in config: 'omnicore-alpha:dup', 'omnicore-beta:dup'"
+
+    assert reg.resolve("encoder", "omnicore-beta:dup").description == "beta dup"
+    assert reg.resolve("encoder", "omnicore-alpha:dup").description == "alpha dup"
+    assert reg.build("encoder", "omnicore-beta:dup", hidden_size=8) == "beta"
+    with pytest.raises(RegistryError, match="offered by several plugins"):
+        reg.build("encoder", "dup", hidden_size=8)
+    # a provider that does not offer it
+    with pytest.raises(RegistryError, match="no encoder named 'omnicore-gamma:dup'"):
+        reg.resolve("encoder", "omnicore-gamma:dup")
+    # unrelated components are unaffected
+    assert next(r for r in reg.rows if r.name == "siglip").status == "available"
+
+
+def test_conflict_with_builtin_name(site):
+    site.add(
+        "omnicore-sdpa-clone",
+        "0.5",
+        "sdpaclone",
+        """
+        @hookimpl
+        def omnicore_kernels():
+            return [ComponentSpec(kind="kernel", name="sdpa", target="a:b")]
+        """,
+    )
+    reg = Registry.discover()
+    sdpa = sorted((r.provider, r.status) for r in reg.rows if r.name == "sdpa")
+    assert sdpa == [("omnicore", "conflict"), ("omnicore-sdpa-clone", "conflict")]
+    with pytest.raises(RegistryError, match="'omnicore:sdpa', 'omnicore-sdpa-clone:sdpa'"):
+        reg.resolve("kernel", "sdpa")
+    assert reg.resolve("kernel", "omnicore:sdpa").target == "omnicore.builtin.kernels:SDPAAttention"
+
+
+# ---- (e) disabling ----------------------------------------------------------------------------
+
+
+def test_disable_by_entry_point_name(site, monkeypatch):
+    module = site.add("omnicore-fake-kernels", "1.2.3", "fastattn", KERNEL_PLUGIN)
+    monkeypatch.setenv("OMNICORE_DISABLE_PLUGINS", "fastattn")
+    reg = Registry.discover()
+    (row,) = rows_of(reg, "omnicore-fake-kernels")
+    assert (row.kind, row.name, row.version, row.status) == ("-", "fastattn", "1.2.3", "disabled")
+    assert row.reason == f"entry point 'fastattn = {module}' of omnicore-fake-kernels 1.2.3: disabled by OMNICORE_DISABLE_PLUGINS"
+    assert not [r for r in reg.components() if r.name in ("fastattn", "fakeenc")]
+    assert module not in sys.modules  # a disabled plugin is not even imported
+    with pytest.raises(RegistryError, match="no kernel named 'fastattn'"):
+        reg.resolve("kernel", "fastattn")
+
+
+def test_disable_by_distribution_name(monkeypatch):
+    monkeypatch.setenv("OMNICORE_DISABLE_PLUGINS", " omnicore-image-siglip , movqgan")
+    reg = Registry.discover()
+    disabled = sorted((r.provider, r.name) for r in reg.rows if r.status == "disabled")
+    assert disabled == [("omnicore-image-movqgan", "movqgan"), ("omnicore-image-siglip", "siglip")]
+    names = {r.name for r in reg.components()}
+    assert "siglip" not in names and "movqgan" not in names
+    assert {"whisper", "sdpa", "hf_causal_lm"} <= names
+    with pytest.raises(RegistryError) as ei:
+        reg.resolve("encoder", "siglip")
+    assert "Known encoders: whisper." in str(ei.value)
+
+
+# ---- (f) strict mode --------------------------------------------------------------------------
+
+
+def test_strict_mode_raises_on_broken_entry_point(site, monkeypatch):
+    missing = site.mod("gone")
+    site.add("omnicore-broken", "0.3.0", "broken", None, module=missing)
+    assert [r.status for r in rows_of(Registry.discover(), "omnicore-broken")] == ["failed"]
+    monkeypatch.setenv("OMNICORE_STRICT", "1")
+    with pytest.raises(RegistryError) as ei:
+        Registry.discover()
+    msg = str(ei.value)
+    assert f"entry point 'broken = {missing}' of omnicore-broken 0.3.0 failed to import: ModuleNotFoundError" in msg
+    assert msg.endswith("(strict mode: OMNICORE_STRICT=1)")
+
+
+def test_strict_mode_raises_on_registration_error(site, monkeypatch):
+    site.add("omnicore-halfway", "0.9", "halfway", HALFWAY_PLUGIN)
+    monkeypatch.setenv("OMNICORE_STRICT", "1")
+    with pytest.raises(RegistryError, match="raised in registration: ValueError: kernel table is corrupt"):
+        Registry.discover()
+
+
+def test_strict_mode_passes_when_all_healthy(monkeypatch):
+    monkeypatch.setenv("OMNICORE_STRICT", "1")
+    reg = Registry.discover()
+    assert {(r.kind, r.name) for r in reg.rows} >= set(EXPECTED_INSTALLED)
+
+
+# ---- (g) unknown names ------------------------------------------------------------------------
+
+
+def test_unknown_name_suggests_close_match():
+    reg = Registry.discover()
+    with pytest.raises(RegistryError) as ei:
+        reg.resolve("kernel", "sdpaa")
+    assert str(ei.value) == "no kernel named 'sdpaa'; did you mean 'sdpa'? Known kernels: eager, sdpa."
+    with pytest.raises(RegistryError, match="no encoder named 'wisper'; did you mean 'whisper'\\?"):
+        reg.resolve("encoder", "wisper")
+    with pytest.raises(RegistryError) as ei:
+        reg.resolve("parallel", "zzzzzz")
+    assert str(ei.value) == "no parallel named 'zzzzzz' Known parallels: fsdp2, none."
+    with pytest.raises(RegistryError) as ei:
+        reg.build("kernel", "sdpaa")
+    assert "did you mean 'sdpa'?" in str(ei.value)
+
+
+def test_unknown_kind():
+    reg = Registry.discover()
+    with pytest.raises(RegistryError) as ei:
+        reg.resolve("encoders", "siglip")
+    assert str(ei.value) == "unknown component kind 'encoders'; kinds are encoder, decoder, foundation, parallel, kernel"
+
+
+# ---- (h) options validation -------------------------------------------------------------------
+
+
+def test_build_rejects_unknown_option_with_closest_key(site):
+    site.add("omnicore-fake-kernels", "1.2.3", "fastattn", KERNEL_PLUGIN)
+    reg = Registry.discover()
+    with pytest.raises(RegistryError) as ei:
+        reg.build("kernel", "fastattn", {"blok_size": 8})
+    assert str(ei.value) == "options of kernel/fastattn: blok_size: unknown key; did you mean 'block_size'?"
+    with pytest.raises(RegistryError) as ei:
+        reg.build("kernel", "fastattn", {"zzz": 8})
+    assert str(ei.value) == "options of kernel/fastattn: zzz: unknown key; valid keys: block_size, causal"
+    with pytest.raises(RegistryError) as ei:
+        reg.build("kernel", "fastattn", {"block_size": "wide"})
+    assert str(ei.value).startswith("options of kernel/fastattn: block_size: Input should be a valid integer")
+
+
+def test_build_builtin_foundation_rejects_misspelt_option():
+    reg = Registry.discover()
+    with pytest.raises(RegistryError) as ei:
+        reg.build("foundation", "hf_causal_lm", {"confg": {"model_type": "qwen2"}})
+    assert str(ei.value) == "options of foundation/hf_causal_lm: confg: unknown key; did you mean 'config'?"
+    with pytest.raises(RegistryError, match="options of foundation/hf_causal_lm: .*set exactly one of 'config'"):
+        reg.build("foundation", "hf_causal_lm", {})
+
+
+def test_build_with_unimportable_target(site):
+    site.add(
+        "omnicore-ghost",
+        "0.1",
+        "ghost",
+        """
+        @hookimpl
+        def omnicore_kernels():
+            return [ComponentSpec(kind="kernel", name="ghost", target="no_such_module_xyz.inner:Ghost"),
+                    ComponentSpec(kind="kernel", name="ghost2", target=__name__ + ":Missing")]
+        """,
+    )
+    reg = Registry.discover()
+    assert {r.status for r in rows_of(reg, "omnicore-ghost")} == {"available"}  # listing never imports targets
+    with pytest.raises(RegistryError, match="cannot import 'no_such_module_xyz.inner' \\(target 'no_such_module_xyz.inner:Ghost'\\)"):
+        reg.build("kernel", "ghost")
+    with pytest.raises(RegistryError, match="has no attribute 'Missing'"):
+        reg.build("kernel", "ghost2")
+
+
+# ---- (i) idempotent registration --------------------------------------------------------------
+
+
+def test_adding_same_plugin_twice_is_harmless():
+    reg = Registry.from_plugins([(builtin_plugin, "omnicore"), (builtin_plugin, "omnicore")])
+    assert sorted((r.kind, r.name) for r in reg.rows) == sorted(
+        [("foundation", "hf_causal_lm"), ("parallel", "fsdp2"), ("parallel", "none"), ("kernel", "sdpa"), ("kernel", "eager")]
+    )
+    assert {r.status for r in reg.rows} == {"available"}
+    reg2 = Registry.discover()
+    before = [r.as_dict() for r in reg2.rows]
+    assert reg2.add_plugin(builtin_plugin, provider="omnicore", version="0.1.0", entry_point="builtin") is True
+    assert [r.as_dict() for r in reg2.rows] == before
+    assert reg2.resolve("kernel", "sdpa").name == "sdpa"  # no self-conflict
+
+
+def test_from_plugins_with_plugin_object():
+    from omnicore.hookspecs import hookimpl
+
+    class Plugin:
+        @hookimpl
+        def omnicore_parallel_strategies(self):
+            return [ComponentSpec(kind="parallel", name="ring", target="m:Ring", description="ring attention")]
+
+    p = Plugin()
+    reg = Registry.from_plugins([(p, "ringpkg"), (p, "ringpkg")])
+    assert [(r.kind, r.name, r.provider, r.status, r.description) for r in reg.rows] == [
+        ("parallel", "ring", "ringpkg", "available", "ring attention")
+    ]
+    assert reg.resolve("parallel", "ring").target == "m:Ring"
+
+
+def test_registries_are_independent(site):
+    site.add("omnicore-fake-kernels", "1.2.3", "fastattn", KERNEL_PLUGIN)
+    a = Registry.discover()
+    b = Registry.discover(entry_points=[])
+    assert "fastattn" in {r.name for r in a.components()}
+    assert {r.provider for r in b.rows} == {"omnicore"}
+    assert len(b.rows) == 5
