@@ -62,7 +62,28 @@ class HFCausalLM:
             ckpt = self.options.checkpoint
             has_own = ckpt is not None and any((Path(ckpt) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
             choice = ckpt if has_own else "byte"
-        return byte_tokenizer() if choice == "byte" else AutoTokenizer.from_pretrained(choice)
+        if choice != "byte":
+            return AutoTokenizer.from_pretrained(choice)
+        return self._as_auto_tokenizer(byte_tokenizer())
+
+    def _as_auto_tokenizer(self, tokenizer: Any) -> Any:
+        """Round-trip a tokenizer through ``AutoTokenizer`` next to this model type's config.
+
+        ``AutoTokenizer`` picks the tokenizer class from ``config.json``'s model type, and some
+        classes add default special tokens (Qwen2 adds ``<|endoftext|>``). Building the tokenizer the
+        way an exported folder will later be loaded keeps the vocabulary, and so the embedding
+        matrix, identical between training and ``AutoTokenizer.from_pretrained(export)``.
+        """
+        import tempfile
+
+        from transformers import AutoConfig, AutoTokenizer
+
+        if self.options.config is None:
+            return tokenizer
+        with tempfile.TemporaryDirectory() as tmp:
+            AutoConfig.for_model(self.options.config["model_type"]).save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            return AutoTokenizer.from_pretrained(tmp)
 
     def build_model(self, vocab_size: int) -> Any:
         """The causal LM with at least ``vocab_size`` input embeddings (resized when loading)."""
