@@ -47,7 +47,7 @@ DEFAULT_IMAGE_SIZE = 32
 DEFAULT_CONFIG: dict[str, Any] = {
     "in_channels": 3,
     "out_channels": 3,
-    "block_out_channels": (32, 64, 64),
+    "block_out_channels": (32, 32, 32),
     "down_block_types": ("DownEncoderBlock2D",) * 3,
     "up_block_types": ("UpDecoderBlock2D",) * 3,
     "layers_per_block": 1,
@@ -57,9 +57,10 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "sample_size": 32,
     "mid_block_add_attention": True,
 }
-"""The tiny from-scratch MoVQ used when ``options.config`` leaves a key out (~0.5 M parameters):
+"""The tiny from-scratch MoVQ used when ``options.config`` leaves a key out (0.30 M parameters):
 32x32 RGB -> 8x8 = 64 codes from a 256-entry codebook of 4-d vectors. Recommended for MNIST-sized
-digits (see README for the measured fit)."""
+digits: 150 steps of :func:`omnicore_image_movqgan.fit.fit_vq` (batch 32) on 3,000 MNIST digits gave
+a held-out reconstruction MSE of 0.020 in [-1, 1] units in 72 s on one busy CPU core (README)."""
 
 
 class MoVQGANOptions(BaseModel):
@@ -427,7 +428,7 @@ def load_vq(folder: str | Path) -> Any:
         raise ValueError(
             f"{folder} holds a VQModel with norm_type={cfg.get('norm_type', 'group')!r}; MoVQGAN needs norm_type='spatial' (MoVQ)"
         )
-    return VQModel.from_pretrained(str(folder))
+    return VQModel.from_pretrained(str(folder), low_cpu_mem_usage=False)  # no accelerate needed
 
 
 def build(options: dict[str, Any] | MoVQGANOptions, *, hidden_size: int) -> MoVQGANDecoder:

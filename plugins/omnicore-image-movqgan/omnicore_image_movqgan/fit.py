@@ -56,7 +56,7 @@ def _vq_and_pixels(model: Any, images: list, image_size: int | None) -> tuple[An
 def fit_vq(
     model: Any,
     images: list,
-    steps: int = 300,
+    steps: int = 150,
     batch_size: int = 32,
     lr: float = 2e-3,
     seed: int = 0,
@@ -132,7 +132,7 @@ def fit_vq(
             sched.step()
             losses.append(float(rec.detach()))
             if log_every and (step % log_every == 0 or step == steps - 1):
-                print(f"step {step:5d}  rec {losses[-1]:.4f}  vq {float(out.commit_loss.mean()):.4f}  {time.perf_counter() - t0:.1f}s", flush=True)
+                print(f"step {step:5d}  rec {losses[-1]:.4f}  vq {float(out.commit_loss.detach().mean()):.4f}  {time.perf_counter() - t0:.1f}s", flush=True)
     finally:
         for n, p in vq.named_parameters():
             p.requires_grad_(old_grad[n])
@@ -175,13 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m omnicore_image_movqgan.fit", description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", required=True, help="folder (searched recursively) or glob of image files")
     ap.add_argument("--out", required=True, help="output folder (written to OUT.tmp, then renamed)")
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--config", default="{}", help="VQModel kwargs as JSON, or a path to a JSON file")
     ap.add_argument("--checkpoint", default=None, help="start from this VQModel folder instead of --config")
     ap.add_argument("--image-size", type=int, default=None, help="square side S in pixels (default 32 or the checkpoint's)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (1 is much faster on a busy 2-core machine)")
     ap.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     args = ap.parse_args(argv)
 
@@ -194,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{out} exists; pass --overwrite to replace it")
     cfg_text = Path(args.config).read_text() if os.path.isfile(args.config) else args.config
     config = json.loads(cfg_text)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     opts: dict[str, Any] = {"image_size": args.image_size, "freeze_vq": False}
     if args.checkpoint:
