@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up a development environment in .venv: the CPU build of torch, omnicore and the first-party
+# plugins (editable), and pytest. Safe to run again: it re-installs only when a pyproject changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${OMNICORE_VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+PLUGINS=(plugins/omnicore-audio-whisper plugins/omnicore-image-siglip plugins/omnicore-image-movqgan)
+stamp="$VENV/.omnicore-setup"
+want=$(cat pyproject.toml "${PLUGINS[@]/%//pyproject.toml}" scripts/setup.sh | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+pip_install() { "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
+# torch first and pinned: a looser requirement would pull a multi-GB CUDA build on CPU machines.
+pip_install "torch==2.13.0"
+editable=(-e .)
+for p in "${PLUGINS[@]}"; do editable+=(-e "$p"); done
+pip_install "torch==2.13.0" "${editable[@]}" "pytest>=8"
+echo "$want" > "$stamp"
+echo "environment ready: $VENV ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
