@@ -18,7 +18,7 @@ $PY examples/digits/build_data.py
 echo "== 2/5 image tokenizer: fit a tiny MoVQGAN on the training digits (MNIST indices 0-8999)"
 if [ ! -f examples/digits/data/movq/config.json ]; then
   $PY -m omnicore_image_movqgan.fit --images 'examples/digits/data/images/0[0-8]*.png' \
-      --out examples/digits/data/movq --steps "${MOVQ_STEPS:-300}"
+      --out examples/digits/data/movq --steps "${MOVQ_STEPS:-150}"
 fi
 
 echo "== 3/5 train"
