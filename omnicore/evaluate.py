@@ -86,14 +86,14 @@ def generate(model: Any, tokenizer: Any, prompt: Encoded, *, max_new_tokens: int
     gen = torch.Generator().manual_seed(seed)
     cache = DynamicCache()
     pos = embeds.shape[1]
-    hidden = model.lm.base_model(inputs_embeds=embeds, position_ids=mb.position_ids, past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+    hidden = model.lm.base_model(inputs_embeds=embeds, position_ids=mb.position_ids, cache=cache, use_cache=True).last_hidden_state[:, -1]
     out_ids: list[int] = []
     images: dict[str, list[Any]] = {}
     n_text = 0
 
     def feed(x: torch.Tensor) -> torch.Tensor:
         nonlocal pos
-        h = model.lm.base_model(inputs_embeds=x.view(1, 1, -1), position_ids=torch.tensor([[pos]]), past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+        h = model.lm.base_model(inputs_embeds=x.view(1, 1, -1), position_ids=torch.tensor([[pos]]), cache=cache, use_cache=True).last_hidden_state[:, -1]
         pos += 1
         return h
 

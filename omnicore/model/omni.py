@@ -33,6 +33,7 @@ class ModelOutput:
     text_loss_sum: torch.Tensor
     decoder_loss_sums: dict[str, torch.Tensor]
     logits: torch.Tensor | None = None
+    decoder_targets: dict[str, int] | None = None
 
 
 class OmniModel(nn.Module):
@@ -129,4 +130,5 @@ class OmniModel(nn.Module):
             dec_sums[m] = F.cross_entropy(dec_logits, c, reduction="sum")
             n += int(c.shape[0])
         loss = text_sum + sum(dec_sums.values(), torch.zeros((), device=text_sum.device)) + dummy.float()
-        return ModelOutput(loss, n, text_sum.detach(), {k: v.detach() for k, v in dec_sums.items()}, logits if return_logits else None)
+        dec_counts = {m: int(c.shape[0]) for m, c in codes.items()}
+        return ModelOutput(loss, n, text_sum.detach(), {k: v.detach() for k, v in dec_sums.items()}, logits if return_logits else None, dec_counts)

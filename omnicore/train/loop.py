@@ -142,11 +142,19 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
         n_global = state.all_reduce_sum(sum(mb.n_targets for mb in micro))
         scale = dp / max(n_global, 1.0)
         loss_sum = torch.zeros((), dtype=torch.float64)
+        part_sums: dict[str, float] = {}  # per-part loss sums, for the metrics only
+        part_counts: dict[str, int] = {}
         tokens = 0
         for mb in micro:
             out = model(**_to_device(vars(mb), state.device))
             (out.loss_sum * scale).backward()
             loss_sum += out.loss_sum.detach().double().cpu()
+            n_text = int((mb.labels != -100).sum())
+            parts = {"text": (float(out.text_loss_sum), n_text)}
+            parts.update({f"decoder.{m}": (float(v), out.decoder_targets[m]) for m, v in out.decoder_loss_sums.items()})
+            for k, (v, c) in parts.items():
+                part_sums[k] = part_sums.get(k, 0.0) + v
+                part_counts[k] = part_counts.get(k, 0) + c
             tokens += mb.num_tokens
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
         if hasattr(grad_norm, "full_tensor"):
@@ -169,6 +177,9 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
             "tokens_per_s": tokens_global / dt,
             "epoch": stream.epoch_of((step + 1) * accum * dp),
         }
+        for k in sorted(set(part_sums) | {"text", *(f"decoder.{m}" for m in processor.decoders)}):
+            n_part = state.all_reduce_sum(part_counts.get(k, 0))
+            row[f"loss/{k}"] = state.all_reduce_sum(part_sums.get(k, 0.0)) / max(n_part, 1.0)
         history.append(row)
         if state.is_main:
             if (step + 1) % cfg.train.log_every == 0 or step + 1 == cfg.train.max_steps:
