@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from omnicore.testing import write_fake_distribution
+
 KINDS = ("encoder", "decoder", "foundation", "parallel", "kernel")
 EXPECTED = [  # (kind, name, provider) in the order `omnicore plugins` lists them
     ("encoder", "siglip", "omnicore-image-siglip"),
@@ -62,23 +64,12 @@ def parse_table(out: str) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def write_fake_dist(root: Path, dist: str, version: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
-    """A real ``<dist>-<version>.dist-info`` (METADATA, entry_points.txt) plus modules, under ``root``."""
-    root.mkdir(parents=True, exist_ok=True)
-    for mod, src in modules.items():
-        (root / f"{mod}.py").write_text(textwrap.dedent(src))
-    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-    (info / "entry_points.txt").write_text("[omnicore]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items()))
-
-
 @pytest.fixture
 def fake_site(tmp_path) -> Path:
     """A broken distribution (entry point naming a missing module) and a healthy one."""
     site = tmp_path / "site"
-    write_fake_dist(site, "omnicore-broken", "0.3.0", {"broken": "cli_fake_missing_module"}, {})
-    write_fake_dist(
+    write_fake_distribution(site, "omnicore-broken", "0.3.0", {"broken": "cli_fake_missing_module"}, {})
+    write_fake_distribution(
         site,
         "omnicore-cli-fake",
         "1.2.3",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -17,15 +16,7 @@ from omnicore.data.packing import collate
 from omnicore.model.omni import PlaceholderMismatch
 
 
-def _load_conftest():
-    """tests/conftest.py as a module (pytest runs with --import-mode=importlib: it is not importable by name)."""
-    spec = importlib.util.spec_from_file_location("_omnicore_tests_conftest", Path(__file__).with_name("conftest.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tiny_config_dict = _load_conftest().tiny_config_dict
+from conftest import tiny_config_dict  # noqa: E402  (tests/ is on pytest's pythonpath)
 
 _BUILT: dict = {}
 

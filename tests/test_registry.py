@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from omnicore.testing import write_fake_distribution
 from omnicore.builtin import plugin as builtin_plugin
 from omnicore.components import ComponentSpec
 from omnicore.registry import Registry, RegistryError
@@ -41,19 +42,6 @@ from omnicore.hookspecs import hookimpl
 """
 
 
-def write_fake_dist(root: Path, dist: str, version: str, entry_points: dict[str, str], modules: dict[str, str]) -> Path:
-    """Write modules ``<root>/<module>.py`` and ``<root>/<dist>-<version>.dist-info`` (METADATA, entry_points.txt)."""
-    root.mkdir(parents=True, exist_ok=True)
-    for mod, src in modules.items():
-        (root / f"{mod}.py").write_text(textwrap.dedent(src))
-    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-    eps = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
-    (info / "entry_points.txt").write_text(f"[omnicore]\n{eps}")
-    return info
-
-
 class FakeSite:
     """A folder on ``sys.path`` holding fake distributions; module names are unique per test."""
 
@@ -70,7 +58,7 @@ class FakeSite:
         """One distribution with one entry point ``ep_name = <module>``; ``body=None`` writes no module."""
         module = module or self.mod(ep_name)
         modules = {} if body is None else {module: HEADER + textwrap.dedent(body)}
-        write_fake_dist(self.root, dist, version, {ep_name: module}, modules)
+        write_fake_distribution(self.root, dist, version, {ep_name: module}, modules)
         importlib.invalidate_caches()
         return module
 
