@@ -1,0 +1,601 @@
+"""Contract test suites, one per component kind, for a plugin's own tests to subclass.
+
+A suite is a plain class whose ``test_*`` methods pytest collects once a ``Test*`` subclass sets the
+component to test::
+
+    from omnicore.testing import EncoderContract
+
+    class TestMyEncoder(EncoderContract):
+        name = "myenc"                                  # kind/name as registered ("provider:name" works)
+        options = {"config": {"width": 16}}             # options of a tiny, fast instance
+        hidden_size = 32
+
+The component is built through a registry exactly as training builds it: by default
+``Registry.discover()`` (so the suite also checks that the entry point is installed); set
+``plugin = "my_pkg.plugin"`` (or a plugin object) to test an isolated registry of that plugin plus
+the built-ins instead, before it is installed.
+
+Every check uses real values from the component (shapes, dtypes, code ranges, exact equality after
+reloading). Hooks a subclass may override: ``make_media()`` (the media items to preprocess),
+``checkpoint_options(path)`` (options that load a ``save_pretrained`` folder) and the class
+attributes documented on each suite.
+
+Meta device: ``with torch.device("meta"): build(...)`` must give a component whose parameters and
+buffers all live on ``meta`` with the same names and shapes as a CPU build. transformers and
+diffusers models build there from a config (their ``__init__`` only creates tensors and runs
+initialisers, which are no-ops on meta). Loading a checkpoint on meta is not checked: reading
+weights needs real memory, and omnicore loads checkpoints on CPU before sharding.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from omnicore.components import Decoder, Encoder, Foundation, Kernel, ParallelStrategy
+
+HEAVY_MODULES: tuple[str, ...] = ("torch", "transformers", "diffusers")
+"""Modules a hook module must not import (``omnicore plugins`` imports every hook module)."""
+
+TINY_LM_CONFIG: dict[str, Any] = {
+    "model_type": "qwen2",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+}
+"""The tiny causal LM that kernel and parallel-strategy suites run on."""
+
+
+# ---- media -----------------------------------------------------------------------------------
+
+
+def sample_media(modality: str, n: int = 3, seed: int = 0) -> list[Any]:
+    """``n`` synthetic media items of ``modality`` that differ in content and size.
+
+    images: ``PIL.Image`` of sizes 28x28 (mode L), 60x45 (RGB), 33x20 (RGB), ... with random pixels;
+    audio: :class:`omnicore.data.media.Audio`, mono noise of 0.3 s, 1.1 s, 0.7 s, ... (amplitude 0.1)
+    at 16 kHz, with the second at 22.05 kHz (so resampling is exercised).
+
+    Raises:
+        ValueError: for another modality (override ``make_media`` in the suite).
+    """
+    rng = np.random.default_rng(seed)
+    if modality == "image":
+        from PIL import Image
+
+        sizes = [(28, 28, "L"), (60, 45, "RGB"), (33, 20, "RGB"), (40, 40, "RGB"), (17, 31, "L")]
+        out = []
+        for i in range(n):
+            w, h, mode = sizes[i % len(sizes)]
+            shape = (h, w) if mode == "L" else (h, w, 3)
+            out.append(Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode))
+        return out
+    if modality == "audio":
+        from omnicore.data.media import Audio
+
+        seconds = [0.3, 1.1, 0.7, 0.5, 1.6]
+        out = []
+        for i in range(n):
+            rate = 22050 if i == 1 else 16000
+            samples = (0.1 * rng.standard_normal(int(seconds[i % len(seconds)] * rate))).astype(np.float32)
+            out.append(Audio(samples=samples, sample_rate=rate))
+        return out
+    raise ValueError(f"no sample media for modality {modality!r}; override make_media() in your contract subclass")
+
+
+def tiny_causal_lm(seed: int = 0, **overrides: Any) -> Any:
+    """A randomly initialised transformers causal LM of :data:`TINY_LM_CONFIG` (eval mode, CPU)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = dict(TINY_LM_CONFIG, **overrides)
+    model_type = kwargs.pop("model_type")
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **kwargs)).eval()
+
+
+# ---- the shared base -------------------------------------------------------------------------
+
+
+def _tensors(module: Any) -> dict[str, torch.Tensor]:
+    named = dict(module.named_parameters())
+    named.update({f"buffer:{k}": v for k, v in module.named_buffers()})
+    return named
+
+
+class ComponentContract:
+    """What every suite shares: building through a registry, and the torch-free hook module."""
+
+    kind: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    """``name`` or ``provider:name`` of the component, as config writes it."""
+    options: ClassVar[dict[str, Any]] = {}
+    """Options of a small, fast instance (validated by the component's options model)."""
+    plugin: ClassVar[Any] = None
+    """None: discover installed entry points. Else the hook module (object or dotted name): an isolated
+    registry of it plus the built-ins."""
+    provider: ClassVar[str] = "plugin-under-test"
+    """The provider name given to ``plugin`` in an isolated registry."""
+    hook_module: ClassVar[str | None] = None
+    """Dotted name of the hook module to import without torch; default: from the registry row."""
+    seed: ClassVar[int] = 0
+    atol: ClassVar[float] = 1e-5
+    rtol: ClassVar[float] = 1e-4
+    """Tolerances for results that may legitimately differ in float rounding (batched vs alone)."""
+
+    # -- helpers --------------------------------------------------------------------------
+
+    @pytest.fixture(autouse=True)
+    def _omnicore_one_thread(self):
+        """One intra-op thread: tiny models gain nothing from more, and a busy machine makes OpenMP spin."""
+        old = torch.get_num_threads()
+        torch.set_num_threads(1)
+        yield
+        torch.set_num_threads(old)
+
+    def registry(self) -> Any:
+        """The registry the component is built from (see :attr:`plugin`)."""
+        from omnicore.registry import Registry
+        from omnicore.testing import isolated_registry
+
+        if self.plugin is None:
+            return Registry.discover()
+        return isolated_registry([(self.plugin, self.provider)], builtins=True)
+
+    def build_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the factory besides ``options`` (``hidden_size`` for encoders/decoders)."""
+        return {}
+
+    def build(self, options: dict[str, Any] | None = None, *, seed: int | None = None, registry: Any = None) -> Any:
+        """Build the component from ``options`` (default :attr:`options`) after seeding torch."""
+        torch.manual_seed(self.seed if seed is None else seed)
+        reg = registry or self.registry()
+        return reg.build(self.kind, self.name, copy.deepcopy(self.options if options is None else options), **self.build_kwargs())
+
+    def checkpoint_options(self, path: str) -> dict[str, Any]:
+        """Options that load a ``save_pretrained`` folder: :attr:`options` without ``config``, plus
+        ``checkpoint``. Override when the component spells it otherwise."""
+        opts = {k: v for k, v in copy.deepcopy(self.options).items() if k != "config"}
+        opts["checkpoint"] = path
+        return opts
+
+    def _row(self) -> Any:
+        reg = self.registry()
+        spec = reg.resolve(self.kind, self.name)
+        rows = [r for r in reg.components(self.kind) if r.spec is spec]
+        return rows[0]
+
+    def _hook_module_name(self) -> str:
+        if self.hook_module:
+            return self.hook_module
+        if isinstance(self.plugin, str):
+            return self.plugin
+        if self.plugin is not None:
+            return self.plugin.__name__
+        row = self._row()
+        if row.entry_point == "builtin":
+            return "omnicore.builtin.plugin"
+        return row.entry_point.partition(":")[0]
+
+    # -- checks shared by every kind --------------------------------------------------------
+
+    def test_registered(self):
+        """The component resolves, has a description, and its options model is strict and documented."""
+        row = self._row()
+        assert row.status == "available", f"{self.kind}/{self.name} is {row.status}: {row.reason}"
+        assert row.spec.description.strip(), f"{row.spec.key}: give the ComponentSpec a one-line description"
+        if row.spec.options_model:
+            from omnicore.registry import import_target
+
+            model = import_target(row.spec.options_model)
+            assert model.model_config.get("extra") == "forbid", f"{row.spec.options_model}: set model_config = ConfigDict(extra='forbid')"
+            undocumented = [n for n, f in model.model_fields.items() if not f.description]
+            assert not undocumented, f"{row.spec.options_model}: fields without a description: {undocumented}"
+
+    def test_hook_module_imports_without_torch(self):
+        """The hook module imports in a fresh interpreter without pulling in torch/transformers/diffusers."""
+        module = self._hook_module_name()
+        code = (
+            "import importlib, sys\n"
+            f"importlib.import_module({module!r})\n"
+            f"print(','.join(m for m in {HEAVY_MODULES!r} if m in sys.modules))\n"
+        )
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)))
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 0, f"importing {module} failed:\n{proc.stderr[-2000:]}"
+        heavy = proc.stdout.strip()
+        assert heavy == "", f"importing hook module {module} imported {heavy}; import heavy code only in the spec's target module"
+
+class ModuleComponentContract(ComponentContract):
+    """Shared by encoders and decoders, which are ``nn.Module`` s built with ``hidden_size``."""
+
+    hidden_size: ClassVar[int] = 32
+
+    def build_kwargs(self) -> dict[str, Any]:
+        return {"hidden_size": self.hidden_size}
+
+    def test_builds_on_meta_device(self):
+        """``with torch.device("meta")``: every parameter and buffer on meta, same names and shapes as on CPU."""
+        cpu = self.build()
+        with torch.device("meta"):
+            meta = self.build()
+        want = {k: tuple(v.shape) for k, v in _tensors(cpu).items()}
+        got = {k: tuple(v.shape) for k, v in _tensors(meta).items()}
+        assert got == want
+        real = [k for k, v in _tensors(meta).items() if not v.is_meta]
+        assert not real, f"built under torch.device('meta') but these tensors are real: {real[:5]}"
+
+
+# ---- encoders --------------------------------------------------------------------------------
+
+
+class EncoderContract(ModuleComponentContract):
+    """Contract of an input-side encoder (:class:`omnicore.components.Encoder`).
+
+    Set ``name``, ``options`` and ``hidden_size``; override ``make_media()`` for a modality other
+    than image or audio. ``make_media`` must return at least two items whose token counts may differ.
+    """
+
+    kind: ClassVar[str] = "encoder"
+    seeded_init: ClassVar[bool] = True
+    """Whether two seeds give different weights (False for a component with no random init)."""
+
+    def make_media(self, modality: str) -> list[Any]:
+        """Media items for the checks (default: :func:`sample_media` of the encoder's modality)."""
+        return sample_media(modality, n=3, seed=self.seed)
+
+    def _features(self, enc: Any) -> list[dict[str, Any]]:
+        media = self.make_media(enc.modality)
+        assert len(media) >= 2, "make_media() must return at least two items"
+        return [enc.preprocess(m) for m in media]
+
+    def _encode(self, enc: Any, feats: list[dict[str, Any]]) -> torch.Tensor:
+        with torch.no_grad():
+            return enc(enc.collate(feats))
+
+    def test_implements_protocol(self):
+        enc = self.build()
+        assert isinstance(enc, nn.Module) and isinstance(enc, Encoder)
+        assert isinstance(enc.modality, str) and enc.modality
+        assert enc.modality in self._row().spec.modalities, f"spec.modalities {self._row().spec.modalities} lacks {enc.modality!r}"
+
+    def test_output_shape_and_dtype(self):
+        """forward(collate(items)) is ``[sum num_tokens, hidden_size]``, floating point, finite."""
+        enc = self.build().eval()
+        feats = self._features(enc)
+        counts = [int(enc.num_tokens(f)) for f in feats]
+        assert all(c >= 1 for c in counts), counts
+        out = self._encode(enc, feats)
+        assert tuple(out.shape) == (sum(counts), self.hidden_size)
+        assert out.dtype.is_floating_point
+        assert torch.isfinite(out).all()
+
+    def test_num_tokens_matches_forward_per_item(self):
+        """Each item alone gives exactly ``num_tokens(item)`` rows."""
+        enc = self.build().eval()
+        for i, f in enumerate(self._features(enc)):
+            assert self._encode(enc, [f]).shape[0] == enc.num_tokens(f), f"item {i}"
+
+    def test_collate_keeps_item_order(self):
+        """Item ``i`` encoded alone equals its slice of the batch output (and items differ)."""
+        enc = self.build().eval()
+        feats = self._features(enc)
+        out = self._encode(enc, feats)
+        start = 0
+        slices = []
+        for i, f in enumerate(feats):
+            n = int(enc.num_tokens(f))
+            torch.testing.assert_close(self._encode(enc, [f]), out[start : start + n], atol=self.atol, rtol=self.rtol, msg=lambda m: f"item {i}: {m}")
+            slices.append(out[start : start + n])
+            start += n
+        assert not torch.allclose(slices[0].mean(0), slices[1].mean(0)), "different media gave the same embeddings"
+
+    def test_state_dict_round_trip(self):
+        """Two seeds differ; loading one's state_dict into the other gives identical outputs."""
+        a, b = self.build(seed=self.seed).eval(), self.build(seed=self.seed + 1).eval()
+        feats = self._features(a)
+        out_a = self._encode(a, feats)
+        if self.seeded_init:
+            assert not torch.equal(out_a, self._encode(b, feats)), "two seeds built identical encoders"
+        b.load_state_dict(a.state_dict())
+        torch.testing.assert_close(self._encode(b, feats), out_a, atol=0, rtol=0)
+
+    def test_save_pretrained_round_trip(self, tmp_path):
+        """``save_pretrained(dir)`` then ``build(checkpoint=dir)`` (under another seed): identical outputs and tensors."""
+        a = self.build().eval()
+        feats = self._features(a)
+        out = self._encode(a, feats)
+        a.save_pretrained(str(tmp_path / "ckpt"))
+        b = self.build(self.checkpoint_options(str(tmp_path / "ckpt")), seed=self.seed + 123).eval()
+        torch.testing.assert_close(self._encode(b, [b.preprocess(m) for m in self.make_media(b.modality)]), out, atol=0, rtol=0)
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            assert torch.equal(sa[k], sb[k]), k
+
+    def test_dummy_batch_reaches_every_parameter(self):
+        """dummy_batch() forward is ``[n, hidden_size]``; ``0 * out.sum()`` backward gives every trainable parameter a grad."""
+        enc = self.build().train()
+        out = enc(enc.dummy_batch())
+        assert out.ndim == 2 and out.shape[0] >= 1 and out.shape[1] == self.hidden_size, tuple(out.shape)
+        (0 * out.sum()).backward()
+        trainable = [(n, p) for n, p in enc.named_parameters() if p.requires_grad]
+        assert trainable, "the encoder has no trainable parameters"
+        missing = [n for n, p in trainable if p.grad is None]
+        assert not missing, f"parameters without a grad after the dummy pass (FSDP would hang): {missing[:5]}"
+
+
+# ---- decoders --------------------------------------------------------------------------------
+
+
+class DecoderContract(ModuleComponentContract):
+    """Contract of an output-side decoder (:class:`omnicore.components.Decoder`).
+
+    ``image_size``: the ``(width, height)`` :meth:`decode` must return for images; default
+    ``(d.image_size, d.image_size)`` when the decoder has an int ``image_size``.
+    """
+
+    kind: ClassVar[str] = "decoder"
+    image_size: ClassVar[tuple[int, int] | None] = None
+    seeded_init: ClassVar[bool] = True
+
+    def make_media(self, modality: str) -> list[Any]:
+        return sample_media(modality, n=3, seed=self.seed)
+
+    def _batch(self, dec: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        feats = [dec.preprocess(m) for m in self.make_media(dec.modality)]
+        assert len(feats) >= 2, "make_media() must return at least two items"
+        return feats, dec.collate(feats)
+
+    def test_implements_protocol(self):
+        dec = self.build()
+        assert isinstance(dec, nn.Module) and isinstance(dec, Decoder)
+        assert isinstance(dec.codebook_size, int) and dec.codebook_size > 1
+        assert dec.modality in self._row().spec.modalities
+
+    def test_encode_gives_codes_in_range(self):
+        """encode(batch) is int64 ``[sum num_tokens]`` with every code in ``[0, codebook_size)``."""
+        dec = self.build().eval()
+        feats, batch = self._batch(dec)
+        with torch.no_grad():
+            codes = dec.encode(batch)
+        assert codes.dtype == torch.long and codes.ndim == 1
+        assert codes.shape[0] == sum(int(dec.num_tokens(f)) for f in feats)
+        assert int(codes.min()) >= 0 and int(codes.max()) < dec.codebook_size
+
+    def test_collate_keeps_item_order(self):
+        dec = self.build().eval()
+        feats, batch = self._batch(dec)
+        with torch.no_grad():
+            codes = dec.encode(batch)
+            start = 0
+            for i, f in enumerate(feats):
+                n = int(dec.num_tokens(f))
+                assert torch.equal(dec.encode(dec.collate([f])), codes[start : start + n]), f"item {i}"
+                start += n
+
+    def test_embed_and_head_shapes(self):
+        """embed: ``[N] -> [N, hidden_size]`` float; head: ``[N, hidden_size] -> [N, codebook_size]`` float."""
+        dec = self.build().eval()
+        codes = torch.tensor([0, 1, dec.codebook_size - 1, 1])
+        e = dec.embed(codes)
+        assert tuple(e.shape) == (4, self.hidden_size) and e.dtype.is_floating_point
+        assert torch.equal(e[1], e[3]) and not torch.equal(e[0], e[1])
+        logits = dec.head(torch.randn(4, self.hidden_size))
+        assert tuple(logits.shape) == (4, dec.codebook_size) and logits.dtype.is_floating_point
+        assert torch.isfinite(logits).all()
+
+    def test_decode_returns_medium(self):
+        """decode(codes of one item) returns the medium; for images a PIL image of the expected size."""
+        dec = self.build().eval()
+        feats, batch = self._batch(dec)
+        with torch.no_grad():
+            codes = dec.encode(batch)[: int(dec.num_tokens(feats[0]))]
+            out = dec.decode(codes)
+        assert out is not None
+        if dec.modality == "image":
+            from PIL import Image
+
+            assert isinstance(out, Image.Image)
+            want = self.image_size or ((dec.image_size, dec.image_size) if isinstance(getattr(dec, "image_size", None), int) else None)
+            if want is not None:
+                assert out.size == tuple(want)
+
+    def test_dummy_codes_reach_every_parameter(self):
+        """dummy_codes() are in range; ``0 * head(embed(codes)).sum()`` backward reaches every trainable parameter."""
+        dec = self.build().train()
+        codes = dec.dummy_codes()
+        assert codes.dtype == torch.long and codes.ndim == 1 and codes.numel() >= 1
+        assert int(codes.min()) >= 0 and int(codes.max()) < dec.codebook_size
+        (0 * dec.head(dec.embed(codes)).sum()).backward()
+        trainable = [(n, p) for n, p in dec.named_parameters() if p.requires_grad]
+        assert trainable, "the decoder has no trainable parameters"
+        missing = [n for n, p in trainable if p.grad is None]
+        assert not missing, f"trainable parameters that embed/head never reach (FSDP would hang): {missing[:5]}"
+
+    def _outputs(self, dec: Any, batch: dict[str, Any]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            codes = dec.encode(batch)
+            return [codes, dec.embed(codes), dec.head(torch.linspace(-1, 1, 3 * self.hidden_size).reshape(3, self.hidden_size))]
+
+    def test_state_dict_round_trip(self):
+        a, b = self.build(seed=self.seed).eval(), self.build(seed=self.seed + 1).eval()
+        _, batch = self._batch(a)
+        want = self._outputs(a, batch)
+        if self.seeded_init:
+            assert any(not torch.equal(x, y) for x, y in zip(want, self._outputs(b, batch))), "two seeds built identical decoders"
+        b.load_state_dict(a.state_dict())
+        for x, y in zip(want, self._outputs(b, batch)):
+            torch.testing.assert_close(y, x, atol=0, rtol=0)
+
+    def test_save_pretrained_round_trip(self, tmp_path):
+        a = self.build().eval()
+        _, batch = self._batch(a)
+        want = self._outputs(a, batch)
+        a.save_pretrained(str(tmp_path / "ckpt"))
+        b = self.build(self.checkpoint_options(str(tmp_path / "ckpt")), seed=self.seed + 123).eval()
+        for x, y in zip(want, self._outputs(b, batch)):
+            torch.testing.assert_close(y, x, atol=0, rtol=0)
+        with torch.no_grad():
+            n = int(b.num_tokens(b.preprocess(self.make_media(b.modality)[0])))
+            ia, ib = a.decode(want[0][:n]), b.decode(want[0][:n])
+        assert np.array_equal(np.asarray(ia), np.asarray(ib))
+
+
+# ---- foundations -----------------------------------------------------------------------------
+
+
+class FoundationContract(ComponentContract):
+    """Contract of a foundation (:class:`omnicore.components.Foundation`): tokenizer, causal LM, meta build."""
+
+    kind: ClassVar[str] = "foundation"
+    text: ClassVar[str] = "omnicore: hello, wörld 123"
+
+    def test_implements_protocol(self):
+        assert isinstance(self.build(), Foundation)
+
+    def test_tokenizer_round_trip(self):
+        tok = self.build().build_tokenizer()
+        ids = tok(self.text, add_special_tokens=False)["input_ids"]
+        assert len(ids) >= 1 and all(0 <= i < len(tok) for i in ids)
+        assert tok.decode(ids) == self.text
+
+    def _model(self, foundation: Any, vocab: int) -> Any:
+        model = foundation.build_model(vocab_size=vocab)
+        return model.eval() if hasattr(model, "eval") else model
+
+    def test_model_logits_shape(self):
+        """build_model(vocab_size=V) takes ids ``[1, T]`` and gives logits ``[1, T, >=V]``; widths agree."""
+        f = self.build()
+        vocab = len(f.build_tokenizer()) + 5
+        model = self._model(f, vocab)
+        hidden = model.config.get_text_config().hidden_size
+        emb = model.get_input_embeddings()
+        assert emb.num_embeddings >= vocab and emb.embedding_dim == hidden
+        ids = torch.arange(7).unsqueeze(0) % vocab
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        assert logits.shape[:2] == (1, 7) and logits.shape[2] >= vocab
+        assert torch.isfinite(logits).all()
+
+    def test_builds_on_meta_device(self):
+        f = self.build()
+        vocab = len(f.build_tokenizer())
+        cpu = self._model(f, vocab)
+        with torch.device("meta"):
+            meta = self._model(f, vocab)
+        assert {k: tuple(v.shape) for k, v in _tensors(meta).items()} == {k: tuple(v.shape) for k, v in _tensors(cpu).items()}
+        real = [k for k, v in _tensors(meta).items() if not v.is_meta]
+        assert not real, f"built under torch.device('meta') but these tensors are real: {real[:5]}"
+
+    def test_save_pretrained_round_trip(self, tmp_path):
+        """The model's ``save_pretrained`` folder, given as ``checkpoint``, gives identical logits."""
+        f = self.build()
+        vocab = len(f.build_tokenizer())
+        model = self._model(f, vocab)
+        model.save_pretrained(str(tmp_path / "ckpt"))
+        g = self.build(self.checkpoint_options(str(tmp_path / "ckpt")), seed=self.seed + 123)
+        back = self._model(g, vocab)
+        ids = torch.arange(9).unsqueeze(0) % vocab
+        with torch.no_grad():
+            torch.testing.assert_close(back(input_ids=ids).logits, model(input_ids=ids).logits, atol=0, rtol=0)
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+
+
+class KernelContract(ComponentContract):
+    """Contract of a kernel (:class:`omnicore.components.Kernel`).
+
+    ``activate`` runs on a tiny transformers causal LM (:func:`tiny_causal_lm`); for ``op ==
+    "attention"`` the logits must match transformers' eager attention within ``atol``, on a packed
+    row (``position_ids`` restarting at 0 for a second sample, no attention mask, ``use_cache=False``)
+    as omnicore trains, and the second sample must equal that sample run alone.
+    """
+
+    kind: ClassVar[str] = "kernel"
+    atol: ClassVar[float] = 1e-4
+
+    def test_implements_protocol(self):
+        k = self.build()
+        assert isinstance(k, Kernel)
+        assert isinstance(k.op, str) and k.op
+
+    def test_available_returns_flag_and_reason(self):
+        result = self.build().available()
+        assert isinstance(result, tuple) and len(result) == 2
+        ok, reason = result
+        assert isinstance(ok, bool) and isinstance(reason, str) and reason.strip()
+
+    def test_activate_on_tiny_model(self):
+        k = self.build()
+        ok, reason = k.available()
+        if not ok:
+            pytest.skip(f"kernel {self.name} unavailable here: {reason}")
+        model = tiny_causal_lm(self.seed)
+        ref = copy.deepcopy(model)
+        ref.set_attn_implementation("eager")
+        k.activate(model)
+        ids = torch.tensor([[5, 9, 3, 7, 1, 2, 8, 4, 6, 11]])
+        pos = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3]])  # two packed samples
+        with torch.no_grad():
+            got = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+            want = ref(input_ids=ids, position_ids=pos, use_cache=False).logits
+        assert got.shape == want.shape and torch.isfinite(got).all()
+        if k.op == "attention":
+            torch.testing.assert_close(got, want, atol=self.atol, rtol=self.rtol)
+            # the packed second sample sees only itself: it equals that sample run alone
+            with torch.no_grad():
+                alone = ref(input_ids=ids[:, 6:], position_ids=pos[:, 6:], use_cache=False).logits
+            torch.testing.assert_close(got[:, 6:], alone, atol=self.atol, rtol=self.rtol)
+
+
+# ---- parallel strategies ---------------------------------------------------------------------
+
+
+class ParallelStrategyContract(ComponentContract):
+    """Contract of a parallel strategy (:class:`omnicore.components.ParallelStrategy`).
+
+    ``single_process``: whether ``apply(model, None)`` is valid in one process without a process
+    group (True for strategies with no mesh dims); then the applied model's loss must equal the
+    original's. Multi-process behaviour needs a distributed test of its own (see tests/test_train.py).
+    """
+
+    kind: ClassVar[str] = "parallel"
+    single_process: ClassVar[bool | None] = None
+
+    def test_mesh_dims_are_names(self):
+        s = self.build()
+        assert isinstance(s, ParallelStrategy)
+        assert isinstance(s.mesh_dims, tuple) and all(isinstance(d, str) and d for d in s.mesh_dims)
+
+    def test_apply_without_mesh_keeps_the_loss(self):
+        s = self.build()
+        single = self.single_process if self.single_process is not None else not s.mesh_dims
+        if not single:
+            pytest.skip(f"parallel/{self.name} needs a process group (mesh_dims={s.mesh_dims})")
+        from omnicore.model.omni import OmniModel
+
+        model = OmniModel(tiny_causal_lm(self.seed), {}, {}, {"encoder": {}, "decoder": {}, "decoder_start": {}})
+        ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+        labels = torch.tensor([[2, 3, 4, 5, 6, -100]])
+        pos = torch.arange(6).unsqueeze(0)
+        with torch.no_grad():
+            want = model(ids, labels, pos).loss_sum
+        applied = s.apply(model, None)
+        assert isinstance(applied, nn.Module)
+        with torch.no_grad():
+            got = applied(ids, labels, pos).loss_sum
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        assert sum(p.numel() for p in applied.parameters()) == sum(p.numel() for p in tiny_causal_lm(self.seed).parameters())
