@@ -23,21 +23,61 @@ def _table(rows: list[dict[str, str]], columns: list[str]) -> str:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    """``omnicore plugins``: list components (or, with ``--no-load``, entry points) and their status.
+
+    Listing imports each enabled plugin's hook module but never torch or a component's own module.
+    ``--no-load`` reads metadata only and imports no plugin code at all, so it always works, however
+    broken a plugin is. ``--check`` imports each plugin's hook and target modules in a subprocess
+    (one per plugin) and adds its import time and whether torch came in.
+
+    Raises:
+        RegistryError: in strict mode (``OMNICORE_STRICT=1``), on the first failed or incompatible
+            plugin (not with ``--no-load``).
+    """
+    if args.no_load:
+        return _plugins_no_load(args)
     from omnicore.components import KINDS
     from omnicore.registry import Registry
 
     reg = Registry.discover()
-    rows = [r.as_dict() for r in reg.rows]
+    rows = [(r.as_dict(), r) for r in reg.rows]
     if args.kind:
-        rows = [r for r in rows if r["kind"] in (args.kind, "-")]
+        rows = [(d, r) for d, r in rows if d["kind"] in (args.kind, "-")]
     order = {k: i for i, k in enumerate(KINDS)}
-    rows.sort(key=lambda r: (order.get(r["kind"], len(KINDS)), r["name"], r["provider"]))
+    rows.sort(key=lambda dr: (order.get(dr[0]["kind"], len(KINDS)), dr[0]["name"], dr[0]["provider"]))
+    columns = ["kind", "name", "provider", "version", "status", "description"]
+    if args.check:
+        from omnicore.registry import check_plugins
+
+        results = check_plugins(reg, timeout=args.check_timeout, only={(r.provider, r.entry_point) for _, r in rows})
+        for d, r in rows:
+            res = results.get((r.provider, r.entry_point))
+            d["check"] = res.as_dict() if res else None  # type: ignore[assignment]
+            d["import"] = res.summary() if res else f"not checked ({r.status})"
+        columns = ["kind", "name", "provider", "version", "status", "import", "description"]
+    out = [d for d, _ in rows]
+    if args.json:
+        for d in out:
+            d.pop("import", None)
+        print(json.dumps(out, indent=1))
+        return 0
+    for d in out:
+        d["description"] = d["reason"] if d["status"] != "available" else d["description"]
+    print(_table(out, columns))
+    return 0
+
+
+def _plugins_no_load(args: argparse.Namespace) -> int:
+    from omnicore.registry import entry_points_info
+
+    rows = [i.as_dict() for i in entry_points_info()]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
     for r in rows:
-        r["description"] = r["reason"] if r["status"] != "available" else r["description"]
-    print(_table(rows, ["kind", "name", "provider", "version", "status", "description"]))
+        r["api"] = r["api"] or "-"
+        r["reason"] = r["reason"] or "metadata only (--no-load): hook module not imported"
+    print(_table(rows, ["name", "provider", "version", "value", "api", "status", "reason"]))
     return 0
 
 
@@ -90,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("plugins", help="list every installed component, its provider and status")
     sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sp.add_argument("--kind", choices=["encoder", "decoder", "foundation", "parallel", "kernel"], help="only this kind")
+    sp.add_argument("--check", action="store_true", help="import each plugin's hook and component modules in a subprocess; report import time and torch")
+    sp.add_argument("--check-timeout", type=float, default=120.0, metavar="S", help="seconds allowed per plugin for --check (default 120)")
+    sp.add_argument("--no-load", action="store_true", help="list entry points from metadata only; import no plugin code (to recover from a bad plugin)")
 
     over = "dotted overrides such as --train.max_steps 50 may follow"
     sp = sub.add_parser("train", help="train from a YAML config (" + over + ")")
@@ -113,19 +156,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from omnicore.config import ConfigError
     from omnicore.registry import RegistryError
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if args.command == "plugins":
+    if args.command == "plugins":  # kept light: no config (pydantic) import, no torch
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        if args.no_load and (args.check or args.kind):
+            parser.error("--no-load lists entry points without loading them; it cannot be combined with --check or --kind")
         try:
             return cmd_plugins(args)
         except RegistryError as exc:  # OMNICORE_STRICT=1 and a plugin failed
             print(f"error: {exc}", file=sys.stderr)
             return 2
+    from omnicore.config import ConfigError
+
     handlers = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate}
     user_errors: tuple[type[BaseException], ...] = (ConfigError, RegistryError)
     try:

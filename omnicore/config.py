@@ -85,6 +85,19 @@ class GenerateConfig(_Strict):
     temperature: float = Field(default=0.0, ge=0, description="0 is greedy decoding; otherwise softmax temperature")
 
 
+class PluginsConfig(_Strict):
+    """Which installed plugins this run may load; merged with the environment variables of the same
+    names (``OMNICORE_DISABLE_PLUGINS``, ``OMNICORE_ALLOW_PLUGINS``, ``OMNICORE_STRICT``), see
+    :mod:`omnicore.registry`. Names are entry-point names (``whisper``) or distribution names
+    (``omnicore-audio-whisper``); built-in components are always on."""
+
+    disable: list[str] = Field(default_factory=list, description="plugins not to load (not even imported), added to OMNICORE_DISABLE_PLUGINS")
+    allow: list[str] | None = Field(
+        default=None, description="if set, only these plugins load (built-ins stay on); merged with OMNICORE_ALLOW_PLUGINS"
+    )
+    strict: bool = Field(default=False, description="a failed or incompatible plugin stops the run instead of being skipped (OMNICORE_STRICT=1 also turns this on)")
+
+
 class RunConfig(_Strict):
     output_dir: str = Field(default="runs/default", description="checkpoints, exports and metrics.jsonl go here (relative to the current directory)")
     seed: int = Field(default=0, description="seeds model init, data order and sampling")
@@ -93,7 +106,7 @@ class RunConfig(_Strict):
 
 
 class Config(_Strict):
-    """The whole run: ``run``, ``model``, ``data``, ``train``, ``parallel``, ``generate``."""
+    """The whole run: ``run``, ``model``, ``data``, ``train``, ``parallel``, ``generate``, ``plugins``."""
 
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -101,6 +114,7 @@ class Config(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    plugins: PluginsConfig = Field(default_factory=PluginsConfig, description="which installed plugins may load (disable, allow, strict)")
     source: str | None = Field(default=None, exclude=True, description="the file this config came from (set by load_config)")
 
     def resolve_path(self, p: str) -> Path:

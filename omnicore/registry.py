@@ -3,21 +3,44 @@
 Discovery (``Registry.discover``):
 
 1. the built-in plugin :mod:`omnicore.builtin.plugin` is registered first, through the same hooks as
-   any other plugin (as pytest does with its own built-in plugins);
-2. every entry point of the group ``omnicore`` is loaded inside its own ``try``: a plugin that fails
-   to import, fails pluggy's hook validation, raises from a hook or returns something that is not a
-   :class:`~omnicore.components.ComponentSpec` of the hook's kind becomes one ``failed`` row whose
-   reason names the distribution and the entry point; its partial registrations are dropped
-   (all-or-nothing per plugin), and the other plugins load as usual.
+   any other plugin (as pytest does with its own built-in plugins); built-ins are never disabled;
+2. every entry point of the group ``omnicore`` is then considered in a fixed order (distribution,
+   then entry-point name), so the order in which ``importlib.metadata`` lists them never matters.
+   From metadata alone, *before anything is imported*, it becomes ``disabled`` (named in a disable
+   list, or missing from an allow-list) or ``incompatible`` (its declared core API range excludes
+   :data:`omnicore.CORE_API_VERSION`). Otherwise its hook module is loaded inside its own ``try``: a
+   plugin that fails to import, fails pluggy's hook validation, raises from a hook or returns something
+   that is not a :class:`~omnicore.components.ComponentSpec` of the hook's kind becomes one ``failed``
+   row whose reason names the distribution, its version and the entry point; its partial
+   registrations are dropped (all-or-nothing per plugin), and the other plugins load as usual;
+3. a ``kind/name`` offered by several providers (a built-in included) marks all of them ``conflict``.
+
+Statuses (``Row.status``), each with a one-line ``reason`` (empty when ``available``):
+``available``, ``disabled``, ``failed``, ``incompatible``, ``conflict``.
+
+Core API range: a distribution declares which core API versions its plugins support with one
+keyword in its core metadata (``Keywords``), read through :mod:`importlib.metadata` without importing
+anything of the plugin::
+
+    [project]
+    keywords = ["omnicore-api >=1.0,<2"]
+
+The text after ``omnicore-api`` is a PEP 440 specifier set (:class:`packaging.specifiers.SpecifierSet`)
+that must contain :data:`omnicore.CORE_API_VERSION`. A distribution without the keyword is assumed
+compatible; an unparsable range makes its entry points ``failed``. (An entry-point group such as
+``omnicore.api`` cannot carry the range: setuptools only accepts ``module:attr`` values there.)
 
 Lookup (``Registry.resolve``): ``kind/name`` resolves only when exactly one available provider
-offers it; otherwise the error lists the candidates and how to pick one
-(``provider:name`` in config). Nothing here imports torch; :meth:`Registry.build` imports the
+offers it; otherwise the error lists the candidates and how to pick one (``provider:name`` in config;
+``omnicore:name`` picks the built-in). Nothing here imports torch; :meth:`Registry.build` imports the
 component's own module, which may.
 
-Environment:
+Environment (merged with the arguments of :meth:`Registry.discover`, i.e. with the config's
+``plugins`` section through :func:`registry_for`):
     ``OMNICORE_DISABLE_PLUGINS``: comma-separated entry-point or distribution names not to load.
-    ``OMNICORE_STRICT``: ``1`` turns every plugin failure into an error (for CI).
+    ``OMNICORE_ALLOW_PLUGINS``: comma-separated entry-point or distribution names; when set, only
+    these plugins load (built-ins stay on).
+    ``OMNICORE_STRICT``: ``1`` turns every ``failed`` or ``incompatible`` plugin into an error (for CI).
 """
 
 from __future__ import annotations
@@ -25,17 +48,22 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Iterable
 
 import pluggy
 
-from omnicore import hookspecs
+from omnicore import CORE_API_VERSION, hookspecs
 from omnicore.components import KINDS, ComponentSpec
 
 ENTRY_POINT_GROUP = "omnicore"
 BUILTIN_PROVIDER = "omnicore"
+API_KEYWORD = "omnicore-api"
+"""The ``Keywords`` entry that declares a distribution's supported core API range."""
+STATUSES: tuple[str, ...] = ("available", "disabled", "failed", "incompatible", "conflict")
+ENV_DISABLE, ENV_ALLOW, ENV_STRICT = "OMNICORE_DISABLE_PLUGINS", "OMNICORE_ALLOW_PLUGINS", "OMNICORE_STRICT"
 
 
 class RegistryError(Exception):
@@ -44,9 +72,11 @@ class RegistryError(Exception):
 
 @dataclass
 class Row:
-    """One line of ``omnicore plugins``: a component, or a plugin that failed before registering any.
+    """One line of ``omnicore plugins``: a component, or a plugin that registered none.
 
-    ``status`` is ``available``, ``disabled``, ``failed`` or ``conflict``; ``reason`` is one line.
+    ``status`` is one of :data:`STATUSES`; ``reason`` is one line (empty when available). Plugins
+    that are disabled, incompatible or failed have ``kind == "-"`` and ``name`` = the entry-point
+    name. ``api`` is the core API range the distribution declares (empty when undeclared).
     """
 
     kind: str
@@ -58,6 +88,7 @@ class Row:
     description: str = ""
     entry_point: str = ""
     spec: ComponentSpec | None = None
+    api: str = ""
 
     def as_dict(self) -> dict[str, str]:
         """The row as JSON-ready strings (the ``--json`` form)."""
@@ -71,11 +102,164 @@ class Row:
             "description": self.description,
             "entry_point": self.entry_point,
             "target": self.spec.target if self.spec else "",
+            "api": self.api,
         }
 
 
-def _env_list(var: str) -> set[str]:
-    return {x.strip() for x in os.environ.get(var, "").split(",") if x.strip()}
+@dataclass
+class EntryPointInfo:
+    """What metadata alone says about one ``omnicore`` entry point (nothing is imported).
+
+    ``status`` is ``""`` (would be loaded), ``disabled``, ``incompatible`` or ``failed`` (the
+    declared API range does not parse); ``reason`` says why, in one line.
+    """
+
+    name: str
+    value: str
+    provider: str
+    version: str
+    api: str
+    status: str = ""
+    reason: str = ""
+    entry_point: metadata.EntryPoint | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def where(self) -> str:
+        return f"entry point '{self.name} = {self.value}' of {self.provider} {self.version}"
+
+    def as_dict(self) -> dict[str, str]:
+        """JSON-ready strings (``omnicore plugins --no-load --json``)."""
+        return {
+            "name": self.name,
+            "provider": self.provider,
+            "version": self.version,
+            "value": self.value,
+            "api": self.api,
+            "status": self.status or "not loaded",
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class PluginPolicy:
+    """Which plugins may load: the ``disable``/``allow``/``strict`` arguments merged with the env.
+
+    Each name is an entry-point name or a distribution name. ``allow`` is None when no allow-list is
+    set; otherwise only the plugins it names load (built-ins always do). ``sources`` maps
+    ``"disable"``/``"allow"`` to where each name came from, for reasons.
+    """
+
+    disable: dict[str, str]
+    allow: dict[str, str] | None
+    strict: bool
+
+    @classmethod
+    def make(cls, disable: Iterable[str] | None = None, allow: Iterable[str] | None = None, strict: bool | None = None) -> "PluginPolicy":
+        """Merge arguments (the config's ``plugins`` section) with the environment.
+
+        ``disable`` and ``allow`` are unions of both sources; ``strict`` is on when either asks.
+        """
+        dis = {_canon(n): "config plugins.disable" for n in disable or ()}
+        dis.update({_canon(n): ENV_DISABLE for n in _env_list(ENV_DISABLE)})
+        allowed: dict[str, str] | None = None
+        env_allow = _env_list(ENV_ALLOW)
+        if allow is not None or env_allow:
+            allowed = {_canon(n): "config plugins.allow" for n in allow or ()}
+            allowed.update({_canon(n): ENV_ALLOW for n in env_allow})
+        return cls(dis, allowed, bool(strict) or os.environ.get(ENV_STRICT) == "1")
+
+    def blocked(self, ep_name: str, provider: str) -> str:
+        """Why this plugin must not load (``"disabled by ..."``), or ``""`` when it may."""
+        for n in (ep_name, provider):
+            if _canon(n) in self.disable:
+                return f"disabled by {self.disable[_canon(n)]}"
+        if self.allow is not None and _canon(ep_name) not in self.allow and _canon(provider) not in self.allow:
+            sources = " and ".join(sorted(set(self.allow.values()))) or "config plugins.allow"
+            listed = ", ".join(sorted(self.allow)) or "nothing"
+            return f"not in the allow-list ({sources}: {listed})"
+        return ""
+
+
+def _canon(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name.strip()).lower()
+
+
+def _env_list(var: str) -> list[str]:
+    return [x.strip() for x in os.environ.get(var, "").split(",") if x.strip()]
+
+
+def api_range(dist: Any) -> str:
+    """The core API range a distribution declares (``">=1.0,<2"``), or ``""``; reads metadata only.
+
+    The declaration is the keyword ``omnicore-api <specifiers>``. Core metadata joins keywords with
+    commas, so the clauses after it that start with an operator belong to the range.
+    """
+    if dist is None:
+        return ""
+    keywords = ",".join(dist.metadata.get_all("Keywords") or [])
+    parts = [p.strip() for p in keywords.split(",")]
+    for i, part in enumerate(parts):
+        if part == API_KEYWORD or part.startswith(API_KEYWORD + " "):
+            clauses = [part[len(API_KEYWORD) :].strip()]
+            for p in parts[i + 1 :]:
+                if not p or p[0] not in "<>=!~":
+                    break
+                clauses.append(p)
+            return ",".join(c for c in clauses if c)
+    return ""
+
+
+def api_compatible(spec: str) -> bool:
+    """Whether :data:`omnicore.CORE_API_VERSION` lies in ``spec`` (an empty range allows all).
+
+    Raises:
+        ValueError: if ``spec`` is not a valid PEP 440 specifier set.
+    """
+    if not spec:
+        return True
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        return SpecifierSet(spec).contains(CORE_API_VERSION, prereleases=True)
+    except InvalidSpecifier as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def entry_points_info(entry_points: Iterable[metadata.EntryPoint] | None = None, policy: PluginPolicy | None = None) -> list[EntryPointInfo]:
+    """Every ``omnicore`` entry point with what metadata says about it, in the fixed load order.
+
+    Imports no plugin code (this is what ``omnicore plugins --no-load`` prints). ``policy`` defaults
+    to the environment's.
+    """
+    policy = policy or PluginPolicy.make()
+    eps = list(entry_points) if entry_points is not None else list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    out = []
+    for ep in eps:
+        dist = getattr(ep, "dist", None)
+        md = dist.metadata if dist is not None else None
+        provider = md["Name"] if md is not None else "unknown"
+        version = md["Version"] if md is not None else "?"
+        info = EntryPointInfo(ep.name, ep.value, provider, version, api_range(dist), entry_point=ep)
+        blocked = policy.blocked(ep.name, provider)
+        if blocked:
+            info.status, info.reason = "disabled", f"{info.where}: {blocked}"
+        else:
+            try:
+                ok = api_compatible(info.api)
+            except ValueError as exc:
+                info.status = "failed"
+                info.reason = f"{info.where} declares an invalid core API range {info.api!r} ({API_KEYWORD} keyword): {exc}"
+            else:
+                if not ok:
+                    from omnicore import __version__
+
+                    info.status = "incompatible"
+                    info.reason = (
+                        f"{info.where} requires omnicore API {info.api}; omnicore {__version__} provides API {CORE_API_VERSION}"
+                    )
+        out.append(info)
+    out.sort(key=lambda i: (i.provider, i.name, i.value))
+    return out
 
 
 def import_target(target: str) -> Any:
@@ -100,47 +284,64 @@ def import_target(target: str) -> Any:
 class Registry:
     """All components known to this process, and the rows ``omnicore plugins`` prints.
 
-    Build one with :meth:`discover` (entry points) or :meth:`from_plugins` (explicit plugin objects,
-    used by tests). Instances are independent: nothing is process-wide.
+    Build one with :meth:`discover` (entry points), :func:`registry_for` (a run config) or
+    :meth:`from_plugins` (explicit plugin objects, used by tests). Instances are independent:
+    nothing is process-wide.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, policy: PluginPolicy | None = None) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.rows: list[Row] = []
+        self.policy = policy or PluginPolicy.make()
 
     # ---- discovery ---------------------------------------------------------------------------
 
     @classmethod
-    def discover(cls, *, entry_points: Iterable[metadata.EntryPoint] | None = None, builtins: bool = True) -> "Registry":
+    def discover(
+        cls,
+        *,
+        entry_points: Iterable[metadata.EntryPoint] | None = None,
+        builtins: bool = True,
+        disable: Iterable[str] | None = None,
+        allow: Iterable[str] | None = None,
+        strict: bool | None = None,
+    ) -> "Registry":
         """Registry of the built-ins plus every installed ``omnicore`` entry point.
 
         Args:
-            entry_points: override the installed entry points (tests pass fakes).
+            entry_points: override the installed entry points (tests pass fakes). Their order does
+                not matter: they are loaded sorted by distribution and entry-point name.
             builtins: register :mod:`omnicore.builtin.plugin` first.
+            disable: entry-point or distribution names not to load (added to
+                ``OMNICORE_DISABLE_PLUGINS``); they are not imported.
+            allow: when given (or when ``OMNICORE_ALLOW_PLUGINS`` is set), only the plugins named
+                here or there load; built-ins stay on.
+            strict: turn every failed or incompatible plugin into an error (also ``OMNICORE_STRICT=1``).
 
         Raises:
-            RegistryError: only in strict mode (``OMNICORE_STRICT=1``), on the first failed plugin.
+            RegistryError: only in strict mode, on the first failed or incompatible plugin.
         """
-        reg = cls()
+        reg = cls(PluginPolicy.make(disable, allow, strict))
         if builtins:
             from omnicore.builtin import plugin as builtin_plugin
 
             reg.add_plugin(builtin_plugin, provider=BUILTIN_PROVIDER, version=_version(BUILTIN_PROVIDER), entry_point="builtin")
-        eps = list(entry_points) if entry_points is not None else list(metadata.entry_points(group=ENTRY_POINT_GROUP))
-        disabled = _env_list("OMNICORE_DISABLE_PLUGINS")
-        for ep in sorted(eps, key=lambda e: (_dist_name(e), e.name)):
-            provider, version = _dist_name(ep), _dist_version(ep)
-            where = f"entry point '{ep.name} = {ep.value}' of {provider} {version}"
-            if ep.name in disabled or provider in disabled:
-                reg.rows.append(Row("-", ep.name, provider, version, "disabled", f"{where}: disabled by OMNICORE_DISABLE_PLUGINS", entry_point=ep.value))
+            for row in reg.rows:
+                row.api = f"=={CORE_API_VERSION}"
+        for info in entry_points_info(entry_points, reg.policy):
+            if info.status in ("failed", "incompatible"):
+                reg._fail(info.name, info.provider, info.version, info.value, info.reason, status=info.status, api=info.api)
+                continue
+            if info.status == "disabled":
+                reg.rows.append(Row("-", info.name, info.provider, info.version, "disabled", info.reason, entry_point=info.value, api=info.api))
                 continue
             try:
-                obj = ep.load()
+                obj = info.entry_point.load()  # type: ignore[union-attr]
             except Exception as exc:  # any import-time error of a plugin must not take the listing down
-                reg._fail(ep.name, provider, version, ep.value, f"{where} failed to import: {type(exc).__name__}: {exc}")
+                reg._fail(info.name, info.provider, info.version, info.value, f"{info.where} failed to import: {type(exc).__name__}: {_one_line(exc)}", api=info.api)
                 continue
-            reg.add_plugin(obj, provider=provider, version=version, entry_point=ep.value, ep_name=ep.name)
+            reg.add_plugin(obj, provider=info.provider, version=info.version, entry_point=info.value, ep_name=info.name, api=info.api)
         reg._mark_conflicts()
         return reg
 
@@ -153,22 +354,25 @@ class Registry:
         reg._mark_conflicts()
         return reg
 
-    def add_plugin(self, obj: Any, *, provider: str, version: str, entry_point: str, ep_name: str | None = None) -> bool:
+    def add_plugin(self, obj: Any, *, provider: str, version: str, entry_point: str, ep_name: str | None = None, api: str = "") -> bool:
         """Register one plugin object and collect its components, all-or-nothing.
 
-        Returns True when the plugin registered; on failure a ``failed`` row is recorded instead
-        (or, in strict mode, :class:`RegistryError` is raised).
+        Returns True when the plugin registered (or was already registered: loading the same object
+        twice is harmless); on failure a ``failed`` row is recorded instead.
+
+        Raises:
+            RegistryError: in strict mode, instead of recording a ``failed`` row.
         """
         label = ep_name or provider
         where = f"entry point '{label} = {entry_point}' of {provider} {version}"
         if self.pm.is_registered(obj):
-            return True  # loading the same plugin object twice is harmless
+            return True
         try:
             self.pm.register(obj, name=f"{provider}:{label}")
             self.pm.check_pending()
         except Exception as exc:
             self._unregister(obj)
-            self._fail(label, provider, version, entry_point, f"{where} failed validation: {exc}")
+            self._fail(label, provider, version, entry_point, f"{where} failed validation: {_one_line(exc)}", api=api)
             return False
         collected: list[ComponentSpec] = []
         try:
@@ -186,20 +390,21 @@ class Registry:
                         collected.append(spec)
         except Exception as exc:
             self._unregister(obj)
-            self._fail(label, provider, version, entry_point, f"{where} raised in registration: {type(exc).__name__}: {exc}")
+            self._fail(label, provider, version, entry_point, f"{where} raised in registration: {type(exc).__name__}: {_one_line(exc)}", api=api)
             return False
         for spec in collected:
-            self.rows.append(Row(spec.kind, spec.name, provider, version, "available", "", spec.description, entry_point, spec))
+            self.rows.append(Row(spec.kind, spec.name, provider, version, "available", "", spec.description, entry_point, spec, api))
         return True
 
     def _unregister(self, obj: Any) -> None:
         if self.pm.is_registered(obj):
             self.pm.unregister(obj)
 
-    def _fail(self, name: str, provider: str, version: str, entry_point: str, reason: str) -> None:
-        if os.environ.get("OMNICORE_STRICT") == "1":
-            raise RegistryError(f"{reason} (strict mode: OMNICORE_STRICT=1)")
-        self.rows.append(Row("-", name, provider, version, "failed", reason, entry_point=entry_point))
+    def _fail(self, name: str, provider: str, version: str, entry_point: str, reason: str, *, status: str = "failed", api: str = "") -> None:
+        if self.policy.strict:
+            why = "OMNICORE_STRICT=1" if os.environ.get(ENV_STRICT) == "1" else "plugins.strict"
+            raise RegistryError(f"{reason} (strict mode: {why})")
+        self.rows.append(Row("-", name, provider, version, status, reason, entry_point=entry_point, api=api))
 
     def _mark_conflicts(self) -> None:
         by_key: dict[str, list[Row]] = {}
@@ -209,14 +414,19 @@ class Registry:
         for key, rows in by_key.items():
             if len(rows) > 1:
                 names = ", ".join(sorted(r.provider for r in rows))
+                builtin = any(r.provider == BUILTIN_PROVIDER for r in rows)
                 for r in rows:
                     r.status = "conflict"
                     r.reason = f"{key} is offered by {names}; pick one in config as '{r.provider}:{r.name}'"
+                    if builtin and r.provider != BUILTIN_PROVIDER:
+                        r.reason += f" (or '{BUILTIN_PROVIDER}:{r.name}' to keep the built-in)"
+                    elif builtin:
+                        r.reason += " (the built-in; a plugin never replaces it without that choice)"
 
     # ---- lookup ------------------------------------------------------------------------------
 
     def components(self, kind: str | None = None) -> list[Row]:
-        """Rows that describe components (not failed plugins), optionally of one kind."""
+        """Rows that describe components (not plugins that registered none), optionally of one kind."""
         return [r for r in self.rows if r.spec is not None and (kind is None or r.kind == kind)]
 
     def resolve(self, kind: str, name: str) -> ComponentSpec:
@@ -224,7 +434,8 @@ class Registry:
 
         Raises:
             RegistryError: if none matches (the message lists the valid names and the closest one,
-                and failed plugins that might have provided it), or if several providers offer it.
+                and plugins that failed, were disabled or are incompatible and might have provided
+                it), or if several providers offer it (the message lists ``provider:name`` choices).
         """
         if kind not in KINDS:
             raise RegistryError(f"unknown component kind {kind!r}; kinds are {', '.join(KINDS)}")
@@ -235,17 +446,19 @@ class Registry:
             return usable[0].spec  # type: ignore[return-value]
         if len(usable) > 1:
             options = ", ".join(f"'{r.provider}:{r.name}'" for r in usable)
-            raise RegistryError(f"{kind}/{bare} is offered by several plugins; choose one in config: {options}")
+            hint = f" ('{BUILTIN_PROVIDER}:{bare}' is the built-in)" if any(r.provider == BUILTIN_PROVIDER for r in usable) else ""
+            raise RegistryError(f"{kind}/{bare} is offered by several plugins; choose one in config: {options}{hint}")
         if candidates:
             r = candidates[0]
             raise RegistryError(f"{kind}/{bare} from {r.provider} is {r.status}: {r.reason}")
         valid = sorted({r.name for r in self.components(kind)})
         close = difflib.get_close_matches(bare, valid, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        failed = [r for r in self.rows if r.status == "failed"]
         extra = ""
-        if failed:
-            extra = " Plugins that failed to load (see `omnicore plugins`): " + ", ".join(f"{r.provider} ({r.name})" for r in failed) + "."
+        for status, text in (("failed", "failed to load"), ("incompatible", "are incompatible"), ("disabled", "are disabled")):
+            rows = [r for r in self.rows if r.status == status]
+            if rows:
+                extra += f" Plugins that {text} (see `omnicore plugins`): " + ", ".join(f"{r.provider} ({r.name})" for r in rows) + "."
         known = ", ".join(valid) or "none installed"
         raise RegistryError(f"no {kind} named {name!r}{hint} Known {kind}s: {known}.{extra}")
 
@@ -270,6 +483,144 @@ class Registry:
         return factory(opts, **kwargs)
 
 
+def registry_for(cfg: Any) -> Registry:
+    """The registry a run uses: :meth:`Registry.discover` with the config's ``plugins`` section.
+
+    ``cfg`` is an :class:`omnicore.config.Config` (or anything with a ``plugins`` attribute holding
+    ``disable``, ``allow`` and ``strict``); the environment variables are merged in as documented
+    in this module.
+
+    Raises:
+        RegistryError: in strict mode, on the first failed or incompatible plugin.
+    """
+    p = getattr(cfg, "plugins", None)
+    if p is None:
+        return Registry.discover()
+    return Registry.discover(disable=p.disable, allow=p.allow, strict=p.strict)
+
+
+# ---- omnicore plugins --check --------------------------------------------------------------------
+
+_CHECK_SCRIPT = r"""
+import importlib, json, sys, time
+hook, targets = sys.argv[1], sys.argv[2:]
+out = {"hook_s": 0.0, "targets_s": 0.0, "hook_torch": False, "torch": False, "error": ""}
+try:
+    t = time.perf_counter()
+    importlib.import_module(hook)
+    out["hook_s"] = time.perf_counter() - t
+    out["hook_torch"] = "torch" in sys.modules
+    t = time.perf_counter()
+    for mod in targets:
+        importlib.import_module(mod)
+    out["targets_s"] = time.perf_counter() - t
+except BaseException as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+out["torch"] = "torch" in sys.modules
+sys.stdout.flush()
+print("\n@@omnicore-check@@" + json.dumps(out))
+"""
+
+
+@dataclass
+class CheckResult:
+    """Outcome of importing one plugin in a fresh subprocess (``omnicore plugins --check``).
+
+    ``import_s`` is the time to import the hook module plus every component's target module, in
+    seconds; ``torch`` says whether torch was imported by then (``hook_torch``: already by the hook
+    module, which breaks the hook-module contract). ``ok`` is False when an import raised, the
+    process crashed or it timed out; ``error`` then says which, in one line.
+    """
+
+    ok: bool
+    import_s: float = 0.0
+    torch: bool = False
+    hook_torch: bool = False
+    error: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"ok": self.ok, "import_s": round(self.import_s, 4), "torch": self.torch, "hook_torch": self.hook_torch, "error": self.error}
+
+    def summary(self) -> str:
+        """One line for the table: ``ok 0.012s`` / ``ok 3.1s torch`` / ``FAILED: ...``."""
+        if not self.ok:
+            return f"FAILED: {self.error}"
+        note = " torch (in hook module!)" if self.hook_torch else (" torch" if self.torch else "")
+        return f"ok {self.import_s:.3f}s{note}"
+
+
+def check_import(hook_module: str, targets: Iterable[str] = (), timeout: float = 60.0) -> CheckResult:
+    """Import ``hook_module`` then each target module in a fresh Python subprocess and report.
+
+    A crash inside the imports (an exception, ``os._exit``, a segfault, a hang past ``timeout``
+    seconds) only makes the result ``ok=False`` with the reason; it never raises.
+    """
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-c", _CHECK_SCRIPT, hook_module, *sorted(set(targets))]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return CheckResult(False, timeout, error=f"import timed out after {timeout:g}s")
+    marker = "@@omnicore-check@@"
+    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(marker)), None)
+    if line is None or proc.returncode != 0:
+        if proc.returncode < 0:
+            try:
+                how = f"killed by {signal.Signals(-proc.returncode).name}"
+            except ValueError:
+                how = f"killed by signal {-proc.returncode}"
+        else:
+            how = f"exited with status {proc.returncode}"
+        tail = (proc.stderr.strip().splitlines() or [""])[-1]
+        return CheckResult(False, error=f"import process {how} before reporting" + (f": {tail}" if tail else ""))
+    data = json.loads(line[len(marker) :])
+    return CheckResult(
+        not data["error"], data["hook_s"] + data["targets_s"], data["torch"], data["hook_torch"], data["error"]
+    )
+
+
+def check_plugins(
+    reg: Registry, timeout: float = 60.0, workers: int | None = None, only: Iterable[tuple[str, str]] | None = None
+) -> dict[tuple[str, str], CheckResult]:
+    """Run :func:`check_import` once per plugin of ``reg`` that is not disabled or incompatible.
+
+    Returns results keyed by ``(provider, entry_point)``, the two fields every row carries; ``only``
+    restricts the check to those keys (``omnicore plugins --check --kind encoder``). The
+    targets checked are the plugin's components' ``target`` and ``options_model`` modules (none for
+    a plugin that failed to register). Plugins are checked concurrently (``workers`` processes,
+    default: the CPU count, at most 4).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    plugins: dict[tuple[str, str], set[str]] = {}
+    keep = None if only is None else set(only)
+    for row in reg.rows:
+        if row.status in ("disabled", "incompatible") or (keep is not None and (row.provider, row.entry_point) not in keep):
+            continue
+        mods = plugins.setdefault((row.provider, row.entry_point), set())
+        if row.spec is not None:
+            mods.add(row.spec.target.partition(":")[0])
+            if row.spec.options_model:
+                mods.add(row.spec.options_model.partition(":")[0])
+    hook_of = {key: ("omnicore.builtin.plugin" if key[1] == "builtin" else key[1].partition(":")[0]) for key in plugins}
+    workers = workers or min(4, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {key: pool.submit(check_import, hook_of[key], mods, timeout) for key, mods in plugins.items()}
+        return {key: f.result() for key, f in futures.items()}
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
 def _format_validation(exc: Any, model_cls: Any) -> str:
     parts = []
     fields = list(getattr(model_cls, "model_fields", {}))
@@ -281,16 +632,6 @@ def _format_validation(exc: Any, model_cls: Any) -> str:
             msg = "unknown key" + (f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}")
         parts.append(f"{loc}: {msg}")
     return "; ".join(parts)
-
-
-def _dist_name(ep: metadata.EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    return dist.metadata["Name"] if dist is not None else "unknown"
-
-
-def _dist_version(ep: metadata.EntryPoint) -> str:
-    dist = getattr(ep, "dist", None)
-    return dist.version if dist is not None else "?"
 
 
 def _version(dist: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ EXPECTED = [  # (kind, name, provider) in the order `omnicore plugins` lists the
     ("kernel", "sdpa", "omnicore"),
 ]
 HEADER = ["KIND", "NAME", "PROVIDER", "VERSION", "STATUS", "DESCRIPTION"]
-JSON_KEYS = {"kind", "name", "provider", "version", "status", "reason", "description"}
+JSON_KEYS = {"kind", "name", "provider", "version", "status", "reason", "description", "entry_point", "target", "api"}
 
 
 def console_script() -> str:
@@ -57,11 +58,27 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: f
     return subprocess.run(cmd, cwd=cwd, env=env or env_with(), capture_output=True, text=True, timeout=timeout)
 
 
-def parse_table(out: str) -> tuple[list[str], list[list[str]]]:
+def _other_installed() -> set[str]:
+    """Distributions with ``omnicore`` entry points installed in this venv beyond the first-party
+    ones (contrib plugins, experiments): the listings below ignore their rows."""
+    from importlib import metadata
+
+    first_party = {p for _, _, p in EXPECTED}
+    return {ep.dist.metadata["Name"] for ep in metadata.entry_points(group="omnicore") if ep.dist is not None} - first_party
+
+
+OTHERS = _other_installed()
+
+
+def parse_table(out: str, columns: int = 6) -> tuple[list[str], list[list[str]]]:
     lines = out.rstrip("\n").splitlines()
     header = lines[0].split()
-    rows = [line.split(None, 5) for line in lines[1:]]
-    return header, rows
+    rows = [line.split(None, columns - 1) for line in lines[1:]]
+    return header, [r for r in rows if r[2] not in OTHERS]
+
+
+def rows_json(out: str) -> list[dict]:
+    return [d for d in json.loads(out) if d["provider"] not in OTHERS]
 
 
 @pytest.fixture
@@ -116,7 +133,7 @@ def test_plugins_table(tmp_path, how):
 def test_plugins_json(tmp_path, how):
     r = run(COMMANDS[how] + ["plugins", "--json"], tmp_path)
     assert r.returncode == 0, r.stderr
-    data = json.loads(r.stdout)
+    data = rows_json(r.stdout)
     assert isinstance(data, list)
     assert [(d["kind"], d["name"], d["provider"]) for d in data] == EXPECTED
     for d in data:
@@ -142,7 +159,7 @@ def test_plugins_kind_filter(tmp_path):
     assert header == HEADER
     assert [(row[0], row[1]) for row in rows] == [("encoder", "siglip"), ("encoder", "whisper")]
     r = run(cmd + ["plugins", "--kind", "kernel", "--json"], tmp_path)
-    assert [(d["kind"], d["name"]) for d in json.loads(r.stdout)] == [("kernel", "eager"), ("kernel", "sdpa")]
+    assert [(d["kind"], d["name"]) for d in rows_json(r.stdout)] == [("kernel", "eager"), ("kernel", "sdpa")]
     r = run(cmd + ["plugins", "--kind", "encoders"], tmp_path)
     assert r.returncode == 2
     assert "invalid choice: 'encoders'" in r.stderr
@@ -163,7 +180,9 @@ sys.exit(rc if not heavy else 99)
 """
 
 
-@pytest.mark.parametrize("args", [["plugins"], ["plugins", "--json"], ["plugins", "--kind", "decoder"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "args", [["plugins"], ["plugins", "--json"], ["plugins", "--kind", "decoder"], ["plugins", "--no-load"]], ids=" ".join
+)
 def test_plugins_does_not_import_torch(tmp_path, args):
     r = run([sys.executable, "-c", NO_TORCH] + args, tmp_path)
     assert r.stderr.strip().splitlines()[-1] == "RC 0 HEAVY none", r.stderr
@@ -198,7 +217,7 @@ def test_broken_plugin_is_a_failed_row(tmp_path, fake_site, how):
 
     r = run(COMMANDS[how] + ["plugins", "--json"], tmp_path, env)
     assert r.returncode == 0, r.stderr
-    data = json.loads(r.stdout)
+    data = rows_json(r.stdout)
     (bad,) = [d for d in data if d["status"] == "failed"]
     assert (bad["kind"], bad["name"], bad["provider"], bad["version"]) == ("-", "broken", "omnicore-broken", "0.3.0")
     assert "ModuleNotFoundError" in bad["reason"] and "cli_fake_missing_module" in bad["reason"]
@@ -208,7 +227,7 @@ def test_broken_plugin_is_a_failed_row(tmp_path, fake_site, how):
 
     # --kind keeps failed plugins visible (they might have provided that kind)
     r = run(COMMANDS[how] + ["plugins", "--kind", "kernel", "--json"], tmp_path, env)
-    assert [(d["kind"], d["name"], d["status"]) for d in json.loads(r.stdout)] == [
+    assert [(d["kind"], d["name"], d["status"]) for d in rows_json(r.stdout)] == [
         ("kernel", "eager", "available"),
         ("kernel", "sdpa", "available"),
         ("-", "broken", "failed"),
@@ -218,7 +237,7 @@ def test_broken_plugin_is_a_failed_row(tmp_path, fake_site, how):
 def test_disabled_and_strict_env_in_cli(tmp_path, fake_site):
     r = run(COMMANDS["module"] + ["plugins", "--json"], tmp_path, env_with(fake_site, OMNICORE_DISABLE_PLUGINS="broken,omnicore-image-siglip"))
     assert r.returncode == 0, r.stderr
-    data = json.loads(r.stdout)
+    data = rows_json(r.stdout)
     assert sorted((d["name"], d["status"]) for d in data if d["status"] != "available") == [("broken", "disabled"), ("siglip", "disabled")]
     assert "siglip" not in {d["name"] for d in data if d["status"] == "available"}
     r = run(COMMANDS["module"] + ["plugins"], tmp_path, env_with(fake_site, OMNICORE_STRICT="1"))
@@ -255,3 +274,120 @@ def test_train_missing_config_file_exits_2(tmp_path):
     r = run(COMMANDS["module"] + ["train", "nope.yaml"], tmp_path, timeout=120)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stderr.strip().splitlines() == ["error: config file not found: nope.yaml"]
+
+
+# ---- --check, --no-load, incompatible and allow-listed plugins in the CLI -------------------------
+
+
+def _encoder_plugin(module: str, target: str) -> str:
+    return f"""
+        from omnicore.components import ComponentSpec
+        from omnicore.hookspecs import hookimpl
+
+        @hookimpl
+        def omnicore_encoders():
+            return [ComponentSpec(kind="encoder", name="{module}", target="{target}:build", description="checked")]
+    """
+
+
+@pytest.fixture
+def check_site(tmp_path) -> Path:
+    """Three plugins for --check: healthy (its target pulls in a stand-in 'torch'), one whose target
+    calls os._exit(3) on import, and one whose hook module raises."""
+    site = tmp_path / "site"
+    write_fake_distribution(
+        site, "omnicore-chk-ok", "1.0", {"chkok": "chk_ok"},
+        {"chk_ok": _encoder_plugin("chk_ok", "chk_ok_model"), "chk_ok_model": "import sys, types\nsys.modules['torch'] = types.ModuleType('torch')\n"},
+    )
+    write_fake_distribution(
+        site, "omnicore-chk-exit", "1.0", {"chkexit": "chk_exit"},
+        {"chk_exit": _encoder_plugin("chk_exit", "chk_exit_model"), "chk_exit_model": "import os\nos._exit(3)\n"},
+    )
+    write_fake_distribution(site, "omnicore-chk-raise", "1.0", {"chkraise": "chk_raise"}, {"chk_raise": "raise RuntimeError('boom at import')\n"})
+    return site
+
+
+def test_plugins_check_survives_crashing_imports(tmp_path, check_site):
+    env = env_with(check_site, OMNICORE_ALLOW_PLUGINS="omnicore-chk-ok,chkexit,chkraise")
+    r = run(COMMANDS["module"] + ["plugins", "--check", "--kind", "encoder", "--json"], tmp_path, env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    data = {d["name"]: d for d in json.loads(r.stdout)}
+    assert set(data) == {"chk_ok", "chk_exit", "chkraise", "whisper", "siglip", "movqgan"} | {d["name"] for d in json.loads(r.stdout) if d["provider"] in OTHERS}
+    ok, ex, rs = data["chk_ok"]["check"], data["chk_exit"]["check"], data["chkraise"]["check"]
+    assert (ok["ok"], ok["torch"], ok["hook_torch"], ok["error"]) == (True, True, False, "")
+    assert isinstance(ok["import_s"], float) and 0 <= ok["import_s"] < 60
+    assert data["chk_exit"]["status"] == "available"  # listing never imports targets; --check does, in a subprocess
+    assert (ex["ok"], ex["error"]) == (False, "import process exited with status 3 before reporting")
+    assert data["chkraise"]["status"] == "failed"
+    assert (rs["ok"], rs["error"]) == (False, "RuntimeError: boom at import")
+    for name in ("whisper", "siglip", "movqgan"):  # not allowed: disabled, so neither listed as loaded nor checked
+        assert (data[name]["status"], data[name]["check"]) == ("disabled", None)
+
+    r = run(COMMANDS["module"] + ["plugins", "--check", "--kind", "encoder"], tmp_path, env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    header, rows = parse_table(r.stdout, columns=7)
+    assert header == ["KIND", "NAME", "PROVIDER", "VERSION", "STATUS", "IMPORT", "DESCRIPTION"]
+    lines = {line.split()[1]: line for line in r.stdout.splitlines()[1:]}
+    assert " available  FAILED: import process exited with status 3 before reporting " in lines["chk_exit"]
+    assert " failed     FAILED: RuntimeError: boom at import " in lines["chkraise"]
+    assert re.search(r" available  ok \d+\.\d{3}s torch +checked$", lines["chk_ok"]), lines["chk_ok"]
+    assert " disabled   not checked (disabled) " in lines["whisper"]
+
+
+EXITS_ON_IMPORT = "import os\nos._exit(3)\n"
+
+
+@pytest.fixture
+def no_load_site(tmp_path) -> Path:
+    """A plugin whose hook module kills the process on import, and one that needs core API 2."""
+    site = tmp_path / "site"
+    write_fake_distribution(site, "omnicore-exits", "0.4", {"exits": "nl_exits"}, {"nl_exits": EXITS_ON_IMPORT})
+    info = write_fake_distribution(site, "omnicore-future", "3.1.0", {"future": "nl_future"}, {"nl_future": EXITS_ON_IMPORT})
+    (info / "METADATA").write_text((info / "METADATA").read_text() + "Keywords: omnicore-api >=2,<3\n")
+    return site
+
+
+def test_plugins_no_load_imports_no_plugin_code(tmp_path, no_load_site):
+    env = env_with(no_load_site)
+    r = run(COMMANDS["script"] + ["plugins", "--no-load", "--json"], tmp_path, env)
+    assert r.returncode == 0, r.stderr  # the hook module that calls os._exit(3) was never imported
+    data = {d["name"]: d for d in rows_json(r.stdout)}
+    assert set(data) == {"exits", "future", "whisper", "siglip", "movqgan"}
+    assert data["exits"] == {
+        "name": "exits", "provider": "omnicore-exits", "version": "0.4", "value": "nl_exits",
+        "api": "", "status": "not loaded", "reason": "",
+    }
+    assert (data["future"]["status"], data["future"]["api"]) == ("incompatible", ">=2,<3")
+    assert data["future"]["reason"] == "entry point 'future = nl_future' of omnicore-future 3.1.0 requires omnicore API >=2,<3; omnicore 0.1.0 provides API 1.0"
+    assert (data["whisper"]["value"], data["whisper"]["api"], data["whisper"]["version"]) == ("omnicore_audio_whisper.plugin", ">=1.0,<2", "0.1.0")
+
+    r = run(COMMANDS["module"] + ["plugins", "--no-load"], tmp_path, env_with(no_load_site, OMNICORE_DISABLE_PLUGINS="siglip"))
+    assert r.returncode == 0, r.stderr
+    header, rows = parse_table(r.stdout, columns=7)
+    assert header == ["NAME", "PROVIDER", "VERSION", "VALUE", "API", "STATUS", "REASON"]
+    by_name = {row[0]: row for row in rows if row[1] not in OTHERS}
+    assert by_name["siglip"][5] == "disabled"
+    assert by_name["exits"][4:6] == ["-", "not"]  # "not loaded"
+
+    r = run(COMMANDS["module"] + ["plugins", "--no-load", "--check"], tmp_path, env)
+    assert r.returncode == 2 and "cannot be combined with --check or --kind" in r.stderr
+
+
+def test_disabled_plugin_is_never_imported_by_the_listing(tmp_path, no_load_site):
+    # without the variable, the hook module kills the listing: this is what disabling recovers from
+    r = run(COMMANDS["module"] + ["plugins"], tmp_path, env_with(no_load_site))
+    assert r.returncode == 3
+    r = run(COMMANDS["module"] + ["plugins", "--json"], tmp_path, env_with(no_load_site, OMNICORE_DISABLE_PLUGINS="exits"))
+    assert r.returncode == 0, r.stderr
+    data = {d["name"]: d for d in rows_json(r.stdout)}
+    assert (data["exits"]["status"], data["exits"]["reason"]) == (
+        "disabled",
+        "entry point 'exits = nl_exits' of omnicore-exits 0.4: disabled by OMNICORE_DISABLE_PLUGINS",
+    )
+    assert data["future"]["status"] == "incompatible"  # from metadata: its (deadly) hook module is not imported either
+    r = run(COMMANDS["module"] + ["plugins"], tmp_path, env_with(no_load_site, OMNICORE_ALLOW_PLUGINS="whisper"))
+    assert r.returncode == 0, r.stderr
+    _, rows = parse_table(r.stdout)
+    status = {row[1]: row[4] for row in rows}
+    assert status["exits"] == "disabled" and status["whisper"] == "available" and status["sdpa"] == "available"
+    assert status["future"] == "disabled"

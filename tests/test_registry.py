@@ -42,6 +42,13 @@ from omnicore.hookspecs import hookimpl
 """
 
 
+def declare_api(info: Path, api: str, *, other_keywords: str = "") -> None:
+    """Add the ``omnicore-api`` keyword to a fake ``.dist-info`` as setuptools writes it
+    (``keywords = ["omnicore-api >=1.0,<2"]`` becomes ``Keywords: omnicore-api >=1.0,<2``)."""
+    md = info / "METADATA"
+    md.write_text(md.read_text() + f"Keywords: {other_keywords}omnicore-api {api}\n")
+
+
 class FakeSite:
     """A folder on ``sys.path`` holding fake distributions; module names are unique per test."""
 
@@ -54,11 +61,16 @@ class FakeSite:
     def mod(self, name: str) -> str:
         return f"{self.prefix}_{name}"
 
-    def add(self, dist: str, version: str, ep_name: str, body: str | None, *, module: str | None = None) -> str:
-        """One distribution with one entry point ``ep_name = <module>``; ``body=None`` writes no module."""
+    def add(self, dist: str, version: str, ep_name: str, body: str | None, *, module: str | None = None, api: str | None = None) -> str:
+        """One distribution with one entry point ``ep_name = <module>``; ``body=None`` writes no module.
+
+        ``api`` declares the distribution's core API range (the ``omnicore-api`` keyword).
+        """
         module = module or self.mod(ep_name)
         modules = {} if body is None else {module: HEADER + textwrap.dedent(body)}
-        write_fake_distribution(self.root, dist, version, {ep_name: module}, modules)
+        info = write_fake_distribution(self.root, dist, version, {ep_name: module}, modules)
+        if api is not None:
+            declare_api(info, api)
         importlib.invalidate_caches()
         return module
 
@@ -67,10 +79,32 @@ class FakeSite:
             del sys.modules[name]
 
 
+FIRST_PARTY = {"omnicore-image-siglip", "omnicore-audio-whisper", "omnicore-image-movqgan"}
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
-    monkeypatch.delenv("OMNICORE_STRICT", raising=False)
-    monkeypatch.delenv("OMNICORE_DISABLE_PLUGINS", raising=False)
+    """No OMNICORE_* variables, and only first-party and fake (tmp-path) distributions are seen:
+    other plugins a developer installed into the venv (contrib, experiments) do not change results."""
+    from importlib import metadata
+
+    for var in ("OMNICORE_STRICT", "OMNICORE_DISABLE_PLUGINS", "OMNICORE_ALLOW_PLUGINS"):
+        monkeypatch.delenv(var, raising=False)
+    real = metadata.entry_points
+    installed = {str(Path(p).resolve()) for p in sys.path if p.endswith("site-packages")}
+
+    def ours(ep) -> bool:
+        dist = ep.dist
+        where = str(Path(str(getattr(dist, "_path", ""))).resolve().parent)
+        return dist is None or dist.metadata["Name"] in FIRST_PARTY or where not in installed
+
+    def entry_points(**params):
+        eps = real(**params)
+        if params.get("group") != "omnicore":
+            return eps
+        return metadata.EntryPoints(ep for ep in eps if ours(ep))
+
+    monkeypatch.setattr(metadata, "entry_points", entry_points)
 
 
 @pytest.fixture
@@ -154,6 +188,7 @@ def test_row_as_dict_keys():
         "description": d["description"],
         "entry_point": "builtin",
         "target": "omnicore.builtin.parallel:FSDP2",
+        "api": "==1.0",
     }
     assert "FSDP2" in d["description"]
 
@@ -389,6 +424,23 @@ def test_conflict_with_builtin_name(site):
     with pytest.raises(RegistryError, match="'omnicore:sdpa', 'omnicore-sdpa-clone:sdpa'"):
         reg.resolve("kernel", "sdpa")
     assert reg.resolve("kernel", "omnicore:sdpa").target == "omnicore.builtin.kernels:SDPAAttention"
+    # the plugin never silently replaces the built-in; both rows say how to pick, the built-in included
+    rows = {r.provider: r for r in reg.rows if r.name == "sdpa"}
+    assert rows["omnicore-sdpa-clone"].reason == (
+        "kernel/sdpa is offered by omnicore, omnicore-sdpa-clone; pick one in config as 'omnicore-sdpa-clone:sdpa' "
+        "(or 'omnicore:sdpa' to keep the built-in)"
+    )
+    assert rows["omnicore"].reason == (
+        "kernel/sdpa is offered by omnicore, omnicore-sdpa-clone; pick one in config as 'omnicore:sdpa' "
+        "(the built-in; a plugin never replaces it without that choice)"
+    )
+    with pytest.raises(RegistryError) as ei:
+        reg.build("kernel", "sdpa")
+    assert str(ei.value) == (
+        "kernel/sdpa is offered by several plugins; choose one in config: 'omnicore:sdpa', 'omnicore-sdpa-clone:sdpa' "
+        "('omnicore:sdpa' is the built-in)"
+    )
+    assert reg.resolve("kernel", "omnicore-sdpa-clone:sdpa").target == "a:b"
 
 
 # ---- (e) disabling ----------------------------------------------------------------------------
@@ -558,3 +610,238 @@ def test_registries_are_independent(site):
     assert "fastattn" in {r.name for r in a.components()}
     assert {r.provider for r in b.rows} == {"omnicore"}
     assert len(b.rows) == 5
+
+
+# ---- (j) core API version: incompatible plugins are never imported ------------------------------
+
+
+def test_first_party_plugins_declare_their_api_range():
+    from omnicore import CORE_API_VERSION
+
+    assert CORE_API_VERSION == "1.0"
+    reg = Registry.discover()
+    api = {r.provider: r.api for r in reg.rows if r.provider in EXPECTED_INSTALLED.values()}
+    assert api == {
+        "omnicore": "==1.0",
+        "omnicore-image-siglip": ">=1.0,<2",
+        "omnicore-audio-whisper": ">=1.0,<2",
+        "omnicore-image-movqgan": ">=1.0,<2",
+    }
+
+
+def test_incompatible_plugin_is_not_imported(site):
+    module = site.add("omnicore-future", "3.1.0", "future", KERNEL_PLUGIN, api=">=2.0,<3")
+    reg = Registry.discover()
+    (row,) = rows_of(reg, "omnicore-future")
+    assert (row.kind, row.name, row.version, row.status, row.api, row.spec) == ("-", "future", "3.1.0", "incompatible", ">=2.0,<3", None)
+    assert row.reason == (
+        f"entry point 'future = {module}' of omnicore-future 3.1.0 requires omnicore API >=2.0,<3; "
+        "omnicore 0.1.0 provides API 1.0"
+    )
+    assert module not in sys.modules  # checked from metadata alone
+    assert not [r for r in reg.components() if r.name in ("fastattn", "fakeenc")]
+    with pytest.raises(RegistryError) as ei:
+        reg.resolve("kernel", "fastattn")
+    assert "Plugins that are incompatible (see `omnicore plugins`): omnicore-future (future)." in str(ei.value)
+    assert {(r.kind, r.name) for r in reg.rows if r.status == "available"} >= set(EXPECTED_INSTALLED)
+
+
+def test_compatible_and_undeclared_ranges_load(site):
+    site.add("omnicore-fake-kernels", "1.2.3", "fastattn", KERNEL_PLUGIN, api="~=1.0")
+    site.add("omnicore-alpha", "1.0", "alpha", _dup_plugin("alpha"))  # no declaration: assumed compatible
+    reg = Registry.discover()
+    assert {(r.name, r.status, r.api) for r in rows_of(reg, "omnicore-fake-kernels")} == {
+        ("fastattn", "available", "~=1.0"),
+        ("fakeenc", "available", "~=1.0"),
+    }
+    assert [(r.name, r.status, r.api) for r in rows_of(reg, "omnicore-alpha")] == [("dup", "available", "")]
+
+
+def test_invalid_api_range_is_failed(site):
+    module = site.add("omnicore-garbled", "0.2", "garbled", KERNEL_PLUGIN, api="version one")
+    reg = Registry.discover()
+    (row,) = rows_of(reg, "omnicore-garbled")
+    assert row.status == "failed"
+    assert row.reason.startswith(
+        f"entry point 'garbled = {module}' of omnicore-garbled 0.2 declares an invalid core API range 'version one' (omnicore-api keyword): "
+    )
+    assert module not in sys.modules
+
+
+def test_strict_mode_raises_on_incompatible(site, monkeypatch):
+    site.add("omnicore-future", "3.1.0", "future", KERNEL_PLUGIN, api=">=2")
+    monkeypatch.setenv("OMNICORE_STRICT", "1")
+    with pytest.raises(RegistryError) as ei:
+        Registry.discover()
+    assert str(ei.value).endswith("requires omnicore API >=2; omnicore 0.1.0 provides API 1.0 (strict mode: OMNICORE_STRICT=1)")
+
+
+def test_api_range_is_read_among_other_keywords(tmp_path):
+    from importlib import metadata
+
+    from omnicore.registry import api_range
+
+    info = write_fake_distribution(tmp_path, "omnicore-kw", "1.0", {"kw": "kw_mod"})
+    assert api_range(metadata.PathDistribution(info)) == ""
+    declare_api(info, ">=1.0,<2,!=1.3", other_keywords="omnicore-plugin,vision,")
+    assert api_range(metadata.PathDistribution(info)) == ">=1.0,<2,!=1.3"
+    assert api_range(None) == ""
+
+
+# ---- (k) allow-list, discover arguments, config section ----------------------------------------
+
+
+def test_allow_list_env_keeps_builtins(site, monkeypatch):
+    kmod = site.add("omnicore-fake-kernels", "1.2.3", "fastattn", KERNEL_PLUGIN)
+    amod = site.add("omnicore-alpha", "1.0", "alpha", _dup_plugin("alpha"))
+    monkeypatch.setenv("OMNICORE_ALLOW_PLUGINS", "fastattn, omnicore-audio-whisper")
+    reg = Registry.discover()
+    avail = {(r.name, r.provider) for r in reg.rows if r.status == "available"}
+    assert avail >= {("fastattn", "omnicore-fake-kernels"), ("fakeenc", "omnicore-fake-kernels"), ("whisper", "omnicore-audio-whisper")}
+    assert {p for _, p in avail} == {"omnicore", "omnicore-fake-kernels", "omnicore-audio-whisper"}  # built-ins stay on
+    (alpha,) = rows_of(reg, "omnicore-alpha")
+    assert alpha.status == "disabled"
+    assert alpha.reason == (
+        f"entry point 'alpha = {amod}' of omnicore-alpha 1.0: not in the allow-list "
+        "(OMNICORE_ALLOW_PLUGINS: fastattn, omnicore-audio-whisper)"
+    )
+    assert amod not in sys.modules and kmod in sys.modules
+    assert {r.status for r in reg.rows if r.provider in ("omnicore-image-siglip", "omnicore-image-movqgan")} == {"disabled"}
+
+
+def test_discover_arguments_merge_with_env(site, monkeypatch):
+    kmod = site.add("omnicore-fake-kernels", "1.2.3", "fastattn", KERNEL_PLUGIN)
+    amod = site.add("omnicore-alpha", "1.0", "alpha", _dup_plugin("alpha"))
+    site.add("omnicore-broken", "0.3.0", "broken", None, module=site.mod("gone"))
+    monkeypatch.setenv("OMNICORE_DISABLE_PLUGINS", "siglip")
+    reg = Registry.discover(disable=["omnicore_fake_kernels"], allow=None)  # distribution names compare normalised
+    reasons = {r.provider: r.reason for r in reg.rows if r.status == "disabled"}
+    assert reasons == {
+        "omnicore-fake-kernels": f"entry point 'fastattn = {kmod}' of omnicore-fake-kernels 1.2.3: disabled by config plugins.disable",
+        "omnicore-image-siglip": "entry point 'siglip = omnicore_image_siglip.plugin' of omnicore-image-siglip 0.1.0: disabled by OMNICORE_DISABLE_PLUGINS",
+    }
+    reg = Registry.discover(allow=["alpha"], disable=["broken"])
+    assert {r.provider for r in reg.rows if r.status == "available"} == {"omnicore", "omnicore-alpha"}
+    assert next(r for r in reg.rows if r.provider == "omnicore-fake-kernels").reason.endswith(
+        "not in the allow-list (config plugins.allow: alpha)"
+    )
+    assert next(r for r in reg.rows if r.provider == "omnicore-broken").reason.endswith("disabled by config plugins.disable")
+    with pytest.raises(RegistryError) as ei:
+        Registry.discover(strict=True)
+    assert "omnicore-broken 0.3.0 failed to import" in str(ei.value)
+    assert str(ei.value).endswith("(strict mode: plugins.strict)")
+    assert amod in sys.modules
+
+
+def test_registry_for_config_section(site, tmp_path):
+    from omnicore.config import ConfigError, load_config
+    from omnicore.registry import registry_for
+
+    site.add("omnicore-fake-kernels", "1.2.3", "fastattn", KERNEL_PLUGIN)
+    site.add("omnicore-broken", "0.3.0", "broken", None, module=site.mod("gone"))
+    cfg_file = tmp_path / "config.yaml"
+    cfg_file.write_text("data:\n  train: t.jsonl\nplugins:\n  disable: [broken]\n  allow: [omnicore-fake-kernels, broken, whisper]\n  strict: true\n")
+    cfg = load_config(cfg_file)
+    assert (cfg.plugins.disable, cfg.plugins.allow, cfg.plugins.strict) == (["broken"], ["omnicore-fake-kernels", "broken", "whisper"], True)
+    reg = registry_for(cfg)  # strict, but the broken plugin is disabled, so nothing raises
+    assert {r.provider for r in reg.rows if r.status == "available"} == {"omnicore", "omnicore-fake-kernels", "omnicore-audio-whisper"}
+    assert reg.resolve("kernel", "fastattn").name == "fastattn"
+    cfg = load_config(cfg_file, ["--plugins.disable", "[]"])
+    with pytest.raises(RegistryError, match="omnicore-broken 0.3.0 failed to import.*\\(strict mode: plugins.strict\\)$"):
+        registry_for(cfg)
+    default = load_config(cfg_file, {"plugins": {"disable": [], "allow": None, "strict": False}})
+    assert {r.status for r in rows_of(registry_for(default), "omnicore-broken")} == {"failed"}
+    cfg_file.write_text("data:\n  train: t.jsonl\nplugins:\n  alow: [x]\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(cfg_file)
+    assert str(ei.value) == f"{cfg_file}: plugins.alow: unknown key; did you mean 'allow'?"
+
+
+# ---- (l) the order of entry points never matters -------------------------------------------------
+
+
+def test_entry_point_order_does_not_change_what_loads(site):
+    import random
+    from importlib import metadata
+
+    site.add("omnicore-fake-kernels", "1.2.3", "fastattn", KERNEL_PLUGIN)
+    site.add("omnicore-alpha", "1.0", "alpha", _dup_plugin("alpha"))
+    site.add("omnicore-beta", "2.0", "beta", _dup_plugin("beta"))
+    site.add("omnicore-halfway", "0.9", "halfway", HALFWAY_PLUGIN)
+    site.add("omnicore-broken", "0.3.0", "broken", None, module=site.mod("gone"))
+    site.add("omnicore-future", "3.1.0", "future", _dup_plugin("future"), api=">=2")
+    eps = list(metadata.entry_points(group="omnicore"))
+    assert len(eps) >= 6
+
+    def summary(entry_points):
+        reg = Registry.discover(entry_points=entry_points)
+        return [(r.kind, r.name, r.provider, r.status, r.reason) for r in reg.rows]
+
+    expected = summary(eps)
+    for order in (list(reversed(eps)), random.Random(0).sample(eps, len(eps)), random.Random(1).sample(eps, len(eps))):
+        assert summary(order) == expected
+    available = {(k, n, p) for k, n, p, s, _ in expected if s == "available"}
+    assert {("kernel", "fastattn", "omnicore-fake-kernels"), ("encoder", "fakeenc", "omnicore-fake-kernels")} <= available
+    assert {(n, s) for _, n, p, s, _ in expected if p in ("omnicore-alpha", "omnicore-beta")} == {("dup", "conflict")}
+    assert {p: s for _, _, p, s, _ in expected if p in ("omnicore-halfway", "omnicore-broken", "omnicore-future")} == {
+        "omnicore-halfway": "failed",
+        "omnicore-broken": "failed",
+        "omnicore-future": "incompatible",
+    }
+
+
+# ---- (m) metadata-only listing and --check's subprocess import -----------------------------------
+
+
+def test_entry_points_info_imports_nothing(site, monkeypatch):
+    from omnicore.registry import entry_points_info
+
+    fmod = site.add("omnicore-fake-kernels", "1.2.3", "fastattn", KERNEL_PLUGIN, api=">=1")
+    xmod = site.add("omnicore-exits", "0.1", "exits", "import os\nos._exit(3)\n")
+    site.add("omnicore-future", "3.1.0", "future", KERNEL_PLUGIN, api="<1")
+    monkeypatch.setenv("OMNICORE_DISABLE_PLUGINS", "whisper")
+    infos = {i.name: i for i in entry_points_info()}
+    assert fmod not in sys.modules and xmod not in sys.modules
+    assert infos["fastattn"].as_dict() == {
+        "name": "fastattn",
+        "provider": "omnicore-fake-kernels",
+        "version": "1.2.3",
+        "value": fmod,
+        "api": ">=1",
+        "status": "not loaded",
+        "reason": "",
+    }
+    assert (infos["future"].status, infos["whisper"].status, infos["exits"].status) == ("incompatible", "disabled", "")
+    assert infos["siglip"].api == ">=1.0,<2"
+
+
+def test_check_import_reports_time_torch_and_crashes(tmp_path):
+    from omnicore.registry import check_import
+
+    (tmp_path / "ok_hook.py").write_text("X = 1\n")
+    (tmp_path / "fake_heavy.py").write_text("import sys, types\nsys.modules['torch'] = types.ModuleType('torch')\n")
+    (tmp_path / "exits_hook.py").write_text("import os\nos._exit(3)\n")
+    (tmp_path / "raises_hook.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "segv_hook.py").write_text("import ctypes\nctypes.string_at(0)\n")
+    import os
+
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tmp_path)
+    try:
+        ok = check_import("ok_hook", ["fake_heavy"])
+        exits = check_import("exits_hook")
+        raises = check_import("raises_hook", ["ok_hook"])
+        segv = check_import("segv_hook")
+        missing = check_import("ok_hook", ["no_such_module_xyz"])
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
+    assert (ok.ok, ok.torch, ok.hook_torch, ok.error) == (True, True, False, "")
+    assert 0 <= ok.import_s < 30 and ok.summary().startswith("ok ") and ok.summary().endswith("s torch")
+    assert (exits.ok, exits.error) == (False, "import process exited with status 3 before reporting")
+    assert (raises.ok, raises.error) == (False, "RuntimeError: boom at import")
+    assert segv.ok is False and segv.error.startswith("import process killed by SIGSEGV before reporting")
+    assert (missing.ok, missing.error) == (False, "ModuleNotFoundError: No module named 'no_such_module_xyz'")
+    assert raises.summary() == "FAILED: RuntimeError: boom at import"
