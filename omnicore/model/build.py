@@ -7,7 +7,7 @@ from typing import Any
 
 from omnicore.config import Config
 from omnicore.data.chat import decoder_start_token, decoder_token, encoder_token, special_tokens
-from omnicore.registry import Registry, RegistryError
+from omnicore.registry import Registry, RegistryError, registry_for
 
 
 def prepare_tokenizer(tokenizer: Any, encoder_modalities: list[str], decoder_modalities: list[str]) -> Any:
@@ -51,7 +51,7 @@ def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any
 
     from omnicore.model.omni import OmniModel
 
-    registry = registry or Registry.discover()
+    registry = registry or registry_for(cfg)
     torch.manual_seed(cfg.run.seed)
     m = cfg.model
     base = Path(cfg.source).parent if cfg.source else None

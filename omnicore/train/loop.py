@@ -26,7 +26,7 @@ from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError, read_jsonl
 from omnicore.data.packing import PackedStream, collate
 from omnicore.distributed.state import ParallelState, init_parallel_state
-from omnicore.registry import Registry
+from omnicore.registry import Registry, registry_for
 
 
 def warmup_cosine(warmup: int, total: int, min_ratio: float):
@@ -91,7 +91,7 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     from omnicore.checkpoint.export import export_model
     from omnicore.model.build import build_omni_model
 
-    registry = registry or Registry.discover()
+    registry = registry or registry_for(cfg)
     state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend)
     out_dir = Path(cfg.run.output_dir)
     log = print if state.is_main else (lambda *a, **k: None)
