@@ -20,6 +20,6 @@ pip_install() { "$VENV/bin/python" -m pip install --quiet --disable-pip-version-
 pip_install "torch==2.13.0"
 editable=(-e .)
 for p in "${PLUGINS[@]}"; do editable+=(-e "$p"); done
-pip_install "torch==2.13.0" "${editable[@]}" "pytest>=8"
+pip_install "torch==2.13.0" "${editable[@]}" "pytest>=8" "copier==9.19.1"
 echo "$want" > "$stamp"
 echo "environment ready: $VENV ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

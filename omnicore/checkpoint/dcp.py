@@ -70,7 +70,7 @@ def latest_checkpoint(root: str | Path) -> Path:
     root = Path(root)
     pointer = root / "latest"
     if not pointer.is_file():
-        raise CheckpointError(f"no checkpoint under {root} (missing {pointer}); train first, or drop --resume")
+        raise CheckpointError(f"no checkpoint under {root} (missing {pointer}); train first, or name a checkpoint or export explicitly")
     folder = root / pointer.read_text().strip()
     if not (folder / "trainer_state.json").is_file():
         raise CheckpointError(f"checkpoint {folder} named by {pointer} is incomplete (no trainer_state.json)")
