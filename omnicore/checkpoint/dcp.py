@@ -13,12 +13,14 @@ and ``latest`` intact. The saved state can be loaded at any world size (DCP resh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -27,6 +29,15 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 class CheckpointError(Exception):
     """No checkpoint to resume from, or a checkpoint folder is incomplete; the message names it."""
+
+
+@contextlib.contextmanager
+def _quiet_single_process(state: Any) -> Iterator[None]:
+    """Silence DCP's warning that it runs without a process group: one process is intended here."""
+    with warnings.catch_warnings():
+        if not state.distributed:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -45,7 +56,8 @@ def save_checkpoint(root: str | Path, step: int, model: Any, optimizer: Any, sch
         shutil.rmtree(tmp, ignore_errors=True)
     state.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    with _quiet_single_process(state):
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / f"rng-rank{state.rank}.pt")
     state.barrier()
     if state.is_main:
@@ -84,13 +96,15 @@ def load_checkpoint(folder: str | Path, model: Any, optimizer: Any | None, sched
     if optimizer is not None:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         sd = {"model": model_sd, "optim": optim_sd}
-        dcp.load(sd, checkpoint_id=str(folder))
+        with _quiet_single_process(state):
+            dcp.load(sd, checkpoint_id=str(folder))
         set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
     else:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
         sd = {"model": get_model_state_dict(model)}
-        dcp.load(sd, checkpoint_id=str(folder))
+        with _quiet_single_process(state):
+            dcp.load(sd, checkpoint_id=str(folder))
         set_model_state_dict(model, sd["model"])
     if scheduler is not None:
         scheduler.load_state_dict(meta["scheduler"])

@@ -50,7 +50,19 @@ def export_model(model: Any, tokenizer: Any, cfg: Any, out_dir: str | Path, stat
 
 def write_export(model: Any, tokenizer: Any, cfg: Any, out: Path) -> None:
     """Write an unsharded :class:`~omnicore.model.omni.OmniModel` as the export layout above."""
+    from transformers.utils import logging as hf_logging
+
     out.mkdir(parents=True)
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one-shard "Writing model shards" bars add only noise here
+    try:
+        _write_components(model, tokenizer, cfg, out)
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
+def _write_components(model: Any, tokenizer: Any, cfg: Any, out: Path) -> None:
     model.lm.save_pretrained(out / "foundation")
     tokenizer.save_pretrained(out / "foundation")
     section = cfg.model.model_dump()
