@@ -1,4 +1,4 @@
-"""The ``omnicore`` command line: ``plugins``, ``train``, ``eval``, ``generate``.
+"""The ``omnicore`` command line: ``plugins``, ``train``, ``plan``, ``eval``, ``generate``.
 
 User errors (bad config, bad data, unknown component) print one clean ``error: ...`` message and exit
 with status 2; they never show a traceback. ``omnicore plugins`` imports neither torch nor any
@@ -92,12 +92,24 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from omnicore.distributed.state import init_parallel_state, shutdown
     from omnicore.train.loop import train
 
-    state = init_parallel_state(cfg.run.device, cfg.parallel.backend)
+    state = init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
     history = train(cfg, resume=args.resume, state=state)
     if state.is_main and history:
         print(f"done: step {history[-1]['step']}, loss {history[-1]['loss']:.4f}; metrics in {cfg.run.output_dir}/metrics.jsonl")
     shutdown(state, exit_code=0)
     return 0
+
+
+def cmd_plan(args: argparse.Namespace, extra: list[str]) -> int:
+    """``omnicore plan CONFIG --world-size N``: the mesh, strategies, per-rank memory and every
+    violated constraint, without starting processes (the model is built on the meta device).
+    Exit status 0 when the layout is valid, 2 when a constraint is violated."""
+    cfg = _config(args, extra)
+    from omnicore.distributed.plan import make_plan
+
+    report = make_plan(cfg, args.world_size)
+    print(json.dumps(report.as_dict(), indent=1) if args.json else report.render())
+    return 0 if report.ok else 2
 
 
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
@@ -139,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("config")
     sp.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run.output_dir")
 
+    sp = sub.add_parser("plan", help="check and size the parallel layout for N ranks without starting processes (" + over + ")")
+    sp.add_argument("config")
+    sp.add_argument("--world-size", type=int, required=True, metavar="N", help="number of ranks to plan for")
+    sp.add_argument("--json", action="store_true", help="print JSON")
+
     for name, text in (("eval", "accuracy on held-out samples whose answer is text"), ("generate", "generate text, or an image saved as PNG")):
         sp = sub.add_parser(name, help=text + " (" + over + ")")
         sp.add_argument("config")
@@ -172,14 +189,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from omnicore.config import ConfigError
 
-    handlers = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate}
+    handlers = {"train": cmd_train, "plan": cmd_plan, "eval": cmd_eval, "generate": cmd_generate}
     user_errors: tuple[type[BaseException], ...] = (ConfigError, RegistryError)
     try:
         from omnicore.checkpoint.dcp import CheckpointError
         from omnicore.data.jsonl import SampleError
         from omnicore.data.packing import PackingError
+        from omnicore.distributed.mesh import MeshError
+        from omnicore.distributed.parallelize import ParallelizeError
 
-        user_errors += (SampleError, CheckpointError, PackingError)
+        user_errors += (SampleError, CheckpointError, PackingError, MeshError, ParallelizeError)
         return handlers[args.command](args, extra)
     except user_errors as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -76,8 +76,33 @@ class TrainConfig(_Strict):
 
 
 class ParallelConfig(_Strict):
-    strategy: str = Field(default="auto", description="'auto' (fsdp2 when launched on several processes, else none) or a registry name")
+    """How the run is distributed: the DeviceMesh sizes and the strategies applied to the model.
+
+    The mesh is ``dp_replicate x dp_shard x ep x sp`` and its product must be the world size (one
+    size may be -1: the rest). See :mod:`omnicore.distributed.mesh` for what each dim means and
+    :mod:`omnicore.distributed.parallelize` for the order strategies are applied in.
+    ``omnicore plan CONFIG --world-size N`` checks a layout without starting processes.
+    """
+
+    strategy: str = Field(default="auto", description="'auto' (fsdp2 when launched on several processes, else none) or a registry name; ignored when 'strategies' is set")
+    strategies: list[str | ComponentConfig] | None = Field(
+        default=None,
+        description="parallel strategies from the registry (names, or {name, options}), e.g. [ulysses, fsdp2]; applied in phase order "
+        "(attention, experts, checkpointing, compile, sharding), not list order; unset means 'strategy'",
+    )
+    dp_replicate: int = Field(default=1, description="HSDP replicas: above 1, FSDP2 becomes HSDP (parameters replicated over this dim, sharded within); -1 = the rest")
+    dp_shard: int = Field(default=-1, description="FSDP2 shards per replica; -1 = the rest of the world size")
+    sp: int = Field(default=1, description="sequence-parallel (Ulysses) size; ranks in one sp group read the same samples; -1 = the rest")
+    ep: int = Field(default=1, description="expert-parallel size: experts split over this many ranks (each reads its own samples); -1 = the rest")
     backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description="torch.distributed backend; auto picks nccl on CUDA, gloo on CPU")
+
+    def strategy_list(self, distributed: bool) -> list[ComponentConfig]:
+        """The strategies to apply: ``strategies`` when set, else ``strategy`` with ``auto``
+        resolved (``fsdp2`` when ``distributed``, ``none`` otherwise)."""
+        if self.strategies is not None:
+            return [c if isinstance(c, ComponentConfig) else ComponentConfig(name=c) for c in self.strategies]
+        name = self.strategy if self.strategy != "auto" else ("fsdp2" if distributed else "none")
+        return [ComponentConfig(name=name)]
 
 
 class GenerateConfig(_Strict):

@@ -1,4 +1,4 @@
-"""Built-in parallel strategies: FSDP2 over ``dp_shard``, and none."""
+"""Built-in parallel strategies: FSDP2 (HSDP when ``parallel.dp_replicate`` > 1), and none."""
 
 from __future__ import annotations
 
@@ -9,38 +9,79 @@ class NoParallel:
     """One process, the model as built: the reference every strategy is compared with."""
 
     mesh_dims: tuple[str, ...] = ()
+    phase = "sharding"
 
     def __init__(self, options: dict[str, Any] | None = None):
         self.options = options or {}
 
     def apply(self, model: Any, mesh: Any) -> Any:
         return model
+
+    def validate(self, model_or_config: Any, state: Any) -> list[Any]:
+        return []
 
 
 class FSDP2:
     """FSDP2 (``torch.distributed.fsdp.fully_shard``): each transformer block, each encoder, then
-    the root (which holds the embeddings, the LM head and the decoders), sharded over the mesh's ``dp_shard`` dim.
+    the root (which holds the embeddings, the LM head and the decoders).
 
     Sharding per block lets FSDP2 all-gather one block's parameters at a time (Zhao et al. 2023,
-    "PyTorch FSDP"; torchtitan's ``apply_fsdp``). Gradients are reduce-scattered and averaged over the
-    ranks; the training loop scales the loss so the average equals the one-process gradient.
+    "PyTorch FSDP"; torchtitan's ``apply_fsdp``). The shard dim is the derived ``fsdp`` dim
+    (``dp_shard x ep x sp``: every rank of a replica holds its own shard and the gradients of all
+    of them are reduced together). With ``dp_replicate`` > 1 the mesh is 2-D
+    ``(dp_replicate, fsdp)``, which is HSDP: sharded within a replica, replicated across replicas
+    (all-reduce of the reduce-scattered gradients). Gradients are averaged over every rank; the
+    training loop scales the loss so the average equals the one-process gradient.
+
+    Modules that an earlier strategy already passed to ``fully_shard`` (expert parallelism shards
+    its experts over ``dp_shard_sp``) keep their own group; the parents' groups skip their
+    parameters.
     """
 
-    mesh_dims: tuple[str, ...] = ("dp_shard",)
+    mesh_dims: tuple[str, ...] = ("dp_replicate", "dp_shard")
+    phase = "sharding"
 
     def __init__(self, options: dict[str, Any] | None = None):
         self.options = options or {}
 
     def apply(self, model: Any, mesh: Any) -> Any:
+        """The original contract: shard over ``mesh["dp_shard"]`` (or the whole 1-D ``mesh``)."""
+        sub = mesh["dp_shard"] if mesh is not None and mesh.mesh_dim_names and "dp_shard" in mesh.mesh_dim_names else mesh
+        return self._shard(model, sub)
+
+    def apply_with_state(self, model: Any, state: Any) -> Any:
+        """Shard over ``state.fsdp_mesh()``: 1-D ``fsdp``, or 2-D HSDP ``(dp_replicate, fsdp)``."""
+        if not state.distributed:
+            return model
+        return self._shard(model, state.fsdp_mesh())
+
+    @staticmethod
+    def _shard(model: Any, mesh: Any) -> Any:
         from torch.distributed.fsdp import fully_shard
 
-        sub = mesh["dp_shard"] if mesh is not None and mesh.mesh_dim_names and "dp_shard" in mesh.mesh_dim_names else mesh
         for block in model.blocks():
-            fully_shard(block, mesh=sub)
+            fully_shard(block, mesh=mesh)
         for module in model.encoders.values():
-            fully_shard(module, mesh=sub)
+            fully_shard(module, mesh=mesh)
         # Decoders stay in the root's group: they are called through several methods (encode,
         # embed, head), a different number of times on a rank whose batch lacks the modality, so
         # a group of their own would issue mismatched all-gathers across ranks.
-        fully_shard(model, mesh=sub)
+        fully_shard(model, mesh=mesh)
         return model
+
+    def validate(self, model_or_config: Any, state: Any) -> list[Any]:
+        return []  # FSDP2 pads uneven dim-0 shards; no size needs to divide anything
+
+    def plan(self, model: Any, state: Any, prior: dict[str, list[tuple[str, int]]]) -> Any:
+        """Blocks, encoders and the root; every parameter split over ``fsdp`` (over ``dp_shard_sp``
+        when an earlier strategy already split it over ``ep``), replicated over ``dp_replicate``."""
+        from omnicore.distributed.parallelize import StrategyPlan
+
+        names = {id(m): n for n, m in model.named_modules()}
+        modules = [names[id(b)] for b in model.blocks()] + [f"encoders.{k}" for k in model.encoders] + ["(root)"]
+        shards = {}
+        for n, _ in model.named_parameters():
+            dim = "dp_shard_sp" if any(d == "ep" for d, _ in prior.get(n, [])) else "fsdp"
+            shards[n] = (dim, state.size(dim))
+        kind = "HSDP" if state.size("dp_replicate") > 1 else "FSDP2"
+        return StrategyPlan(modules, shards, f"{kind}: shard over {state.size('fsdp')} ranks, replicate x{state.size('dp_replicate')}")

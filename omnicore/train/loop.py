@@ -26,6 +26,7 @@ from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError, read_jsonl
 from omnicore.data.packing import PackedStream, collate
 from omnicore.distributed.state import ParallelState, init_parallel_state
+from omnicore.distributed.parallelize import build_strategies, parallelize
 from omnicore.registry import Registry, registry_for
 
 
@@ -92,7 +93,7 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     from omnicore.model.build import build_omni_model
 
     registry = registry or registry_for(cfg)
-    state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend)
+    state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
     out_dir = Path(cfg.run.output_dir)
     log = print if state.is_main else (lambda *a, **k: None)
 
@@ -107,11 +108,10 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     log(f"model: {n_params / 1e6:.2f} M parameters; data: {len(samples)} samples from {cfg.data.train}")
 
     # ---- parallelism: the strategy wraps the model from outside --------------------------------
-    strategy_name = cfg.parallel.strategy
-    if strategy_name == "auto":
-        strategy_name = "fsdp2" if state.distributed else "none"
+    # (parallel.strategies, or parallel.strategy with auto resolved; applied in phase order, see
+    # omnicore.distributed.parallelize)
     model = model.to(state.device)
-    model = registry.build("parallel", strategy_name).apply(model, state.mesh)
+    model = parallelize(model, state, build_strategies(cfg.parallel, registry, state.distributed))
 
     optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.min_lr_ratio))
@@ -137,7 +137,7 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     accum, dp = cfg.train.grad_accum, state.world_size
     for step in range(start, cfg.train.max_steps):
         t0 = time.perf_counter()
-        micro = [collate(mb, processor.encoders, processor.decoders) for mb in stream.iter_step(step, accum, state.rank, dp)]
+        micro = [collate(mb, processor.encoders, processor.decoders) for mb in stream.iter_step(step, accum, state.dp_rank, state.dp_size)]
         # one all-reduce gives the step's global target count (the loss denominator)
         n_global = state.all_reduce_sum(sum(mb.n_targets for mb in micro))
         scale = dp / max(n_global, 1.0)

@@ -1,0 +1,201 @@
+"""``parallelize(model, state, strategies)``: apply the configured parallel strategies in one order.
+
+The order (torchtitan's ``parallelize.py``; VeOmni applies its parallelisms the same way) is fixed by
+each strategy's ``phase``, never by the order of the config list:
+
+==================  ==========================================================================
+phase               why it comes here
+==================  ==========================================================================
+``attention``       Ulysses and other attention/kernel wrappers change what a block computes;
+                    everything after wraps the blocks as they will run.
+``experts``         expert parallelism turns expert weights into DTensors ``Shard(0)`` over
+                    ``ep`` (and may ``fully_shard`` them over ``dp_shard_sp``); FSDP2 then skips
+                    modules already sharded.
+``checkpointing``   activation checkpointing wraps whole blocks, including the wrappers above.
+``compile``         ``torch.compile`` per block sees the final block code and its checkpointing.
+``sharding``        FSDP2/HSDP last: ``fully_shard`` registers hooks around the final modules
+                    and turns every remaining parameter into a DTensor.
+==================  ==========================================================================
+
+Within one phase strategies keep their config order. A strategy written for the original contract
+(``mesh_dims`` and ``apply(model, mesh)`` only) has no ``phase`` and is treated as ``sharding``.
+
+The optional members a strategy may add (all checked with ``getattr``, so older strategies keep
+working unchanged):
+
+* ``phase: str``: one of :data:`PHASES`.
+* ``validate(model_or_config, state) -> list[Violation]``: what this layout cannot do with this model
+  (each with the config field and what to change); ``omnicore plan`` calls it on a meta-device model
+  and a planned state, :func:`parallelize` on the real ones, before anything is applied.
+* ``apply_with_state(model, state) -> model``: preferred over ``apply(model, state.mesh)``; gets the
+  whole :class:`~omnicore.distributed.state.ParallelState` (groups, derived dims, dp rank).
+* ``plan(model, state, prior) -> StrategyPlan``: which modules it wraps and how it splits each
+  parameter (for ``omnicore plan``'s per-rank memory); ``prior`` maps a parameter name to the splits
+  earlier strategies made, as ``[(dim, ways), ...]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnicore.distributed.mesh import FLAT_DIMS, MESH_DIMS
+
+PHASES: tuple[str, ...] = ("attention", "experts", "checkpointing", "compile", "sharding")
+"""The phases, in the order :func:`parallelize` applies them."""
+
+DEFAULT_PHASE = "sharding"
+"""The phase of a strategy that declares none (the original contract: FSDP-like wrappers)."""
+
+# which strategy must use a real dim when its size is above 1
+_DIM_HINTS = {
+    "dp_replicate": "add fsdp2 to parallel.strategies (HSDP) or set parallel.dp_replicate: 1",
+    "dp_shard": "add fsdp2 to parallel.strategies or set parallel.dp_shard: 1",
+    "ep": "add an expert-parallel strategy to parallel.strategies or set parallel.ep: 1",
+    "sp": "add a sequence-parallel strategy (for example ulysses) to parallel.strategies or set parallel.sp: 1",
+}
+
+
+class ParallelizeError(ValueError):
+    """The strategies cannot be applied to this model on this mesh; lists every violation."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One violated constraint: ``field`` is the config key to change (``parallel.sp``), ``message``
+    says what is wrong and what to change, ``source`` who found it (a strategy name or ``mesh``)."""
+
+    field: str
+    message: str
+    source: str = "mesh"
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+@dataclass
+class StrategyPlan:
+    """What a strategy would do: the modules it wraps (qualified names, ``""`` for the root) and
+    the parameters it splits along dim 0, as ``{name: (dim, ways)}``."""
+
+    modules: list[str] = field(default_factory=list)
+    shards: dict[str, tuple[str, int]] = field(default_factory=dict)
+    note: str = ""
+
+
+def phase_of(strategy: Any) -> str:
+    """A strategy's phase (:data:`DEFAULT_PHASE` when it declares none).
+
+    Raises:
+        ParallelizeError: the declared phase is not one of :data:`PHASES`.
+    """
+    phase = getattr(strategy, "phase", None) or DEFAULT_PHASE
+    if phase not in PHASES:
+        raise ParallelizeError(f"parallel strategy {type(strategy).__name__} declares phase {phase!r}; phases are {', '.join(PHASES)}")
+    return phase
+
+
+def order_strategies(named: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``(name, strategy)`` pairs sorted by phase; config order within a phase (a stable sort)."""
+    return sorted(named, key=lambda ns: PHASES.index(phase_of(ns[1])))
+
+
+def build_strategies(parallel: Any, registry: Any, distributed: bool) -> list[tuple[str, Any]]:
+    """Build the strategies named in the config's ``parallel`` section from the registry, in
+    application order. ``distributed`` resolves ``strategy: auto``.
+
+    Raises:
+        RegistryError: a strategy is unknown or its options are invalid.
+    """
+    named = [(c.name, registry.build("parallel", c.name, c.options)) for c in parallel.strategy_list(distributed)]
+    return order_strategies(named)
+
+
+def validate(model_or_config: Any, state: Any, strategies: list[tuple[str, Any]]) -> list[Violation]:
+    """Every violated constraint of ``strategies`` on ``state``'s mesh for this model (or config).
+
+    Checks that each declared mesh dim exists, that each real dim above size 1 is used by some
+    strategy (otherwise its ranks would silently train apart or duplicate work), the model against
+    the mesh (:func:`model_violations`), and then each strategy's own ``validate``.
+    """
+    out: list[Violation] = []
+    known = set(MESH_DIMS) | set(FLAT_DIMS)
+    used: set[str] = set()
+    for name, s in strategies:
+        for d in getattr(s, "mesh_dims", ()):
+            if d not in known:
+                out.append(Violation("parallel.strategies", f"strategy {name!r} needs mesh dim {d!r}, which omnicore's mesh lacks (dims: {', '.join(sorted(known))})", name))
+            used.update(FLAT_DIMS.get(d, (d,)))
+    for d in MESH_DIMS:
+        if state.size(d) > 1 and d not in used:
+            names = ", ".join(n for n, _ in strategies) or "none"
+            out.append(Violation(f"parallel.{d}", f"is {state.size(d)} but no strategy uses the {d!r} dim (strategies: {names}); {_DIM_HINTS[d]}"))
+    out.extend(model_violations(model_or_config, state))
+    for name, s in strategies:
+        check = getattr(s, "validate", None)
+        if check is not None:
+            for v in check(model_or_config, state) or []:
+                out.append(v if isinstance(v, Violation) else Violation("parallel", str(v), name))
+    seen: set[str] = set()
+    return [v for v in out if not (str(v) in seen or seen.add(str(v)))]  # type: ignore[func-returns-value]
+
+
+def _foundation_config(model: Any) -> Any:
+    lm = getattr(model, "lm", model)
+    cfg = getattr(lm, "config", None)
+    if cfg is not None and hasattr(cfg, "get_text_config"):
+        cfg = cfg.get_text_config()
+    return cfg
+
+
+def model_violations(model: Any, state: Any) -> list[Violation]:
+    """What the mesh needs from any model, whatever strategy implements the dim:
+
+    * ``sp``: the foundation's attention heads divide evenly over the sp ranks (Ulysses gives each
+      rank ``heads / sp`` whole heads);
+    * ``ep``: the foundation's experts divide evenly over the ep ranks (``Shard(0)`` of the expert
+      weights).
+    """
+    cfg = _foundation_config(model)
+    if cfg is None:
+        return []
+    out = []
+    sp = state.size("sp")
+    heads = getattr(cfg, "num_attention_heads", None)
+    if sp > 1 and heads is not None and heads % sp:
+        ok = [d for d in range(1, heads + 1) if heads % d == 0 and state.world_size % d == 0]
+        out.append(Violation("parallel.sp", f"is {sp} but the foundation has {heads} attention heads, not divisible by {sp}; set parallel.sp to a divisor of {heads} that divides the world size ({', '.join(map(str, ok))})"))
+    ep = state.size("ep")
+    experts = next((getattr(cfg, a) for a in ("num_experts", "num_local_experts", "n_routed_experts") if isinstance(getattr(cfg, a, None), int)), None)
+    if ep > 1 and experts is None:
+        out.append(Violation("parallel.ep", f"is {ep} but the foundation ({getattr(cfg, 'model_type', '?')}) has no experts; set parallel.ep: 1 or use a mixture-of-experts foundation"))
+    elif ep > 1 and experts % ep:
+        ok = [d for d in range(1, experts + 1) if experts % d == 0 and state.world_size % d == 0]
+        out.append(Violation("parallel.ep", f"is {ep} but the foundation has {experts} experts, not divisible by {ep}; set parallel.ep to a divisor of {experts} that divides the world size ({', '.join(map(str, ok))})"))
+    return out
+
+
+def parallelize(model: Any, state: Any, strategies: list[tuple[str, Any]] | list[Any]) -> Any:
+    """Apply ``strategies`` to ``model`` in phase order (see the module docstring); returns the model.
+
+    Args:
+        model: the built model (an :class:`~omnicore.model.omni.OmniModel`), on ``state.device``.
+        state: the :class:`~omnicore.distributed.state.ParallelState`.
+        strategies: ``(name, strategy)`` pairs (as :func:`build_strategies` returns) or bare
+            strategy objects.
+
+    Raises:
+        ParallelizeError: a violated constraint (all of them listed, each with what to change);
+            nothing has been applied then.
+    """
+    named = [s if isinstance(s, tuple) else (type(s).__name__, s) for s in strategies]
+    named = order_strategies(named)
+    problems = validate(model, state, named)
+    if problems:
+        raise ParallelizeError("cannot parallelize:\n" + "\n".join(f"  {v}" for v in problems))
+    for _, s in named:
+        if hasattr(s, "apply_with_state"):
+            model = s.apply_with_state(model, state)
+        else:
+            model = s.apply(model, state.mesh)
+    return model

@@ -1,0 +1,148 @@
+"""``omnicore plan CONFIG --world-size N``: check a parallel layout and size it, without processes.
+
+No process group starts: the model is built on the meta device (shapes, no memory), the mesh is the
+pure-Python :class:`~omnicore.distributed.mesh.MeshLayout`, and each strategy answers ``validate``
+and ``plan`` (see :mod:`omnicore.distributed.parallelize`). The report lists the mesh and its groups,
+which strategy wraps which modules, per-rank parameter, gradient and AdamW memory, and every
+violated constraint with the config field to change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnicore.distributed.mesh import FLAT_DIMS, MESH_DIMS, MeshLayout, layout_errors
+from omnicore.distributed.parallelize import StrategyPlan, Violation, build_strategies, phase_of, validate
+
+ADAMW_STATE_BYTES = 8
+"""AdamW keeps two fp32 states (exp_avg, exp_avg_sq) per parameter element."""
+
+MAX_GROUP_LISTING = 16
+"""Print which ranks form which groups only up to this world size."""
+
+
+@dataclass
+class PlanReport:
+    """The result of :func:`make_plan`; :meth:`render` is what ``omnicore plan`` prints."""
+
+    world_size: int
+    layout: MeshLayout
+    layout_ok: bool
+    strategies: list[tuple[str, str, StrategyPlan | None]] = field(default_factory=list)  # name, phase, plan
+    params: int = 0
+    param_bytes_per_rank: int = 0
+    optimizer_bytes_per_rank: int = 0
+    total_param_bytes: int = 0
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "mesh": dict(self.layout.sizes),
+            "strategies": [{"name": n, "phase": ph, "modules": p.modules if p else None, "note": p.note if p else ""} for n, ph, p in self.strategies],
+            "params": self.params,
+            "param_bytes_per_rank": self.param_bytes_per_rank,
+            "grad_bytes_per_rank": self.param_bytes_per_rank,
+            "optimizer_bytes_per_rank": self.optimizer_bytes_per_rank,
+            "violations": [{"field": v.field, "message": v.message, "source": v.source} for v in self.violations],
+            "ok": self.ok,
+        }
+
+    def render(self) -> str:
+        L = self.layout
+        out = [f"mesh: {L.describe()}"]
+        if self.layout_ok:
+            for d in MESH_DIMS + tuple(FLAT_DIMS):
+                parts = " x ".join(FLAT_DIMS.get(d, (d,)))
+                line = f"  {d:<13} size {L.size(d)}" + (f"  (= {parts})" if d in FLAT_DIMS else "")
+                if self.world_size <= MAX_GROUP_LISTING:
+                    line += "  groups " + " ".join("[" + ",".join(map(str, g)) + "]" for g in L.groups(d))
+                out.append(line)
+            if self.world_size <= MAX_GROUP_LISTING:
+                out.append("  data: " + ", ".join(f"rank {r} reads shard {L.dp_rank(r)}" for r in range(self.world_size)))
+        out.append("strategies (in the order applied):")
+        for name, phase, p in self.strategies:
+            if p is None:
+                out.append(f"  {name} [{phase}]: no plan (applies to the whole model)")
+                continue
+            mods = ", ".join(p.modules[:8]) + (f", ... ({len(p.modules)} in all)" if len(p.modules) > 8 else "")
+            out.append(f"  {name} [{phase}]: {p.note}" + (f"; wraps {mods}" if p.modules else ""))
+        if self.layout_ok:
+            out.append(
+                f"memory per rank: parameters {_fmt(self.param_bytes_per_rank)}, gradients {_fmt(self.param_bytes_per_rank)}, "
+                f"AdamW states {_fmt(self.optimizer_bytes_per_rank)} ({self.params:,} parameters, {_fmt(self.total_param_bytes)} unsharded)"
+            )
+        if self.violations:
+            out.append(f"{len(self.violations)} violated constraint(s):")
+            out.extend(f"  {v}" for v in self.violations)
+        else:
+            out.append("ok: no violated constraints")
+        return "\n".join(out)
+
+
+def _fmt(n: int) -> str:
+    return f"{n:,} B ({n / 2**20:.2f} MiB)"
+
+
+def _per_rank_numel(shape: tuple[int, ...], splits: list[int]) -> int:
+    """Elements one rank holds after dim 0 is split ``ways`` for each of ``splits`` in turn (FSDP2
+    and ``Shard(0)`` pad the last chunk, so a rank holds ``ceil(dim0 / ways)`` rows)."""
+    if not shape:
+        return 1
+    d0 = shape[0]
+    for ways in splits:
+        d0 = math.ceil(d0 / ways)
+    return d0 * math.prod(shape[1:])
+
+
+def _planned_layout(parallel: Any, world_size: int) -> tuple[MeshLayout, list[tuple[str, str]]]:
+    raw = {d: int(getattr(parallel, d)) for d in MESH_DIMS}
+    errors = layout_errors(raw, world_size)
+    if not errors:
+        return MeshLayout.from_config(parallel, world_size), []
+    # still check the model against the sizes that were given (-1 read as 1)
+    return MeshLayout(world_size, {d: (v if v > 0 else 1) for d, v in raw.items()}), errors
+
+
+def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
+    """Check and size ``cfg``'s parallel layout on ``world_size`` ranks (no process group).
+
+    Raises:
+        RegistryError: a component or strategy cannot be resolved.
+    """
+    import torch
+
+    from omnicore.distributed.state import ParallelState
+    from omnicore.model.build import build_omni_model
+    from omnicore.registry import registry_for
+
+    registry = registry or registry_for(cfg)
+    layout, errors = _planned_layout(cfg.parallel, world_size)
+    report = PlanReport(world_size, layout, not errors)
+    report.violations += [Violation(f, m) for f, m in errors]
+    state = ParallelState(0, world_size, 0, torch.device("meta"), None, layout)
+    strategies = build_strategies(cfg.parallel, registry, world_size > 1)
+    with torch.device("meta"):
+        model, _ = build_omni_model(cfg, registry)
+    report.violations += validate(model, state, strategies)
+
+    prior: dict[str, list[tuple[str, int]]] = {}
+    for name, s in strategies:
+        p = s.plan(model, state, prior) if hasattr(s, "plan") else None
+        report.strategies.append((name, phase_of(s), p))
+        for pname, split in (p.shards.items() if p else ()):
+            prior.setdefault(pname, []).append(split)
+    for pname, param in model.named_parameters():
+        n_rank = _per_rank_numel(tuple(param.shape), [w for _, w in prior.get(pname, [])])
+        report.params += param.numel()
+        report.total_param_bytes += param.numel() * param.element_size()
+        report.param_bytes_per_rank += n_rank * param.element_size()
+        if param.requires_grad:
+            report.optimizer_bytes_per_rank += n_rank * ADAMW_STATE_BYTES
+    return report
