@@ -9,6 +9,7 @@ by the global number of targets.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,25 @@ class OmniModel(nn.Module):
         self.encoders = nn.ModuleDict(encoders)
         self.decoders = nn.ModuleDict(decoders)
         self.token_ids = token_ids
+        self._sequence_hooks: OrderedDict[int, Any] = OrderedDict()
+
+    def register_sequence_hook(self, hook: Any) -> Any:
+        """Call ``hook(model, seq) -> seq`` in :meth:`forward` after the media embeddings are merged
+        and before the foundation runs: the sharding point of sequence parallelism.
+
+        ``seq`` holds, for the whole packed row: ``inputs_embeds`` ``[1, T, H]``, ``position_ids`` and
+        ``labels`` ``[1, T]`` (labels already shifted), ``decoder_labels`` (modality -> ``[1, T]``,
+        the code each position's hidden state predicts, ``-100`` elsewhere) and
+        ``foundation_kwargs`` (extra keyword arguments for the foundation's forward; transformers
+        passes them down to the attention functions). A hook returns the same keys, possibly
+        sliced to this rank's part of the sequence; the losses are then sums over that part.
+        Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        from torch.utils.hooks import RemovableHandle
+
+        handle = RemovableHandle(self._sequence_hooks)
+        self._sequence_hooks[handle.id] = hook
+        return handle
 
     def blocks(self) -> list[nn.Module]:
         """The foundation's repeated transformer blocks (the FSDP2 / checkpointing unit)."""
@@ -116,19 +136,28 @@ class OmniModel(nn.Module):
             encoder_inputs / decoder_inputs: modality -> collated features.
         """
         embeds, codes, dummy = self.embed(input_ids, encoder_inputs or {}, decoder_inputs or {}, wheres)
-        # No attention mask: transformers builds a block-diagonal causal mask from position_ids.
-        hidden = self.lm.base_model(inputs_embeds=embeds, position_ids=position_ids, use_cache=False).last_hidden_state
-        logits = self.lm.get_output_embeddings()(hidden).float()
-        text_sum = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=IGNORE_INDEX, reduction="sum")
-        n = int((labels != IGNORE_INDEX).sum())
-        dec_sums: dict[str, torch.Tensor] = {}
+        dec_labels: dict[str, torch.Tensor] = {}
         for m, c in codes.items():
             mask = input_ids == self.token_ids["decoder"][m]
             pred = torch.zeros_like(mask)
             pred[:, :-1] = mask[:, 1:]  # the hidden state before each code position predicts that code
-            dec_logits = self.decoders[m].head(hidden[pred]).float()
-            dec_sums[m] = F.cross_entropy(dec_logits, c, reduction="sum")
-            n += int(c.shape[0])
+            dec_labels[m] = torch.full_like(input_ids, IGNORE_INDEX).masked_scatter(pred, c)
+        seq: dict[str, Any] = {"inputs_embeds": embeds, "position_ids": position_ids, "labels": labels, "decoder_labels": dec_labels, "foundation_kwargs": {}}
+        for hook in list(self._sequence_hooks.values()):
+            seq = hook(self, seq)
+        labels = seq["labels"]
+        # No attention mask: transformers builds a block-diagonal causal mask from position_ids.
+        hidden = self.lm.base_model(inputs_embeds=seq["inputs_embeds"], position_ids=seq["position_ids"], use_cache=False, **seq["foundation_kwargs"]).last_hidden_state
+        logits = self.lm.get_output_embeddings()(hidden).float()
+        text_sum = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+        n = int((labels != IGNORE_INDEX).sum())
+        dec_sums: dict[str, torch.Tensor] = {}
+        dec_counts: dict[str, int] = {}
+        for m, lab in seq["decoder_labels"].items():
+            sel = lab != IGNORE_INDEX
+            dec_logits = self.decoders[m].head(hidden[sel]).float()
+            dec_sums[m] = F.cross_entropy(dec_logits, lab[sel], reduction="sum")
+            dec_counts[m] = int(sel.sum())
+            n += dec_counts[m]
         loss = text_sum + sum(dec_sums.values(), torch.zeros((), device=text_sum.device)) + dummy.float()
-        dec_counts = {m: int(c.shape[0]) for m, c in codes.items()}
         return ModelOutput(loss, n, text_sum.detach(), {k: v.detach() for k, v in dec_sums.items()}, logits if return_logits else None, dec_counts)

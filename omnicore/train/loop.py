@@ -7,6 +7,9 @@ step) -> metrics -> checkpoints -> export.
 Loss normalisation: each micro-batch returns the *sum* of its target losses. Every rank adds up the
 target counts of its micro-batches, one all-reduce gives the global count ``N`` of the step, and
 each micro-batch backpropagates ``loss_sum * dp / N`` (FSDP2 averages gradients over ``dp`` ranks).
+With sequence parallelism several ranks share one micro-batch (the strategy's ``data_split``), each
+returning the loss sum of its part of the sequence; counts from the data are divided by that
+replication so ``N`` stays the global count.
 So gradient accumulation and more ranks give the gradients of one big batch, and a micro-batch
 without targets contributes exactly zero.
 """
@@ -111,7 +114,15 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     # (parallel.strategies, or parallel.strategy with auto resolved; applied in phase order, see
     # omnicore.distributed.parallelize)
     model = model.to(state.device)
-    model = parallelize(model, state, build_strategies(cfg.parallel, registry, state.distributed))
+    strategies = build_strategies(cfg.parallel, registry, state.distributed)
+    model = parallelize(model, state, strategies)
+    strategy = next((s for _, s in strategies if hasattr(s, "data_split")), None)
+    # Which micro-batches this rank reads: a strategy that splits each micro-batch over several ranks
+    # (sequence parallelism) answers data_split(state) -> (index, count) of this rank's data group;
+    # by default every rank reads its own. `replicas` ranks see each micro-batch.
+    data_split = getattr(strategy, "data_split", None)
+    data_rank, data_size = data_split(state) if data_split is not None else (state.dp_rank, state.dp_size)
+    replicas = state.world_size // data_size
 
     optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.min_lr_ratio))
@@ -134,12 +145,13 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
 
     # ---- the loop ------------------------------------------------------------------------------
     model.train()
+    # dp: the ranks gradients are averaged over (FSDP2's group, or a strategy's own all-reduce)
     accum, dp = cfg.train.grad_accum, state.world_size
     for step in range(start, cfg.train.max_steps):
         t0 = time.perf_counter()
-        micro = [collate(mb, processor.encoders, processor.decoders) for mb in stream.iter_step(step, accum, state.dp_rank, state.dp_size)]
+        micro = [collate(mb, processor.encoders, processor.decoders) for mb in stream.iter_step(step, accum, data_rank, data_size)]
         # one all-reduce gives the step's global target count (the loss denominator)
-        n_global = state.all_reduce_sum(sum(mb.n_targets for mb in micro))
+        n_global = state.all_reduce_sum(sum(mb.n_targets for mb in micro)) / replicas
         scale = dp / max(n_global, 1.0)
         loss_sum = torch.zeros((), dtype=torch.float64)
         part_sums: dict[str, float] = {}  # per-part loss sums, for the metrics only
@@ -149,13 +161,13 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
             out = model(**_to_device(vars(mb), state.device))
             (out.loss_sum * scale).backward()
             loss_sum += out.loss_sum.detach().double().cpu()
-            n_text = int((mb.labels != -100).sum())
+            n_text = out.n_targets - sum(out.decoder_targets.values())  # this rank's part of the micro-batch
             parts = {"text": (float(out.text_loss_sum), n_text)}
             parts.update({f"decoder.{m}": (float(v), out.decoder_targets[m]) for m, v in out.decoder_loss_sums.items()})
             for k, (v, c) in parts.items():
                 part_sums[k] = part_sums.get(k, 0.0) + v
                 part_counts[k] = part_counts.get(k, 0) + c
-            tokens += mb.num_tokens
+            tokens += mb.num_tokens / replicas
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
@@ -172,10 +184,10 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
             "loss": loss,
             "lr": lr,
             "grad_norm": float(grad_norm),
-            "targets": int(n_global),
-            "tokens": int(tokens_global),
+            "targets": int(round(n_global)),
+            "tokens": int(round(tokens_global)),
             "tokens_per_s": tokens_global / dt,
-            "epoch": stream.epoch_of((step + 1) * accum * dp),
+            "epoch": stream.epoch_of((step + 1) * accum * data_size),
         }
         for k in sorted(set(part_sums) | {"text", *(f"decoder.{m}" for m in processor.decoders)}):
             n_part = state.all_reduce_sum(part_counts.get(k, 0))
@@ -191,7 +203,7 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
         last = step + 1 == cfg.train.max_steps
         stop = cfg.train.stop_after is not None and step + 1 >= cfg.train.stop_after
         if last or stop or (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0):
-            save_checkpoint(ckpt_root, step + 1, model, optimizer, scheduler, {"micro_batches": (step + 1) * accum * dp, "seed": cfg.run.seed}, state, cfg.train.keep_checkpoints)
+            save_checkpoint(ckpt_root, step + 1, model, optimizer, scheduler, {"micro_batches": (step + 1) * accum * data_size, "seed": cfg.run.seed}, state, cfg.train.keep_checkpoints)
         if stop and not last:
             log(f"stopped after step {step + 1} (train.stop_after); continue with --resume")
             break

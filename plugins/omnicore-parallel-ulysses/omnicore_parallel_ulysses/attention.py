@@ -1,0 +1,150 @@
+"""Ulysses attention (Jacobs et al. 2023, "DeepSpeed Ulysses"), installed through transformers'
+attention-function registry: no edits to model code.
+
+Each rank holds a contiguous slice of the (padded) sequence. Around the attention core, q, k and v
+``[B, heads, T/sp, D]`` are exchanged by all-to-all into ``[B, heads/sp, T, D]`` (the full sequence
+for a slice of the heads), attention runs on the full sequence, and the output goes back the same
+way. The packed-sample causal mask is built from the *global* position_ids, which the sequence hook
+passes down as the keyword argument :data:`POSITION_IDS_KWARG`; transformers forwards it from the
+foundation's ``forward`` to the attention function.
+
+State is per module: the sequence-parallel group lives on each foundation attention module
+(``module.omnicore_ulysses``, an :class:`SPState`). Modules without it (encoders) or calls without
+the global position_ids (generation) run stock sdpa.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from types import MethodType
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torch.distributed as dist
+
+from omnicore_parallel_ulysses.comm import all_to_all, start_all_to_all
+
+ATTN_IMPLEMENTATION = "omnicore_ulysses"
+POSITION_IDS_KWARG = "ulysses_position_ids"
+
+
+@dataclass
+class SPState:
+    """The sequence-parallel group of one attention module: its process group, size and this rank."""
+
+    group: Any
+    size: int
+    rank: int
+
+    def to_heads(self, x: torch.Tensor, pending: Any = None) -> torch.Tensor:
+        """``[B, h, T/sp, D]`` -> ``[B, h/sp, T, D]``."""
+        return all_to_all(x, self.group, 1, 2, pending)
+
+    def to_sequence(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, h/sp, T, D]`` -> ``[B, h, T/sp, D]``."""
+        return all_to_all(x, self.group, 2, 1)
+
+    def expand_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """GQA with fewer KV heads than ranks: repeat each KV head ``sp / kv`` times so every rank
+        gets one (a q head ``h`` keeps its KV head ``h // (H / kv)``)."""
+        kv = x.shape[1]
+        if kv % self.size == 0:
+            return x
+        return x.repeat_interleave(self.size // kv, dim=1)
+
+
+def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean ``[B, 1, T, T]``: causal within each packed sample (a sample starts wherever
+    position_ids do not continue by one, as in transformers' ``find_packed_sequence_indices``)."""
+    first = position_ids[:, :1] - 1
+    sample = (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+    t = position_ids.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=position_ids.device).tril()
+    return ((sample[:, :, None] == sample[:, None, :]) & causal).unsqueeze(1)
+
+
+def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_ids: torch.Tensor, dropout: float, scaling: float | None) -> torch.Tensor:
+    """sdpa on head-sharded, full-sequence q/k/v; repeats KV heads for the local q heads."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    mask = packed_causal_mask(position_ids)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
+
+
+def ulysses_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, dropout: float = 0.0, scaling: float | None = None, **kwargs: Any):
+    """The registered attention function (transformers' signature): returns ``([B, T/sp, H, D], None)``."""
+    position_ids = kwargs.pop(POSITION_IDS_KWARG, None)
+    state = getattr(module, "omnicore_ulysses", None)
+    if state is None or position_ids is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if kwargs.get("sliding_window") is not None:
+        raise NotImplementedError("ulysses: sliding-window attention layers are not supported")
+    q = state.to_heads(query)
+    k = state.to_heads(state.expand_kv(key))
+    v = state.to_heads(state.expand_kv(value))
+    out = core_attention(q, k, v, position_ids, dropout, scaling)
+    return state.to_sequence(out).transpose(1, 2).contiguous(), None
+
+
+def register_attention() -> None:
+    """Register the attention function and its mask function (stock sdpa's, so that a call without
+    Ulysses, such as generation, gets the usual mask). Idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, ulysses_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+
+
+# ---- Async-Ulysses: the all-to-alls overlap the projections --------------------------------------
+
+
+def _project(module: Any, name: str, norm: str, hidden_states: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    x = getattr(module, name)(hidden_states).view(shape)
+    n = getattr(module, norm, None)  # Qwen3-style per-head q_norm / k_norm
+    return (n(x) if n is not None else x).transpose(1, 2)
+
+
+def async_attention_forward(self: Any, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor], attention_mask: Any = None, *args: Any, **kwargs: Any):
+    """A foundation attention module's forward (bound per instance) that starts the all-to-all of
+    q while k and v are projected, and that of k while v is projected; the numbers are those of
+    :func:`ulysses_attention`. Without the global position_ids it runs the module's own forward."""
+    position_ids = kwargs.get(POSITION_IDS_KWARG)
+    state: SPState = self.omnicore_ulysses
+    if position_ids is None:
+        return type(self).forward(self, hidden_states, position_embeddings, attention_mask, *args, **kwargs)
+    if getattr(self, "sliding_window", None) is not None:
+        raise NotImplementedError("async_ulysses: sliding-window attention layers are not supported")
+    rope = sys.modules[type(self).__module__].apply_rotary_pos_emb
+    cos, sin = position_embeddings
+    input_shape = hidden_states.shape[:-1]
+    shape = (*input_shape, -1, self.head_dim)
+    q = rope(*(2 * (_project(self, "q_proj", "q_norm", hidden_states, shape),)), cos, sin)[0]
+    q_pending = start_all_to_all(q, state.group, 1, 2, async_op=True)  # runs during the k and v projections
+    k = state.expand_kv(rope(*(2 * (_project(self, "k_proj", "k_norm", hidden_states, shape),)), cos, sin)[0])
+    k_pending = start_all_to_all(k, state.group, 1, 2, async_op=True)  # runs during the v projection
+    v = state.expand_kv(_project(self, "v_proj", "v_norm", hidden_states, shape))
+    v_pending = start_all_to_all(v, state.group, 1, 2, async_op=True)
+    qh, kh, vh = state.to_heads(q, q_pending), state.to_heads(k, k_pending), state.to_heads(v, v_pending)
+    dropout = 0.0 if not self.training else getattr(self, "attention_dropout", 0.0)
+    out = core_attention(qh, kh, vh, position_ids, dropout, self.scaling)
+    out = state.to_sequence(out).transpose(1, 2).reshape(*input_shape, -1).contiguous()
+    return self.o_proj(out), None
+
+
+def install_async(module: Any) -> None:
+    """Bind :func:`async_attention_forward` as this module's forward (the class is untouched)."""
+    module.forward = MethodType(async_attention_forward, module)
+
+
+def attention_modules(lm: Any) -> list[Any]:
+    """The foundation's self-attention modules: those with q/k/v/o projections and a head_dim."""
+    need = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim")
+    return [m for m in lm.modules() if all(hasattr(m, a) for a in need)]
+
+

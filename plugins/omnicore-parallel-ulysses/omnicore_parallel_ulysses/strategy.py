@@ -1,0 +1,186 @@
+"""The parallel strategies ``ulysses`` and ``async_ulysses``.
+
+``apply(model, mesh)``:
+
+1. finds the sequence-parallel group: the mesh's ``sp`` dim when the mesh has one, otherwise groups
+   of ``options.sp`` consecutive ranks built from the world (default: every rank in one group);
+2. checks the foundation's heads against it (q heads divisible by ``sp``; KV heads divisible by
+   ``sp``, or ``sp`` divisible by the KV heads, which are then replicated);
+3. stores an :class:`~omnicore_parallel_ulysses.attention.SPState` on each foundation attention
+   module and switches the foundation to the registered attention function (``async_ulysses`` also
+   binds an overlapping forward to those modules); encoders keep their own attention;
+4. registers a sequence hook on the :class:`~omnicore.model.omni.OmniModel`: after the media
+   embeddings are merged, the row is padded to a multiple of ``sp`` (padding is a sample of its own
+   with ``-100`` labels) and each rank keeps its contiguous slice; the global position_ids go down
+   to the attention function;
+5. averages the gradients of parameters that no FSDP2 wraps (plain tensors, not DTensors) over all
+   ranks, so that Ulysses alone gives the one-process gradient; with FSDP2, shard over
+   ``dp_shard x sp`` and FSDP2 does the averaging.
+
+The training loop reads the data split from :meth:`Ulysses.data_split`: the ranks of one SP group
+read the same micro-batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class UlyssesOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sp: int | None = Field(default=None, gt=0, description="sequence-parallel size; default: the mesh's sp dim, or every rank when the mesh has none")
+    reduce_gradients: bool = Field(
+        default=True, description="average gradients of parameters not sharded by FSDP2 over all ranks (turn off when another wrapper does it)"
+    )
+
+
+class Ulysses:
+    """Ulysses sequence parallelism (Jacobs et al. 2023) over the ``sp`` group; see the module docstring."""
+
+    mesh_dims: tuple[str, ...] = ("sp",)
+    phase = "attention"  # omnicore.distributed.parallelize: before checkpointing, compile and FSDP2
+    asynchronous = False
+
+    def __init__(self, options: dict[str, Any] | None = None):
+        self.options = UlyssesOptions.model_validate(options or {})
+        self.state: Any = None
+        self._data: tuple[int, int] | None = None
+
+    # ---- groups ----------------------------------------------------------------------------------
+
+    def _group(self, mesh: Any) -> tuple[Any, list[int]]:
+        import torch.distributed as dist
+
+        names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+        if "sp" in names:
+            group = mesh.get_group("sp")
+            ranks = dist.get_process_group_ranks(group)
+            if self.options.sp is not None and self.options.sp != len(ranks):
+                raise ValueError(f"ulysses: options.sp={self.options.sp} but the mesh's sp dim has {len(ranks)} ranks")
+            return group, ranks
+        # No sp dim in the mesh: consecutive ranks of the world form the SP groups.
+        world, rank = dist.get_world_size(), dist.get_rank()
+        sp = self.options.sp or world
+        if world % sp:
+            raise ValueError(f"ulysses: sp={sp} does not divide the world size {world}; choose sp among the divisors of {world}")
+        mine = None
+        for start in range(0, world, sp):
+            ranks = list(range(start, start + sp))
+            g = dist.new_group(ranks)  # every rank creates every group, in the same order
+            if rank in ranks:
+                mine = (g, ranks)
+        assert mine is not None
+        return mine
+
+    @staticmethod
+    def check_heads(config: Any, sp: int) -> None:
+        """Raise ``ValueError`` naming what to change when the heads do not fit ``sp``."""
+        heads = config.num_attention_heads
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        if heads % sp:
+            raise ValueError(f"ulysses: num_attention_heads={heads} is not divisible by sp={sp}; choose sp among the divisors of {heads}")
+        if kv % sp and sp % kv:
+            raise ValueError(f"ulysses: num_key_value_heads={kv} and sp={sp}: one must divide the other (KV heads are split or replicated)")
+
+    # ---- apply -----------------------------------------------------------------------------------
+
+    def apply(self, model: Any, mesh: Any) -> Any:
+        import torch.distributed as dist
+
+        from omnicore_parallel_ulysses.attention import ATTN_IMPLEMENTATION, SPState, attention_modules, install_async, register_attention
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return model  # one process: nothing to split
+        group, ranks = self._group(mesh)
+        mins: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(mins, min(ranks))
+        groups = sorted(set(mins))
+        self._data = (groups.index(min(ranks)), len(groups))
+        sp = len(ranks)
+        if sp == 1:
+            return model
+        self.check_heads(model.lm.config.get_text_config(), sp)
+        modules = attention_modules(model.lm)
+        if not modules:
+            raise ValueError(f"ulysses: found no attention modules (with q_proj, k_proj, v_proj, o_proj, head_dim) in {type(model.lm).__name__}")
+        self.state = SPState(group, sp, dist.get_rank(group))
+        register_attention()
+        model.lm.set_attn_implementation(ATTN_IMPLEMENTATION)
+        for m in modules:
+            m.omnicore_ulysses = self.state
+            if self.asynchronous:
+                install_async(m)
+        model.register_sequence_hook(SequenceShard(self.state, self.options.reduce_gradients))
+        return model
+
+    def data_split(self, state: Any) -> tuple[int, int]:
+        """``(index, count)`` of this rank's data group: the ranks of one SP group read the same data."""
+        return self._data if self._data is not None else (state.rank, state.world_size)
+
+
+class AsyncUlysses(Ulysses):
+    """Async-Ulysses: the all-to-alls of q and k overlap the k and v projections; same numbers."""
+
+    asynchronous = True
+
+
+class SequenceShard:
+    """The OmniModel sequence hook: pad the merged row to a multiple of ``sp`` and keep this rank's
+    contiguous slice; passes the global position_ids down to the attention function."""
+
+    def __init__(self, state: Any, reduce_gradients: bool):
+        self.state = state
+        self.reduce_gradients = reduce_gradients
+        self._hooked = False
+
+    def __call__(self, model: Any, seq: dict[str, Any]) -> dict[str, Any]:
+        import torch
+        import torch.nn.functional as F
+
+        from omnicore.data.chat import IGNORE_INDEX
+        from omnicore_parallel_ulysses.attention import POSITION_IDS_KWARG
+
+        if self.reduce_gradients and not self._hooked:
+            self._hook_gradients(model)
+        sp, r = self.state.size, self.state.rank
+        embeds, pos, labels = seq["inputs_embeds"], seq["position_ids"], seq["labels"]
+        dec = dict(seq["decoder_labels"])
+        t = embeds.shape[1]
+        pad = -t % sp
+        if pad:
+            # the padding is a sample of its own (positions restart at 0) with no targets
+            embeds = F.pad(embeds, (0, 0, 0, pad))
+            pos = torch.cat([pos, torch.arange(pad, device=pos.device).expand(pos.shape[0], pad)], dim=1)
+            labels = F.pad(labels, (0, pad), value=IGNORE_INDEX)
+            dec = {m: F.pad(x, (0, pad), value=IGNORE_INDEX) for m, x in dec.items()}
+        n = (t + pad) // sp
+        part = slice(r * n, (r + 1) * n)
+        return {
+            "inputs_embeds": embeds[:, part],
+            "position_ids": pos[:, part],
+            "labels": labels[:, part],
+            "decoder_labels": {m: x[:, part] for m, x in dec.items()},
+            "foundation_kwargs": {**seq["foundation_kwargs"], POSITION_IDS_KWARG: pos},
+        }
+
+    def _hook_gradients(self, model: Any) -> None:
+        """Average each plain (non-FSDP) parameter's gradient over all ranks as autograd produces it
+        (before accumulation, so gradient accumulation stays right). Registered at the first
+        forward, after every strategy has been applied."""
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        world = dist.get_world_size()
+
+        def average(grad):
+            grad = grad.contiguous()
+            dist.all_reduce(grad)
+            return grad / world
+
+        for p in model.parameters():
+            if p.requires_grad and not isinstance(p, DTensor):
+                p.register_hook(average)
+        self._hooked = True
