@@ -22,6 +22,7 @@ EXPECTED = [  # (kind, name, provider) in the order `omnicore plugins` lists the
     ("encoder", "whisper", "omnicore-audio-whisper"),
     ("decoder", "movqgan", "omnicore-image-movqgan"),
     ("foundation", "hf_causal_lm", "omnicore"),
+    ("parallel", "ep", "omnicore"),
     ("parallel", "fsdp2", "omnicore"),
     ("parallel", "none", "omnicore"),
     ("kernel", "eager", "omnicore"),

@@ -23,6 +23,7 @@ VERSION = "0.1.0"
 
 EXPECTED_INSTALLED = {
     ("foundation", "hf_causal_lm"): "omnicore",
+    ("parallel", "ep"): "omnicore",
     ("parallel", "fsdp2"): "omnicore",
     ("parallel", "none"): "omnicore",
     ("kernel", "sdpa"): "omnicore",
@@ -512,7 +513,7 @@ def test_unknown_name_suggests_close_match():
         reg.resolve("encoder", "wisper")
     with pytest.raises(RegistryError) as ei:
         reg.resolve("parallel", "zzzzzz")
-    assert str(ei.value) == "no parallel named 'zzzzzz' Known parallels: fsdp2, none."
+    assert str(ei.value) == "no parallel named 'zzzzzz' Known parallels: ep, fsdp2, none."
     with pytest.raises(RegistryError) as ei:
         reg.build("kernel", "sdpaa")
     assert "did you mean 'sdpa'?" in str(ei.value)
@@ -577,7 +578,7 @@ def test_build_with_unimportable_target(site):
 def test_adding_same_plugin_twice_is_harmless():
     reg = Registry.from_plugins([(builtin_plugin, "omnicore"), (builtin_plugin, "omnicore")])
     assert sorted((r.kind, r.name) for r in reg.rows) == sorted(
-        [("foundation", "hf_causal_lm"), ("parallel", "fsdp2"), ("parallel", "none"), ("kernel", "sdpa"), ("kernel", "eager")]
+        [("foundation", "hf_causal_lm"), ("parallel", "ep"), ("parallel", "fsdp2"), ("parallel", "none"), ("kernel", "sdpa"), ("kernel", "eager")]
     )
     assert {r.status for r in reg.rows} == {"available"}
     reg2 = Registry.discover()
@@ -609,7 +610,7 @@ def test_registries_are_independent(site):
     b = Registry.discover(entry_points=[])
     assert "fastattn" in {r.name for r in a.components()}
     assert {r.provider for r in b.rows} == {"omnicore"}
-    assert len(b.rows) == 5
+    assert len(b.rows) == 6
 
 
 # ---- (j) core API version: incompatible plugins are never imported ------------------------------

@@ -143,7 +143,7 @@ def test_isolated_registry_has_only_its_plugins(isolated_registry, toy_dist, mon
     assert [(r.kind, r.name, r.provider) for r in reg.rows] == [("encoder", "toy", "toy-provider")]
     with_builtins = isolated_registry(toy_hook, builtins=True)
     keys = sorted(r.spec.key for r in with_builtins.components())
-    assert keys == ["encoder/toy", "foundation/hf_causal_lm", "kernel/eager", "kernel/sdpa", "parallel/fsdp2", "parallel/none"]
+    assert keys == ["encoder/toy", "foundation/hf_causal_lm", "kernel/eager", "kernel/sdpa", "parallel/ep", "parallel/fsdp2", "parallel/none"]
     # discovery would also find siglip, whisper and movqgan: the isolated one does not
     assert "siglip" not in {r.name for r in with_builtins.rows}
 

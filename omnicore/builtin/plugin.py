@@ -34,6 +34,12 @@ def omnicore_parallel_strategies() -> list[ComponentSpec]:
         ),
         ComponentSpec(
             kind="parallel",
+            name="ep",
+            target="omnicore.parallel.expert:ExpertParallel",
+            description="expert parallelism: MoE experts Shard(0) over ep, tokens dispatched/combined by all-to-all (transformers experts registry)",
+        ),
+        ComponentSpec(
+            kind="parallel",
             name="none",
             target="omnicore.builtin.parallel:NoParallel",
             description="one process, no sharding (the reference every strategy is compared with)",
