@@ -25,7 +25,7 @@ def model_config_from_export(export_dir: str | Path) -> ModelConfig:
     """The ``model:`` section written by an export, with its relative checkpoint paths made absolute."""
     import yaml
 
-    export_dir = Path(export_dir)
+    export_dir = Path(export_dir).resolve()  # absolute: component paths must not depend on the config's folder
     path = export_dir / "omnicore.yaml"
     if not path.is_file():
         from omnicore.checkpoint.dcp import CheckpointError

@@ -120,3 +120,19 @@ def test_export_loads_with_transformers_and_matches_checkpoint(one_process_run, 
     reloaded, _ = build_omni_model(Config.model_validate(dict(cfg, model=mcfg.model_dump())))
     for name, p in trained.state_dict().items():
         assert torch.equal(p, reloaded.state_dict()[name]), name
+
+
+def test_eval_cli_with_relative_export_path(one_process_run, digits_jsonl, tmp_path):
+    """`omnicore eval CONFIG --export RELATIVE` resolves the export against the current directory
+    (not the config's folder) and prints one accuracy line per task."""
+    run1, cfg = one_process_run
+    cfg2 = json.loads(json.dumps(cfg))
+    cfg2["data"]["eval"] = str(digits_jsonl / "eval.jsonl")
+    conf_dir = tmp_path / "configs"
+    conf_dir.mkdir()
+    path = _write_cfg(conf_dir / "cfg.yaml", cfg2)
+    rel = os.path.relpath(run1 / "export", run1.parent.parent)
+    out = _omnicore("eval", str(path), "--export", rel, "--limit", "6", cwd=run1.parent.parent).stdout
+    lines = [line for line in out.splitlines() if "accuracy" in line]
+    assert [line.split(":")[0] for line in lines] == ["image_to_text", "audio_to_text", "overall"]
+    assert lines[-1].endswith("/6)")
