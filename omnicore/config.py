@@ -179,19 +179,40 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
-def format_errors(exc: ValidationError, source: str) -> str:
-    """Turn pydantic errors into ``FILE: dotted.key: message`` lines, with closest-key hints."""
+def _dotted_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
+    out = set()
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        out.add(key)
+        if isinstance(v, dict):
+            out |= _dotted_keys(v, key + ".")
+    return out
+
+
+def format_errors(exc: ValidationError, source: str, overrides: dict[str, Any] | None = None) -> str:
+    """Turn pydantic errors into ``FILE: dotted.key: message`` lines, with closest-key hints.
+
+    An error in a key given as a command-line override names ``command line (--dotted.key)``
+    instead of the file.
+    """
     lines = []
+    given = _dotted_keys(overrides or {})
     for err in exc.errors():
         loc = tuple(err["loc"])
         dotted = ".".join(str(x) for x in loc)
+        where = source
+        for n in range(len(loc), 0, -1):
+            key = ".".join(str(x) for x in loc[:n])
+            if key in given:
+                where = f"command line (--{key})"
+                break
         if err["type"] == "extra_forbidden":
             msg = "unknown key" + _closest(str(loc[-1]), _model_at(loc))
         elif err["type"] == "missing":
             msg = "required key is missing"
         else:
             msg = err["msg"]
-        lines.append(f"{source}: {dotted}: {msg}")
+        lines.append(f"{where}: {dotted}: {msg}")
     return "\n".join(lines)
 
 
@@ -263,6 +284,6 @@ def load_config(path: str | Path, overrides: list[str] | dict[str, Any] | None =
     try:
         cfg = Config.model_validate(merged)
     except ValidationError as exc:
-        raise ConfigError(format_errors(exc, str(path))) from exc
+        raise ConfigError(format_errors(exc, str(path), extra)) from exc
     cfg.source = str(path)
     return cfg

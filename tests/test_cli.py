@@ -268,7 +268,7 @@ def test_train_misspelt_override_exits_2_with_one_line(tmp_path):
     r = run(COMMANDS["module"] + ["train", "config.yaml", "--run.sed", "3"], tmp_path, timeout=120)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines() == ["error: config.yaml: run.sed: unknown key; did you mean 'seed'?"]
+    assert r.stderr.strip().splitlines() == ["error: command line (--run.sed): run.sed: unknown key; did you mean 'seed'?"]
 
 
 def test_train_missing_config_file_exits_2(tmp_path):

@@ -163,17 +163,17 @@ def test_parse_overrides_shapes():
 
 def test_override_with_unknown_key_errors_like_the_file(tmp_path):
     p = write(tmp_path, BASE)
-    assert error_of(p, ["--train.max_step", "5"]) == f"{p}: train.max_step: unknown key; did you mean 'max_steps'?"
-    assert error_of(p, ["--trian.max_steps=5"]) == f"{p}: trian: unknown key; did you mean 'train'?"
+    assert error_of(p, ["--train.max_step", "5"]) == "command line (--train.max_step): train.max_step: unknown key; did you mean 'max_steps'?"
+    assert error_of(p, ["--trian.max_steps=5"]) == "command line (--trian): trian: unknown key; did you mean 'train'?"
     assert error_of(p, ["--model.encoders.audio.optoins.pool", "2"]) == (
-        f"{p}: model.encoders.audio.optoins: unknown key; did you mean 'options'?"
+        "command line (--model.encoders.audio.optoins): model.encoders.audio.optoins: unknown key; did you mean 'options'?"
     )
 
 
 def test_override_with_bad_value(tmp_path):
     p = write(tmp_path, BASE)
     msg = error_of(p, ["--train.max_steps", "0"])
-    assert msg == f"{p}: train.max_steps: Input should be greater than 0"
+    assert msg == "command line (--train.max_steps): train.max_steps: Input should be greater than 0"
 
 
 # ---- file-level errors ------------------------------------------------------------------------

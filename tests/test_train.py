@@ -136,3 +136,15 @@ def test_eval_cli_with_relative_export_path(one_process_run, digits_jsonl, tmp_p
     lines = [line for line in out.splitlines() if "accuracy" in line]
     assert [line.split(":")[0] for line in lines] == ["image_to_text", "audio_to_text", "overall"]
     assert lines[-1].endswith("/6)")
+
+
+def test_fresh_run_into_a_used_output_dir_is_refused(one_process_run, tmp_path):
+    """Training again into a folder with checkpoints neither overwrites them nor appends to their
+    metrics: it stops with a message that says how to continue."""
+    run1, cfg = one_process_run
+    before = (run1 / "metrics.jsonl").read_text()
+    path = _write_cfg(tmp_path / "cfg.yaml", cfg)
+    proc = subprocess.run([sys.executable, "-m", "omnicore", "train", str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: {run1 / 'checkpoints'} already holds a run (latest: step-{STEPS:08d}); continue it with --resume, or pick another --run.output_dir"
+    assert (run1 / "metrics.jsonl").read_text() == before

@@ -89,9 +89,10 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     Raises:
         SampleError: a bad training sample (``FILE:LINE: ...``) when ``data.on_error`` is ``raise``.
         RegistryError: a component or strategy cannot be resolved.
-        CheckpointError: ``resume`` with no usable checkpoint.
+        CheckpointError: ``resume`` with no usable checkpoint, or a fresh run into an output folder
+            that already holds one.
     """
-    from omnicore.checkpoint.dcp import latest_checkpoint, load_checkpoint, save_checkpoint
+    from omnicore.checkpoint.dcp import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
     from omnicore.checkpoint.export import export_model
     from omnicore.model.build import build_omni_model
 
@@ -99,6 +100,12 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
     out_dir = Path(cfg.run.output_dir)
     log = print if state.is_main else (lambda *a, **k: None)
+    ckpt_root = out_dir / "checkpoints"
+    if not resume and (ckpt_root / "latest").is_file():
+        raise CheckpointError(
+            f"{ckpt_root} already holds a run (latest: {(ckpt_root / 'latest').read_text().strip()}); "
+            "continue it with --resume, or pick another --run.output_dir"
+        )
 
     # ---- model and data ------------------------------------------------------------------------
     model, tokenizer = build_omni_model(cfg, registry)
@@ -127,7 +134,6 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.min_lr_ratio))
     start = 0
-    ckpt_root = out_dir / "checkpoints"
     if resume:
         meta = load_checkpoint(latest_checkpoint(ckpt_root), model, optimizer, scheduler, state)
         start = meta["step"]
@@ -136,6 +142,8 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     metrics_path = out_dir / "metrics.jsonl"
     if state.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh metrics file
     history: list[dict[str, Any]] = []
     bar = None
     if state.is_main and cfg.train.progress:

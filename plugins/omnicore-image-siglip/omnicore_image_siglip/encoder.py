@@ -355,8 +355,9 @@ class SiglipImageEncoder(nn.Module):
         pixel_values = pixel_values.to(self.projector[0].weight.device)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
             hidden = self.tower(pixel_values=pixel_values).last_hidden_state  # [B, N, D]
-        out = self.projector(hidden)  # [B, N, H]
-        return out.reshape(-1, out.shape[-1])
+        # flatten before projecting, so the output is a fresh tensor rather than a view (FSDP2 warns
+        # that in-place ops on a module's view output can corrupt gradients)
+        return self.projector(hidden.reshape(-1, hidden.shape[-1]))  # [B * N, H]
 
     def dummy_batch(self) -> dict[str, torch.Tensor]:
         """One all-zero image (mid-grey after normalisation), ``{"pixel_values": [1, 3, S, S]}`` on CPU."""
