@@ -96,7 +96,8 @@ class ChatProcessor:
         self.dec_ids = {m: ids(decoder_token(m)) for m in decoders}
         self.reserved = set(self.enc_ids.values()) | set(self.dec_ids.values()) | set(self.dec_start_ids.values())
         unk = tokenizer.unk_token_id
-        missing = [t for t, i in zip(special_tokens(list(encoders), list(decoders)), map(ids, special_tokens(list(encoders), list(decoders)))) if i is None or (unk is not None and i == unk)]
+        needed = special_tokens(list(encoders), list(decoders))
+        missing = [t for t in needed if ids(t) is None or (unk is not None and ids(t) == unk)]
         if missing:
             raise ValueError(f"tokenizer lacks the special tokens {missing}; build it with omnicore.model.build.prepare_tokenizer")
 
