@@ -117,3 +117,33 @@ def test_strategies_are_ordered_by_phase_not_list_order():
     bad = type("Bad", (), {"phase": "whenever"})()
     with pytest.raises(ParallelizeError, match="declares phase 'whenever'; phases are attention, experts, checkpointing, compile, sharding"):
         phase_of(bad)
+
+
+def test_ep_without_a_sharding_strategy(capsys, tmp_path):
+    """EP alone would leave the dense gradients of the ep ranks unreduced: refused, naming fsdp2."""
+    moe = dict(TINY_MOE, num_experts=4)
+    rc, out = _plan(capsys, tmp_path, {"dp_shard": 1, "ep": 2, "strategies": ["ep"]}, 2, lm=moe)
+    assert rc == 2
+    want = (
+        "parallel.strategies: 'ep' splits the experts over parallel.ep = 2, but no sharding strategy reduces the dense (non-expert) "
+        "gradients over the ep ranks, which read different samples (strategies: ep); add fsdp2 to parallel.strategies"
+    )
+    assert want in out
+    assert "1 violated constraint(s)" in out
+    rc, out = _plan(capsys, tmp_path, {"dp_shard": 1, "ep": 2, "strategies": ["ep", "fsdp2"]}, 2, lm=moe)
+    assert rc == 0, out
+    assert "ok: no violated constraints" in out
+
+
+def test_parallelize_refuses_ep_without_a_sharding_strategy():
+    """The same check at apply time (parallelize validates before it changes anything)."""
+    from types import SimpleNamespace
+
+    from omnicore.distributed.mesh import MeshLayout
+    from omnicore.distributed.parallelize import ParallelizeError, parallelize
+    from omnicore.parallel.expert import ExpertParallel
+
+    layout = MeshLayout(2, {"dp_replicate": 1, "dp_shard": 1, "ep": 2, "sp": 1})
+    state = SimpleNamespace(size=layout.size, world_size=2)
+    with pytest.raises(ParallelizeError, match="add fsdp2 to parallel.strategies"):
+        parallelize(object(), state, [("ep", ExpertParallel({}))])

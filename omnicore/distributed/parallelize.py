@@ -131,6 +131,7 @@ def validate(model_or_config: Any, state: Any, strategies: list[tuple[str, Any]]
             names = ", ".join(n for n, _ in strategies) or "none"
             out.append(Violation(f"parallel.{d}", f"is {state.size(d)} but no strategy uses the {d!r} dim (strategies: {names}); {_DIM_HINTS[d]}"))
     out.extend(model_violations(model_or_config, state))
+    out.extend(_unreduced_dense_gradients(state, strategies))
     for name, s in strategies:
         check = getattr(s, "validate", None)
         if check is not None:
@@ -138,6 +139,29 @@ def validate(model_or_config: Any, state: Any, strategies: list[tuple[str, Any]]
                 out.append(v if isinstance(v, Violation) else Violation("parallel", str(v), name))
     seen: set[str] = set()
     return [v for v in out if not (str(v) in seen or seen.add(str(v)))]  # type: ignore[func-returns-value]
+
+
+_SHARD_DIMS = frozenset({"dp_replicate", "dp_shard", "fsdp", "dp_shard_sp"})
+
+
+def _unreduced_dense_gradients(state: Any, strategies: list[tuple[str, Any]]) -> list[Violation]:
+    """An expert-parallel strategy (one that uses the ``ep`` dim, size above 1) with no sharding
+    strategy over the data-parallel dims: the ep ranks read different samples, and only the expert
+    weights' gradients are combined (by the all-to-alls); the dense parameters' gradients would
+    stay per-rank, and the ranks would silently train apart."""
+    if state.size("ep") <= 1:
+        return []
+    ep = [n for n, s in strategies if "ep" in getattr(s, "mesh_dims", ())]
+    sharding = [n for n, s in strategies if phase_of(s) == "sharding" and _SHARD_DIMS & set(getattr(s, "mesh_dims", ()))]
+    if not ep or sharding:
+        return []
+    names = ", ".join(n for n, _ in strategies)
+    return [Violation(
+        "parallel.strategies",
+        f"{ep[0]!r} splits the experts over parallel.ep = {state.size('ep')}, but no sharding strategy reduces the dense (non-expert) "
+        f"gradients over the ep ranks, which read different samples (strategies: {names}); add fsdp2 to parallel.strategies",
+        ep[0],
+    )]
 
 
 def _foundation_config(model: Any) -> Any:

@@ -169,9 +169,17 @@ class SequenceShard:
     def _hook_gradients(self, model: Any) -> None:
         """Average each plain (non-FSDP) parameter's gradient over all ranks as autograd produces it
         (before accumulation, so gradient accumulation stays right). Registered at the first
-        forward, after every strategy has been applied."""
+        forward, after every strategy has been applied.
+
+        Parameters inside a ``fully_shard``-ed module are FSDP2's to reduce, even those that are
+        plain tensors right now: this hook runs inside the root's forward, when FSDP2 has already
+        swapped the root group's DTensor shards for unsharded plain parameters (hooking those would
+        all-reduce the embeddings and LM head twice per step)."""
         import torch.distributed as dist
+        from torch.distributed.fsdp import FSDPModule
         from torch.distributed.tensor import DTensor
+
+        managed = {id(p) for m in model.modules() if isinstance(m, FSDPModule) for p in m.parameters()}
 
         world = dist.get_world_size()
 
@@ -181,6 +189,6 @@ class SequenceShard:
             return grad / world
 
         for p in model.parameters():
-            if p.requires_grad and not isinstance(p, DTensor):
+            if p.requires_grad and not isinstance(p, DTensor) and id(p) not in managed:
                 p.register_hook(average)
         self._hooked = True
