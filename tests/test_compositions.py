@@ -2,13 +2,18 @@
 
 FSDP+SP+EP: the tiny, unmodified transformers Qwen3-MoE of ``test_expert_parallel`` (4 experts,
 top-2, forced routing in layers 0 and 1: an expert with no tokens, duplicate experts in a top-2)
-inside an :class:`OmniModel`, on 4 processes as ``dp_shard 1 x ep 2 x sp 2`` with the strategies
+inside an :class:`OmniModel`, on 4 processes (one run) as ``dp_shard 1 x ep 2 x sp 2`` with the strategies
 ``[ulysses, ep, fsdp2]``:
 
 * the two ep ranks of a pair read different rows (2 packed rows of 8 tokens each), and the two sp
   ranks of a group split those 16 tokens (Ulysses all-to-alls around attention);
 * experts are ``Shard(0)`` over ``ep`` and ``fully_shard``-ed over ``dp_shard_sp`` (the sp pair);
 * every dense parameter is FSDP2-sharded over ``fsdp`` = ``dp_shard x ep x sp`` (all 4 ranks).
+
+The same run then does FSDP+SP with two data groups, ``dp_shard 2 x sp 2`` and ``[ulysses, fsdp2]``
+(the experts run unsplit on every rank). The forced routing picks experts by a token's index modulo
+the row length 8; each rank holds exactly one row's 8 tokens under SP 2, so it routes as on one
+process.
 
 The loss is each rank's token-loss sum over the global target count, scaled by the world size for
 the backward (FSDP2 averages), as the training loop does. Loss: relative difference at most 1e-5
@@ -54,12 +59,28 @@ def fsdp_sp_ep_rank(parallel: dict) -> dict:
     return {"loss": total, "grads": grads, "order": [n for n, _ in strategies], "fsdp": state.size("fsdp"), "experts_fsdp": state.size("dp_shard_sp")}
 
 
-def test_fsdp_sp_ep_on_four_processes_matches_one_process():
+FSDP_SP_EP = {"dp_shard": 1, "ep": 2, "sp": 2, "strategies": ["fsdp2", "ep", "ulysses"]}
+FSDP_SP = {"dp_shard": 2, "sp": 2, "strategies": ["fsdp2", "ulysses"]}
+
+
+def four_ranks() -> dict:
+    """The one 4-process run: FSDP+SP+EP (dp_shard 1 x ep 2 x sp 2), then FSDP+SP with two data
+    groups (dp_shard 2 x sp 2: FSDP2 over all 4 ranks, experts unsplit, computed locally)."""
+    return {"fsdp_sp_ep": fsdp_sp_ep_rank(FSDP_SP_EP), "fsdp_sp": fsdp_sp_ep_rank(FSDP_SP)}
+
+
+def test_fsdp_sp_ep_and_fsdp_sp_on_four_processes_match_one_process():
     t = time.perf_counter()
     ref = reference(packed=True)
-    parallel = {"dp_shard": 1, "ep": 2, "sp": 2, "strategies": ["fsdp2", "ep", "ulysses"]}
-    ranks = run_distributed(fsdp_sp_ep_rank, 4, args=(parallel,))
-    for r, res in enumerate(ranks):
+    ranks = run_distributed(four_ranks, 4)
+    for r, both in enumerate(ranks):
+        res = both["fsdp_sp"]
+        assert res["order"] == ["ulysses", "fsdp2"] and res["fsdp"] == 4
+        dl = max_rel_diff(res["loss"], ref["loss"])
+        dg = max(max_rel_diff(res["grads"][n], g) for n, g in ref["grads"].items())
+        print(f"FSDP+SP (dp_shard 2 x sp 2) rank {r}: loss rel diff {dl:.2e}, max grad rel diff {dg:.2e}")
+        assert dl <= LOSS_TOL and dg <= GRAD_TOL, (r, dl, dg)
+        res = both["fsdp_sp_ep"]
         assert res["order"] == ["ulysses", "ep", "fsdp2"] and res["fsdp"] == 4 and res["experts_fsdp"] == 2
         assert set(res["grads"]) == set(ref["grads"])
         dl = max_rel_diff(res["loss"], ref["loss"])
@@ -67,3 +88,26 @@ def test_fsdp_sp_ep_on_four_processes_matches_one_process():
         print(f"FSDP+SP+EP rank {r}: loss rel diff {dl:.2e}, max grad rel diff {dg:.2e}")
         assert dl <= LOSS_TOL and dg <= GRAD_TOL, (r, dl, dg)
     print(f"took {time.perf_counter() - t:.1f} s")
+
+
+def test_fsdp2_original_contract_refuses_a_mesh_with_sp_or_ep():
+    """``FSDP2.apply(model, mesh)`` (the original contract) shards over ``dp_shard`` only: with sp or
+    ep ranks in the mesh their gradients would silently stay unreduced, so it refuses and points to
+    ``parallelize()``, which shards over ``fsdp`` = ``dp_shard x ep x sp`` (checked above)."""
+    import pytest
+
+    from omnicore.builtin.parallel import FSDP2
+
+    class Mesh:
+        mesh_dim_names = ("dp_replicate", "dp_shard", "ep", "sp")
+
+        def __init__(self, shape):
+            self.shape = shape
+
+        def size(self, i):
+            return self.shape[i]
+
+    with pytest.raises(ValueError, match="the mesh's sp dim is above 1 .* omnicore.distributed.parallelize.parallelize"):
+        FSDP2().apply(None, Mesh((1, 1, 1, 2)))
+    with pytest.raises(ValueError, match="the mesh's ep and sp dims are above 1"):
+        FSDP2().apply(None, Mesh((1, 1, 2, 2)))

@@ -45,7 +45,22 @@ class FSDP2:
         self.options = options or {}
 
     def apply(self, model: Any, mesh: Any) -> Any:
-        """The original contract: shard over ``mesh["dp_shard"]`` (or the whole 1-D ``mesh``)."""
+        """The original contract: shard over ``mesh["dp_shard"]`` (or the whole 1-D ``mesh``).
+
+        Raises:
+            ValueError: the mesh has an ``sp`` or ``ep`` dim above size 1. Those ranks compute
+                different tokens of the same parameters, so their gradients must be reduced too,
+                which sharding over ``dp_shard`` alone would silently skip; use
+                :func:`~omnicore.distributed.parallelize.parallelize` (``apply_with_state`` shards
+                over the derived ``fsdp`` dim, ``dp_shard x ep x sp``).
+        """
+        names = tuple(getattr(mesh, "mesh_dim_names", None) or ()) if mesh is not None else ()
+        big = [d for i, d in enumerate(names) if d in ("sp", "ep") and mesh.size(i) > 1]
+        if big:
+            raise ValueError(
+                f"fsdp2.apply(model, mesh) shards over dp_shard only, but the mesh's {' and '.join(big)} dim{'s are' if len(big) > 1 else ' is'} above 1 and their ranks' "
+                "gradients would not be reduced; apply it through omnicore.distributed.parallelize.parallelize (shards over fsdp = dp_shard x ep x sp)"
+            )
         sub = mesh["dp_shard"] if mesh is not None and mesh.mesh_dim_names and "dp_shard" in mesh.mesh_dim_names else mesh
         return self._shard(model, sub)
 
