@@ -162,7 +162,7 @@ def test_sp2_by_overrides_only_matches_one_process(one_process_run, tmp_path):
     path = _write_cfg(tmp_path / "cfg.yaml", cfg2)
     overrides = ["--parallel.sp", "2", "--parallel.dp_shard", "1", "--parallel.strategies", "[ulysses]", "--train.stop_after", "3"]
     out = _omnicore("train", str(path), *overrides, nproc=2, cwd=tmp_path).stdout
-    assert "parallel: dp_replicate=1 x dp_shard=1 x ep=1 x sp=2 (world 2); strategies: ulysses; each rank reads data shard 0 of 1" in out
+    assert "parallel: dp_replicate=1 x dp_shard=1 x ep=1 x sp=2 (world 2); strategies: ulysses; data split into 1 shard(s), one per data-parallel group" in out
     one, two = _losses(run1)[:3], _losses(tmp_path / "run")
     assert len(two) == 3
     print(f"SP=2 vs one process: max loss rel diff {max(abs(a - b) / abs(b) for a, b in zip(two, one)):.2e}")

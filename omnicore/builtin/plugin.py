@@ -30,7 +30,7 @@ def omnicore_parallel_strategies() -> list[ComponentSpec]:
             kind="parallel",
             name="fsdp2",
             target="omnicore.builtin.parallel:FSDP2",
-            description="FSDP2 (torch.distributed.fsdp.fully_shard) per block, then the root, over dp_shard",
+            description="FSDP2 (torch.distributed.fsdp.fully_shard) per block, then the root, over the fsdp dim (dp_shard x ep x sp)",
         ),
         ComponentSpec(
             kind="parallel",

@@ -10,6 +10,7 @@ violated constraint with the config field to change.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,7 +129,9 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
     report.violations += [Violation(f, m) for f, m in errors]
     state = ParallelState(0, world_size, 0, torch.device("meta"), None, layout)
     strategies = build_strategies(cfg.parallel, registry, world_size > 1)
-    with torch.device("meta"):
+    with torch.device("meta"), warnings.catch_warnings():
+        # loading checkpoints into meta tensors is a deliberate no-op here; torch warns per tensor
+        warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter.*")
         model, _ = build_omni_model(cfg, registry)
     report.violations += validate(model, state, strategies)
 

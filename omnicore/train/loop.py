@@ -130,7 +130,7 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     data_split = getattr(strategy, "data_split", None)
     data_rank, data_size = data_split(state) if data_split is not None else (state.dp_rank, state.dp_size)
     replicas = state.world_size // data_size
-    log(f"parallel: {state.layout.describe()}; strategies: {', '.join(n for n, _ in strategies) or 'none'}; each rank reads data shard {data_rank} of {data_size}")
+    log(f"parallel: {state.layout.describe()}; strategies: {', '.join(n for n, _ in strategies) or 'none'}; data split into {data_size} shard(s), one per data-parallel group")
 
     optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.min_lr_ratio))

@@ -17,6 +17,6 @@ def omnicore_parallel_strategies() -> list[ComponentSpec]:
             name="fsdp2_offload",
             target="omnicore_parallel_offload.strategy:FSDP2Offload",
             options_model="omnicore_parallel_offload.strategy:OffloadOptions",
-            description="FSDP2 per block, then the root, over dp_shard; each block's saved activations kept on CPU",
+            description="FSDP2 per block, then the root, over the fsdp dim; each block's saved activations kept on CPU",
         )
     ]
