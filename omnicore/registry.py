@@ -16,7 +16,16 @@ Discovery (``Registry.discover``):
 3. a ``kind/name`` offered by several providers (a built-in included) marks all of them ``conflict``.
 
 Statuses (``Row.status``), each with a one-line ``reason`` (empty when ``available``):
-``available``, ``disabled``, ``failed``, ``incompatible``, ``conflict``.
+``available``, ``unavailable``, ``disabled``, ``failed``, ``incompatible``, ``conflict``.
+
+``unavailable``: the component registered fine but its ``ComponentSpec.requires`` are not met on this
+machine (:func:`missing_requirements`). This is decided without importing torch or the required
+packages: a requirement that is a module name is looked up with :func:`importlib.util.find_spec`
+(never imported), and ``"cuda"`` is a heuristic, an NVIDIA driver being present
+(``/proc/driver/nvidia/version`` exists or ``nvidia-smi`` is on ``PATH``). The heuristic can be
+wrong (a driver without a CUDA build of torch, say); the kernel's own ``available()``, checked when a
+run builds the model, is authoritative. Resolving or building an unavailable component raises
+:class:`RegistryError` with the reason, so a run that chooses one fails before training.
 
 Core API range: a distribution declares which core API versions its plugins support with one
 keyword in its core metadata (``Keywords``), read through :mod:`importlib.metadata` without importing
@@ -47,8 +56,10 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Iterable
@@ -62,7 +73,7 @@ ENTRY_POINT_GROUP = "omnicore"
 BUILTIN_PROVIDER = "omnicore"
 API_KEYWORD = "omnicore-api"
 """The ``Keywords`` entry that declares a distribution's supported core API range."""
-STATUSES: tuple[str, ...] = ("available", "disabled", "failed", "incompatible", "conflict")
+STATUSES: tuple[str, ...] = ("available", "unavailable", "disabled", "failed", "incompatible", "conflict")
 ENV_DISABLE, ENV_ALLOW, ENV_STRICT = "OMNICORE_DISABLE_PLUGINS", "OMNICORE_ALLOW_PLUGINS", "OMNICORE_STRICT"
 
 
@@ -262,6 +273,51 @@ def entry_points_info(entry_points: Iterable[metadata.EntryPoint] | None = None,
     return out
 
 
+NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"
+
+
+def cuda_present() -> bool:
+    """Torch-free guess whether CUDA can run here: an NVIDIA driver is present.
+
+    True when ``/proc/driver/nvidia/version`` exists or ``nvidia-smi`` is on ``PATH``. This is a
+    heuristic for listings; a component's own check at build time (a kernel's ``available()``) is
+    authoritative.
+    """
+    return os.path.exists(NVIDIA_DRIVER_FILE) or shutil.which("nvidia-smi") is not None
+
+
+def _module_present(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a missing parent package, or an odd name
+        return False
+
+
+def missing_requirements(requires: Iterable[str], install: dict[str, str] | None = None) -> str:
+    """Why ``requires`` are not met on this machine, in one line, or ``""`` when they all are.
+
+    Each requirement is ``"cuda"`` (checked with :func:`cuda_present`) or an importable module name
+    (checked with :func:`importlib.util.find_spec`, without importing it). Nothing heavy is imported.
+    ``install`` maps a module name to how to get it; the default hint is ``pip install <name>`` with
+    ``_`` written ``-`` (plus ``on a CUDA machine`` when ``cuda`` is also required), e.g.
+    ``"needs CUDA (no NVIDIA driver found) and the flash_attn package (pip install flash-attn on a
+    CUDA machine)"``.
+    """
+    reqs = list(requires)
+    needs_cuda = "cuda" in reqs
+    missing = []
+    for req in reqs:
+        if req == "cuda":
+            if not cuda_present():
+                missing.append("CUDA (no NVIDIA driver found)")
+        elif not _module_present(req):
+            hint = (install or {}).get(req) or ("pip install " + req.replace("_", "-") + (" on a CUDA machine" if needs_cuda else ""))
+            missing.append(f"the {req} package ({hint})")
+    if not missing:
+        return ""
+    return "needs " + (missing[0] if len(missing) == 1 else ", ".join(missing[:-1]) + " and " + missing[-1])
+
+
 def import_target(target: str) -> Any:
     """Import ``"module:attr"`` (dotted attr allowed) and return the object.
 
@@ -393,7 +449,9 @@ class Registry:
             self._fail(label, provider, version, entry_point, f"{where} raised in registration: {type(exc).__name__}: {_one_line(exc)}", api=api)
             return False
         for spec in collected:
-            self.rows.append(Row(spec.kind, spec.name, provider, version, "available", "", spec.description, entry_point, spec, api))
+            why = missing_requirements(spec.requires, spec.extra.get("install")) if spec.requires else ""
+            status = "unavailable" if why else "available"
+            self.rows.append(Row(spec.kind, spec.name, provider, version, status, why, spec.description, entry_point, spec, api))
         return True
 
     def _unregister(self, obj: Any) -> None:

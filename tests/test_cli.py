@@ -127,7 +127,7 @@ def test_plugins_table(tmp_path, how):
     # columns are aligned under the header
     lines = r.stdout.splitlines()
     col = lines[0].index("STATUS")
-    assert all(line[col:].startswith("available") for line in lines[1:])
+    assert all(line[col:].startswith(("available", "unavailable")) for line in lines[1:])  # GPU-only kernels: unavailable on CPU
 
 
 @pytest.mark.parametrize("how", sorted(COMMANDS))

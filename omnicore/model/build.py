@@ -55,6 +55,15 @@ def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any
     torch.manual_seed(cfg.run.seed)
     m = cfg.model
     base = Path(cfg.source).parent if cfg.source else None
+    # The attention kernel first: an unavailable one (its requires unmet, or its own check failing)
+    # stops the run before any weights are built or loaded.
+    try:
+        kernel = registry.build("kernel", m.attention)
+    except RegistryError as exc:
+        raise RegistryError(f"model.attention: {exc}") from exc
+    ok, why = kernel.available()
+    if not ok:
+        raise RegistryError(f"model.attention: kernel {m.attention!r} is unavailable here: {why}")
     foundation = registry.build("foundation", m.foundation.name, _resolve_checkpoints(m.foundation.options, base))
     tokenizer = prepare_tokenizer(foundation.build_tokenizer(), list(m.encoders), list(m.decoders))
     lm = foundation.build_model(vocab_size=len(tokenizer))
@@ -67,10 +76,6 @@ def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any
     for key, c in m.decoders.items():
         decoders[key] = registry.build("decoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden)
         _check_modality(decoders[key], "decoder", key, c.name)
-    kernel = registry.build("kernel", m.attention)
-    ok, why = kernel.available()
-    if not ok:
-        raise RegistryError(f"model.attention: kernel {m.attention!r} is unavailable here: {why}")
     kernel.activate(lm)
     ids = tokenizer.convert_tokens_to_ids
     token_ids = {

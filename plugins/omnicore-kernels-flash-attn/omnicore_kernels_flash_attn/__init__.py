@@ -1,0 +1,1 @@
+"""omnicore plugin: varlen FlashAttention kernel (see ``plugin.py`` and ``kernel.py``)."""

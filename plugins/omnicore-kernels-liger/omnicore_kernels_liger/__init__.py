@@ -1,0 +1,1 @@
+"""omnicore plugin: Liger kernels (see ``plugin.py`` and ``kernels.py``)."""
