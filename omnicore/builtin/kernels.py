@@ -5,6 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 
+def cuda_and_package(module: str, pip_name: str) -> tuple[bool, str]:
+    """``(ok, reason)`` for a GPU-only kernel: torch sees a CUDA device and ``module`` is installed.
+
+    The authoritative build-time check behind a kernel's ``available()``; the registry's torch-free
+    ``requires`` check only guesses from the driver. ``module`` is found without being imported.
+    """
+    import importlib.util
+
+    try:
+        import torch
+    except ImportError:
+        return False, "needs torch"
+    if not torch.cuda.is_available():
+        return False, "needs a CUDA GPU (torch.cuda.is_available() is False)"
+    if importlib.util.find_spec(module) is None:
+        return False, f"needs the {module} package (pip install {pip_name} on a CUDA machine)"
+    return True, f"{module} on CUDA"
+
+
 class _TransformersAttention:
     op = "attention"
     implementation = ""

@@ -82,17 +82,9 @@ class FlashAttnVarlen:
         self.options = options or {}
 
     def available(self) -> tuple[bool, str]:
-        import importlib.util
+        from omnicore.builtin.kernels import cuda_and_package
 
-        try:
-            import torch
-        except ImportError:
-            return False, "needs torch"
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (torch.cuda.is_available() is False)"
-        if importlib.util.find_spec("flash_attn") is None:
-            return False, "needs the flash_attn package (pip install flash-attn on a CUDA machine)"
-        return True, "flash_attn_varlen_func on CUDA"
+        return cuda_and_package("flash_attn", "flash-attn")
 
     def activate(self, model: Any) -> None:
         """Register the varlen function and switch ``model`` (a transformers model) to it."""

@@ -3,7 +3,6 @@ this module imports on machines without it; ``available()`` is the authoritative
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 
@@ -16,15 +15,9 @@ class _Liger:
         self.options = options or {}
 
     def available(self) -> tuple[bool, str]:
-        try:
-            import torch
-        except ImportError:
-            return False, "needs torch"
-        if not torch.cuda.is_available():
-            return False, "needs a CUDA GPU (torch.cuda.is_available() is False)"
-        if importlib.util.find_spec("liger_kernel") is None:
-            return False, "needs the liger_kernel package (pip install liger-kernel on a CUDA machine)"
-        return True, "liger_kernel (Triton) on CUDA"
+        from omnicore.builtin.kernels import cuda_and_package
+
+        return cuda_and_package("liger_kernel", "liger-kernel")
 
     def activate(self, model: Any) -> None:
         """Patch ``model`` (a transformers model) in place through liger's public API, turning on only
