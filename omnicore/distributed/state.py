@@ -112,14 +112,18 @@ class ParallelState:
     def all_reduce_sum(self, value: float, dim: str | None = None) -> float:
         """Sum a Python number over all ranks, or over this rank's group of ``dim`` (identity on
         one process)."""
+        return self.all_reduce_sums([value], dim)[0]
+
+    def all_reduce_sums(self, values: list[float], dim: str | None = None) -> list[float]:
+        """Sum several Python numbers element-wise over the ranks in one collective (float64)."""
         if not self.distributed:
-            return float(value)
+            return [float(v) for v in values]
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
         dist.all_reduce(t, group=self.group(dim) if dim is not None else None)
-        return float(t.item())
+        return t.tolist()
 
     def barrier(self) -> None:
         if self.distributed:

@@ -185,8 +185,13 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
 
-        loss = state.all_reduce_sum(float(loss_sum)) / max(n_global, 1.0)
-        tokens_global = state.all_reduce_sum(tokens)
+        # one all-reduce for every figure of the step's metrics
+        keys = sorted({"text", *(f"decoder.{m}" for m in processor.decoders)})
+        sums = state.all_reduce_sums(
+            [float(loss_sum), tokens] + [part_sums.get(k, 0.0) for k in keys] + [part_counts.get(k, 0) for k in keys]
+        )
+        loss, tokens_global = sums[0] / max(n_global, 1.0), sums[1]
+        part_loss = {k: sums[2 + i] / max(sums[2 + len(keys) + i], 1.0) for i, k in enumerate(keys)}
         dt = time.perf_counter() - t0
         row = {
             "step": step + 1,
@@ -198,9 +203,7 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
             "tokens_per_s": tokens_global / dt,
             "epoch": stream.epoch_of((step + 1) * accum * data_size),
         }
-        for k in sorted(set(part_sums) | {"text", *(f"decoder.{m}" for m in processor.decoders)}):
-            n_part = state.all_reduce_sum(part_counts.get(k, 0))
-            row[f"loss/{k}"] = state.all_reduce_sum(part_sums.get(k, 0.0)) / max(n_part, 1.0)
+        row.update({f"loss/{k}": v for k, v in part_loss.items()})
         history.append(row)
         if state.is_main:
             if (step + 1) % cfg.train.log_every == 0 or step + 1 == cfg.train.max_steps:
