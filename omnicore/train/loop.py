@@ -201,6 +201,7 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
             "targets": int(round(n_global)),
             "tokens": int(round(tokens_global)),
             "tokens_per_s": tokens_global / dt,
+            "step_time_s": dt,
             "epoch": stream.epoch_of((step + 1) * accum * data_size),
         }
         row.update({f"loss/{k}": v for k, v in part_loss.items()})
