@@ -65,23 +65,32 @@ class FSDP2:
         return self._shard(model, sub)
 
     def apply_with_state(self, model: Any, state: Any) -> Any:
-        """Shard over ``state.fsdp_mesh()``: 1-D ``fsdp``, or 2-D HSDP ``(dp_replicate, fsdp)``."""
+        """Shard over ``state.fsdp_mesh()``: 1-D ``fsdp``, or 2-D HSDP ``(dp_replicate, fsdp)``.
+
+        With ``state.mixed_precision == "bf16"`` the parameters are all-gathered and computed in
+        bfloat16 while the sharded parameters, the gradient reduce-scatter/all-reduce and the
+        optimizer stay fp32 (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``).
+        """
         if not state.distributed:
             return model
-        return self._shard(model, state.fsdp_mesh())
+        return self._shard(model, state.fsdp_mesh(), getattr(state, "mixed_precision", "none"))
 
     @staticmethod
-    def _shard(model: Any, mesh: Any) -> Any:
-        from torch.distributed.fsdp import fully_shard
+    def _shard(model: Any, mesh: Any, mixed_precision: str = "none") -> Any:
+        import torch
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        kw: dict[str, Any] = {"mesh": mesh}
+        if mixed_precision == "bf16":
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for block in model.blocks():
-            fully_shard(block, mesh=mesh)
+            fully_shard(block, **kw)
         for module in model.encoders.values():
-            fully_shard(module, mesh=mesh)
+            fully_shard(module, **kw)
         # Decoders stay in the root's group: they are called through several methods (encode,
         # embed, head), a different number of times on a rank whose batch lacks the modality, so
         # a group of their own would issue mismatched all-gathers across ranks.
-        fully_shard(model, mesh=mesh)
+        fully_shard(model, **kw)
         return model
 
     def validate(self, model_or_config: Any, state: Any) -> list[Any]:

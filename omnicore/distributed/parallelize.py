@@ -100,14 +100,21 @@ def order_strategies(named: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return sorted(named, key=lambda ns: PHASES.index(phase_of(ns[1])))
 
 
-def build_strategies(parallel: Any, registry: Any, distributed: bool) -> list[tuple[str, Any]]:
+def build_strategies(parallel: Any, registry: Any, distributed: bool, train: Any = None) -> list[tuple[str, Any]]:
     """Build the strategies named in the config's ``parallel`` section from the registry, in
-    application order. ``distributed`` resolves ``strategy: auto``.
+    application order. ``distributed`` resolves ``strategy: auto``. With the ``train`` section,
+    the block options it turns on (``activation_checkpointing``, ``compile``; see
+    :func:`omnicore.builtin.training.training_strategies`) are added unless already listed.
 
     Raises:
         RegistryError: a strategy is unknown or its options are invalid.
     """
-    named = [(c.name, registry.build("parallel", c.name, c.options)) for c in parallel.strategy_list(distributed)]
+    from omnicore.builtin.training import training_strategies
+
+    configs = [(c.name, c.options) for c in parallel.strategy_list(distributed)]
+    listed = {n.split(":")[-1] for n, _ in configs}
+    configs += [(n, o) for n, o in (training_strategies(train) if train is not None else []) if n not in listed]
+    named = [(n, registry.build("parallel", n, o)) for n, o in configs]
     return order_strategies(named)
 
 

@@ -128,7 +128,7 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
     report = PlanReport(world_size, layout, not errors)
     report.violations += [Violation(f, m) for f, m in errors]
     state = ParallelState(0, world_size, 0, torch.device("meta"), None, layout)
-    strategies = build_strategies(cfg.parallel, registry, world_size > 1)
+    strategies = build_strategies(cfg.parallel, registry, world_size > 1, cfg.train)
     with torch.device("meta"), warnings.catch_warnings():
         # loading checkpoints into meta tensors is a deliberate no-op here; torch warns per tensor
         warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter.*")

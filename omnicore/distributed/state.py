@@ -33,6 +33,10 @@ class ParallelState:
     flat_meshes: dict[str, Any] = field(default_factory=dict, repr=False)
     """The 1-D meshes of the derived dims, as ``_flatten`` returned them (torch asks callers to
     keep these rather than slice flattened dims from the root mesh)."""
+    mixed_precision: str = "none"
+    """The run's ``train.mixed_precision`` (``none`` or ``bf16``): a sharding strategy that can
+    gather parameters in low precision (FSDP2's ``MixedPrecisionPolicy``) reads it here, keeping
+    parameters, gradient reductions and optimizer state in fp32."""
 
     def __post_init__(self) -> None:
         if self.layout is None:

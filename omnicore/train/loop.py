@@ -12,10 +12,16 @@ returning the loss sum of its part of the sequence; counts from the data are div
 replication so ``N`` stays the global count.
 So gradient accumulation and more ranks give the gradients of one big batch, and a micro-batch
 without targets contributes exactly zero.
+
+Each metrics row (``metrics.jsonl``) also holds the step's throughput: ``tokens_per_s``,
+``step_time_s``, ``tflops`` (achieved model TFLOP/s per device), ``mfu`` (None where the device's
+peak is unknown), ``padding_waste`` and ``peak_mem_mib`` (rank 0); see :mod:`omnicore.train.metrics`
+for the FLOP count and its source.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -31,6 +37,7 @@ from omnicore.data.packing import PackedStream, collate
 from omnicore.distributed.state import ParallelState, init_parallel_state
 from omnicore.distributed.parallelize import build_strategies, parallelize
 from omnicore.registry import Registry, registry_for
+from omnicore.train.metrics import flops_model, padding_waste, peak_memory_mib, peak_tflops
 
 
 def warmup_cosine(warmup: int, total: int, min_ratio: float):
@@ -71,6 +78,21 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Optimize
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=cfg.train.betas, foreach=False)
+
+
+def summarize(history: list[dict[str, Any]]) -> str:
+    """One line of throughput figures over a run's metrics rows (medians, skipping the first step,
+    which pays for warm-up and compilation when there are others)."""
+    import statistics
+
+    rows = history[1:] or history
+    med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
+    parts = [f"{med('tokens_per_s'):.0f} tokens/s", f"{med('step_time_s') * 1e3:.1f} ms/step", f"{med('tflops'):.3g} TFLOP/s per device"]
+    if all(r["mfu"] is not None for r in rows):
+        parts.append(f"MFU {100 * med('mfu'):.1f}%")
+    parts.append(f"padding waste {100 * statistics.mean(r['padding_waste'] for r in rows):.1f}%")
+    parts.append(f"peak memory {max(r['peak_mem_mib'] for r in rows):.0f} MiB")
+    return "throughput (median over steps 2..): " + ", ".join(parts)
 
 
 def _to_device(obj: Any, device: torch.device) -> Any:
@@ -120,8 +142,10 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     # ---- parallelism: the strategy wraps the model from outside --------------------------------
     # (parallel.strategies, or parallel.strategy with auto resolved; applied in phase order, see
     # omnicore.distributed.parallelize)
+    flops = flops_model(model.lm)  # counted before sharding turns parameters into shards
     model = model.to(state.device)
-    strategies = build_strategies(cfg.parallel, registry, state.distributed)
+    state.mixed_precision = cfg.train.mixed_precision
+    strategies = build_strategies(cfg.parallel, registry, state.distributed, cfg.train)
     model = parallelize(model, state, strategies)
     strategy = next((s for _, s in strategies if hasattr(s, "data_split")), None)
     # Which micro-batches this rank reads: a strategy that splits each micro-batch over several ranks
@@ -154,11 +178,19 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
 
     # ---- the loop ------------------------------------------------------------------------------
     model.train()
+    # bf16 mixed precision: parameters, optimizer state and gradient reductions stay fp32; matmuls run
+    # in bf16 under autocast (FSDP2 also gathers bf16 parameters); the loss is computed from fp32
+    # logits and accumulated in fp64 below.
+    bf16 = cfg.train.mixed_precision == "bf16"
+    autocast = (lambda: torch.autocast(state.device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    compute_dtype = "bf16" if bf16 or cfg.run.dtype == "bfloat16" else "fp32"
+    peak = peak_tflops(state.device, compute_dtype, cfg.train.peak_tflops)
     # dp: the ranks gradients are averaged over (FSDP2's group, or a strategy's own all-reduce)
     accum, dp = cfg.train.grad_accum, state.world_size
     for step in range(start, cfg.train.max_steps):
         t0 = time.perf_counter()
-        micro = [collate(mb, processor.encoders, processor.decoders) for mb in stream.iter_step(step, accum, data_rank, data_size)]
+        batches = list(stream.iter_step(step, accum, data_rank, data_size))
+        micro = [collate(mb, processor.encoders, processor.decoders) for mb in batches]
         # one all-reduce gives the step's global target count (the loss denominator)
         n_global = state.all_reduce_sum(sum(mb.n_targets for mb in micro)) / replicas
         scale = dp / max(n_global, 1.0)
@@ -166,8 +198,11 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
         part_sums: dict[str, float] = {}  # per-part loss sums, for the metrics only
         part_counts: dict[str, int] = {}
         tokens = 0
-        for mb in micro:
-            out = model(**_to_device(vars(mb), state.device))
+        step_flops = 0.0
+        for mb, samples in zip(micro, batches):
+            step_flops += flops.step_flops([len(x.input_ids) for x in samples]) / replicas
+            with autocast():
+                out = model(**_to_device(vars(mb), state.device))
             (out.loss_sum * scale).backward()
             loss_sum += out.loss_sum.detach().double().cpu()
             n_text = out.n_targets - sum(out.decoder_targets.values())  # this rank's part of the micro-batch
@@ -188,11 +223,12 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
         # one all-reduce for every figure of the step's metrics
         keys = sorted({"text", *(f"decoder.{m}" for m in processor.decoders)})
         sums = state.all_reduce_sums(
-            [float(loss_sum), tokens] + [part_sums.get(k, 0.0) for k in keys] + [part_counts.get(k, 0) for k in keys]
+            [float(loss_sum), tokens, step_flops] + [part_sums.get(k, 0.0) for k in keys] + [part_counts.get(k, 0) for k in keys]
         )
-        loss, tokens_global = sums[0] / max(n_global, 1.0), sums[1]
-        part_loss = {k: sums[2 + i] / max(sums[2 + len(keys) + i], 1.0) for i, k in enumerate(keys)}
+        loss, tokens_global, flops_global = sums[0] / max(n_global, 1.0), sums[1], sums[2]
+        part_loss = {k: sums[3 + i] / max(sums[3 + len(keys) + i], 1.0) for i, k in enumerate(keys)}
         dt = time.perf_counter() - t0
+        tflops = flops_global / dt / state.world_size / 1e12  # achieved, per device
         row = {
             "step": step + 1,
             "loss": loss,
@@ -202,6 +238,10 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
             "tokens": int(round(tokens_global)),
             "tokens_per_s": tokens_global / dt,
             "step_time_s": dt,
+            "tflops": tflops,
+            "mfu": tflops / peak if peak else None,
+            "padding_waste": padding_waste(int(round(tokens_global)), accum * data_size, cfg.data.max_tokens),
+            "peak_mem_mib": peak_memory_mib(state.device),
             "epoch": stream.epoch_of((step + 1) * accum * data_size),
         }
         row.update({f"loss/{k}": v for k, v in part_loss.items()})
@@ -211,7 +251,10 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
                 with metrics_path.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
             if bar is not None:
-                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
+                post = {"loss": f"{loss:.4f}", "tok_s": f"{row['tokens_per_s']:.0f}"}
+                if row["mfu"] is not None:
+                    post["mfu"] = f"{100 * row['mfu']:.1f}%"
+                bar.set_postfix(post)
                 bar.update(1)
         last = step + 1 == cfg.train.max_steps
         stop = cfg.train.stop_after is not None and step + 1 >= cfg.train.stop_after
@@ -222,6 +265,8 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
             break
     if bar is not None:
         bar.close()
+    if history:
+        log(summarize(history))
     finished = bool(history) and history[-1]["step"] == cfg.train.max_steps
     if cfg.train.export and finished:
         path = export_model(model, tokenizer, cfg, out_dir / "export", state)
