@@ -21,7 +21,7 @@ SEQ = 48
 STEPS = 2
 
 
-def _cfg(parallel: dict):
+def _cfg(parallel: dict, train: dict | None = None):
     from omnicore.config import Config
 
     return Config.model_validate({
@@ -29,6 +29,7 @@ def _cfg(parallel: dict):
         "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": dict(TINY_LM)}}},
         "data": {"train": "unused.jsonl"},
         "parallel": parallel,
+        "train": train or {},
     })
 
 
@@ -44,18 +45,30 @@ def _batches(vocab: int, n: int) -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def train_steps(parallel: dict) -> dict:
-    """Run STEPS optimizer steps; return per-step losses and full gradients (on every rank)."""
+def train_steps(parallel: dict, train: dict | None = None) -> dict:
+    """Run STEPS optimizer steps; return per-step losses and full gradients (on every rank).
+
+    ``train``: train-section options (activation_checkpointing, compile, mixed_precision) applied as
+    the training loop applies them. Also returns the dtype block 0's MLP weight had in forward and
+    the parameters' dtypes after the steps."""
+    import contextlib
+
     from omnicore.distributed.parallelize import build_strategies, parallelize
     from omnicore.distributed.state import ParallelState, init_parallel_state
     from omnicore.model.build import build_omni_model
     from omnicore.registry import Registry
 
-    cfg = _cfg(parallel)
+    cfg = _cfg(parallel, train)
     registry = Registry.from_plugins([], builtins=True)
     state = init_parallel_state("cpu", "gloo", cfg.parallel) if torch.distributed.is_initialized() else ParallelState(0, 1, 0, torch.device("cpu"))
+    state.mixed_precision = cfg.train.mixed_precision
     model, tok = build_omni_model(cfg, registry)
-    model = parallelize(model, state, build_strategies(cfg.parallel, registry, state.distributed))
+    model = parallelize(model, state, build_strategies(cfg.parallel, registry, state.distributed, cfg.train))
+    bf16 = cfg.train.mixed_precision == "bf16"
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    mlp = model.blocks()[0].mlp.down_proj
+    forward_dtypes: list[torch.dtype] = []
+    mlp.register_forward_pre_hook(lambda m, a: forward_dtypes.append(m.weight.dtype))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
     batches = _batches(len(tok), MICRO * STEPS)
     losses, grads = [], []
@@ -64,14 +77,21 @@ def train_steps(parallel: dict) -> dict:
         n_global = state.all_reduce_sum(sum(int((b["labels"] != -100).sum()) for b in mine), dim="dp")
         loss_sum = 0.0
         for b in mine:
-            out = model(**b)
+            with autocast():
+                out = model(**b)
             (out.loss_sum * state.world_size / n_global).backward()
             loss_sum += float(out.loss_sum.detach())
         losses.append(state.all_reduce_sum(loss_sum) / n_global)
         grads.append({n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone() for n, p in model.named_parameters()})
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return {"losses": losses, "grads": grads, "fsdp_mesh": tuple(state.fsdp_mesh().shape) if state.distributed else None}
+    return {
+        "losses": losses,
+        "grads": grads,
+        "fsdp_mesh": tuple(state.fsdp_mesh().shape) if state.distributed else None,
+        "forward_dtypes": sorted({str(d) for d in forward_dtypes}),
+        "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+    }
 
 
 def _compare(ranks: list[dict], ref: dict, mesh_shape: tuple[int, ...]) -> None:

@@ -217,3 +217,23 @@ def test_bf16_autocast_computes_in_bf16_keeps_fp32_params():
     assert out.loss_sum.dtype == torch.float32
     out.loss_sum.backward()
     assert all(p.dtype == torch.float32 and (p.grad is None or p.grad.dtype == torch.float32) for p in model.parameters())
+
+
+def test_fsdp2_two_processes_with_checkpointing_and_bf16():
+    """Through parallelize() on 2 gloo processes (tests/test_hsdp.py's harness): FSDP2 with full
+    activation checkpointing equals one process without; FSDP2 bf16 (MixedPrecisionPolicy) runs
+    block weights in bf16, keeps fp32 parameters, and stays close to one-process bf16 autocast."""
+    from omnicore.testing.distributed import max_rel_diff, run_distributed
+    from test_hsdp import train_steps
+
+    ref = train_steps({"dp_shard": -1})
+    ref_bf16 = train_steps({"dp_shard": -1}, {"mixed_precision": "bf16"})
+    assert ref["forward_dtypes"] == ["torch.float32"] and ref_bf16["param_dtypes"] == ["torch.float32"]
+    for r in run_distributed(train_steps, 2, args=({"dp_shard": -1, "strategies": ["fsdp2"]}, {"activation_checkpointing": "full"})):
+        assert max(abs(a - b) / b for a, b in zip(r["losses"], ref["losses"])) <= 1e-5
+        assert max_rel_diff(r["grads"], ref["grads"]) <= 1e-4
+    for r in run_distributed(train_steps, 2, args=({"dp_shard": -1, "strategies": ["fsdp2"]}, {"mixed_precision": "bf16"})):
+        assert r["forward_dtypes"] == ["torch.bfloat16"]  # FSDP2 gathered bf16 parameters
+        assert r["param_dtypes"] == ["torch.float32"]  # the sharded parameters (and AdamW) stay fp32
+        assert max(abs(a - b) / b for a, b in zip(r["losses"], ref_bf16["losses"])) <= 1e-2
+        assert max(abs(a - b) / b for a, b in zip(r["losses"], ref["losses"])) <= 2e-2
