@@ -65,10 +65,37 @@ def _fwd(model, mb, **kw):
 # ---- packing isolation -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def _attention_kernels() -> list[str]:
+    """Every attention kernel in the registry (built-ins and installed plugins) that is available on
+    this machine: a new kernel is covered by the packing test without editing it."""
+    from omnicore.registry import Registry
+
+    reg = Registry.discover()
+    names = []
+    for row in reg.components("kernel"):
+        if row.status != "available":
+            continue
+        kernel = reg.build("kernel", f"{row.provider}:{row.name}")
+        if getattr(kernel, "op", None) == "attention" and kernel.available()[0]:
+            names.append(row.name)
+    return sorted(names)
+
+
+ATTENTION_KERNELS = _attention_kernels()
+
+
+def test_attention_kernels_discovered():
+    assert {"sdpa", "eager", "sdpa_varlen"} <= set(ATTENTION_KERNELS)
+
+
+@pytest.mark.parametrize("attention", ATTENTION_KERNELS)
 def test_packed_equals_separate(attention, sdpa, samples, digits_jsonl):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     model, _, proc = _build(digits_jsonl / "train.jsonl", attention)
-    assert model.lm.config._attn_implementation == attention
+    impl = model.lm.config._attn_implementation
+    # built-ins register under their own name; a plugin's implementation name may differ
+    assert impl == attention if attention in ("sdpa", "eager", "sdpa_varlen") else impl in ALL_ATTENTION_FUNCTIONS
     encs = [samples["image_to_text"], samples["audio_to_text"], samples["text_to_image"]]
     packed = _mb(proc, encs)
     with torch.no_grad():

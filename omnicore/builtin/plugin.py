@@ -62,4 +62,10 @@ def omnicore_kernels() -> list[ComponentSpec]:
             target="omnicore.builtin.kernels:EagerAttention",
             description="transformers' eager (matmul + softmax) attention; a slow, simple reference",
         ),
+        ComponentSpec(
+            kind="kernel",
+            name="sdpa_varlen",
+            target="omnicore.builtin.attention_varlen:SDPAVarlenAttention",
+            description="scaled_dot_product_attention per packed sample (split by position_ids, batched by length); no [T, T] mask, CPU and GPU",
+        ),
     ]

@@ -1,7 +1,8 @@
 """Varlen FlashAttention for packed sequences, installed through transformers' attention registry.
 
 Packed micro-batches carry several samples in one row; their ``position_ids`` restart at 0 at each
-sample start. :func:`cu_seqlens_from_position_ids` turns that into the cumulative sequence lengths
+sample start. :func:`omnicore.model.varlen.cu_seqlens_from_position_ids` (core, shared with the
+CPU kernel ``sdpa_varlen``) turns that into the cumulative sequence lengths
 ``flash_attn_varlen_func`` wants, so samples never attend to each other and no ``[T, T]`` mask is
 ever built. ``flash_attn`` is imported lazily (only when the kernel is activated or called): this
 module imports on machines without it.
@@ -11,26 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from omnicore.model.varlen import cu_seqlens_from_position_ids, mark_varlen
+
+__all__ = ["IMPLEMENTATION", "FlashAttnVarlen", "cu_seqlens_from_position_ids", "register", "varlen_attention_forward"]
+
 IMPLEMENTATION = "omnicore_fa_varlen"
 """The name registered in transformers' ``AttentionInterface`` and ``AttentionMaskInterface``."""
-
-
-def cu_seqlens_from_position_ids(position_ids: Any) -> tuple[Any, int]:
-    """``(cu_seqlens int32 [n+1], max_seqlen)`` for the flattened ``[B, T]`` ``position_ids``.
-
-    A sample starts wherever the position is 0 (and at the start of every row).
-    """
-    import torch
-
-    pos = position_ids.reshape(position_ids.shape[0], -1)
-    starts = pos == 0
-    starts[:, 0] = True
-    flat = starts.reshape(-1)
-    idx = torch.nonzero(flat, as_tuple=False).flatten().to(torch.int32)
-    total = torch.tensor([flat.numel()], dtype=torch.int32, device=idx.device)
-    cu = torch.cat([idx, total])
-    max_len = int((cu[1:] - cu[:-1]).max().item())
-    return cu, max_len
 
 
 def varlen_attention_forward(
@@ -57,6 +44,9 @@ def varlen_attention_forward(
         causal=getattr(module, "is_causal", True),
     )
     return out.reshape(b, t, hq, d), None
+
+
+mark_varlen(varlen_attention_forward)  # takes the samples from position_ids: Ulysses passes the global ones
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:

@@ -18,6 +18,13 @@ def test_cu_seqlens_from_restarting_position_ids():
     assert max_len == 6
 
 
+def test_cu_seqlens_is_the_core_function_and_forward_is_marked_varlen():
+    from omnicore.model import varlen
+
+    assert cu_seqlens_from_position_ids is varlen.cu_seqlens_from_position_ids  # one implementation, in core
+    assert varlen.is_varlen(varlen_attention_forward)  # Ulysses hands it the global position_ids
+
+
 def test_varlen_forward_matches_per_sample_sdpa(monkeypatch):
     def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None, causal=True):
         out = torch.empty_like(q)

@@ -4,9 +4,12 @@ attention-function registry: no edits to model code.
 Each rank holds a contiguous slice of the (padded) sequence. Around the attention core, q, k and v
 ``[B, heads, T/sp, D]`` are exchanged by all-to-all into ``[B, heads/sp, T, D]`` (the full sequence
 for a slice of the heads), attention runs on the full sequence, and the output goes back the same
-way. The packed-sample causal mask is built from the *global* position_ids, which the sequence hook
-passes down as the keyword argument :data:`POSITION_IDS_KWARG`; transformers forwards it from the
-foundation's ``forward`` to the attention function.
+way. Packed samples are kept apart by the *global* position_ids, which the sequence hook passes
+down as the keyword argument :data:`POSITION_IDS_KWARG`; transformers forwards it from the
+foundation's ``forward`` to the attention function. The core on the full sequence is the
+foundation's own attention kernel when that is a *varlen* one (``sdpa_varlen``, ``flash_attn``:
+marked by :func:`omnicore.model.varlen.mark_varlen`), called with the global position_ids as its
+``position_ids`` and no mask; otherwise sdpa with a dense packed causal mask built from them.
 
 State is per module: the sequence-parallel group lives on each foundation attention module
 (``module.omnicore_ulysses``, an :class:`SPState`). Modules without it (encoders) or calls without
@@ -27,6 +30,9 @@ import torch.distributed as dist
 from omnicore_parallel_ulysses.comm import all_to_all, start_all_to_all
 
 ATTN_IMPLEMENTATION = "omnicore_ulysses"
+ATTN_IMPLEMENTATION_VARLEN = "omnicore_ulysses_varlen"
+"""The same function under a name whose mask function builds no mask: used when the core is a
+varlen kernel, so that the foundation does not build an unused ``[T/sp, T/sp]`` mask per forward."""
 POSITION_IDS_KWARG = "ulysses_position_ids"
 
 
@@ -37,6 +43,8 @@ class SPState:
     group: Any
     size: int
     rank: int
+    inner: Any = None
+    """The varlen attention function that runs on the full sequence (None: sdpa with a dense mask)."""
 
     def to_heads(self, x: torch.Tensor, pending: Any = None) -> torch.Tensor:
         """``[B, h, T/sp, D]`` -> ``[B, h/sp, T, D]``."""
@@ -65,8 +73,27 @@ def packed_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
     return ((sample[:, :, None] == sample[:, None, :]) & causal).unsqueeze(1)
 
 
-def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_ids: torch.Tensor, dropout: float, scaling: float | None) -> torch.Tensor:
-    """sdpa on head-sharded, full-sequence q/k/v; repeats KV heads for the local q heads."""
+def inner_attention(lm: Any) -> Any:
+    """The varlen attention function of ``lm``'s current attention implementation, or None when it
+    is not a varlen one (sdpa, eager, ...). Read before Ulysses switches ``lm`` to its own."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from omnicore.model.varlen import is_varlen
+
+    fn = ALL_ATTENTION_FUNCTIONS.get(getattr(lm.config, "_attn_implementation", None) or "")
+    return fn if is_varlen(fn) else None
+
+
+def core_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_ids: torch.Tensor, dropout: float, scaling: float | None, module: Any = None, inner: Any = None
+) -> torch.Tensor:
+    """Attention on head-sharded, full-sequence q ``[B, h/sp, T, D]`` and k/v ``[B, kv/sp, T, D]``
+    (``position_ids``: the global ``[B, T]``); returns ``[B, h/sp, T, D]``. With ``inner`` (a varlen
+    attention function) that function does it, given the global position_ids and no mask; else
+    sdpa with a dense packed causal mask, KV heads repeated for the local q heads."""
+    if inner is not None:
+        out, _ = inner(module, q, k, v, None, dropout=dropout, scaling=scaling, position_ids=position_ids)
+        return out.transpose(1, 2)
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -79,6 +106,8 @@ def ulysses_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     position_ids = kwargs.pop(POSITION_IDS_KWARG, None)
     state = getattr(module, "omnicore_ulysses", None)
     if state is None or position_ids is None:
+        if state is not None and state.inner is not None:  # no Ulysses here (generation): the varlen kernel alone
+            return state.inner(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -87,18 +116,26 @@ def ulysses_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     q = state.to_heads(query)
     k = state.to_heads(state.expand_kv(key))
     v = state.to_heads(state.expand_kv(value))
-    out = core_attention(q, k, v, position_ids, dropout, scaling)
+    out = core_attention(q, k, v, position_ids, dropout, scaling, module, state.inner)
     return state.to_sequence(out).transpose(1, 2).contiguous(), None
 
 
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """Mask function of :data:`ATTN_IMPLEMENTATION_VARLEN`: the varlen core needs none."""
+    return None
+
+
 def register_attention() -> None:
-    """Register the attention function and its mask function (stock sdpa's, so that a call without
-    Ulysses, such as generation, gets the usual mask). Idempotent."""
+    """Register the attention function under :data:`ATTN_IMPLEMENTATION` with stock sdpa's mask
+    function (so that a call without Ulysses, such as generation, gets the usual mask), and under
+    :data:`ATTN_IMPLEMENTATION_VARLEN` with none. Idempotent."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, ulysses_attention)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    AttentionInterface.register(ATTN_IMPLEMENTATION_VARLEN, ulysses_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION_VARLEN, _no_mask)
 
 
 # ---- Async-Ulysses: the all-to-alls overlap the projections --------------------------------------
@@ -132,7 +169,7 @@ def async_attention_forward(self: Any, hidden_states: torch.Tensor, position_emb
     v_pending = start_all_to_all(v, state.group, 1, 2, async_op=True)
     qh, kh, vh = state.to_heads(q, q_pending), state.to_heads(k, k_pending), state.to_heads(v, v_pending)
     dropout = 0.0 if not self.training else getattr(self, "attention_dropout", 0.0)
-    out = core_attention(qh, kh, vh, position_ids, dropout, self.scaling)
+    out = core_attention(qh, kh, vh, position_ids, dropout, self.scaling, self, state.inner)
     out = state.to_sequence(out).transpose(1, 2).reshape(*input_shape, -1).contiguous()
     return self.o_proj(out), None
 

@@ -8,7 +8,9 @@
    ``sp``, or ``sp`` divisible by the KV heads, which are then replicated);
 3. stores an :class:`~omnicore_parallel_ulysses.attention.SPState` on each foundation attention
    module and switches the foundation to the registered attention function (``async_ulysses`` also
-   binds an overlapping forward to those modules); encoders keep their own attention;
+   binds an overlapping forward to those modules); encoders keep their own attention. When the
+   foundation's attention kernel was a varlen one (``model.attention: sdpa_varlen`` or
+   ``flash_attn``), it stays the core that runs on the full sequence (no ``[T, T]`` mask);
 4. registers a sequence hook on the :class:`~omnicore.model.omni.OmniModel`: after the media
    embeddings are merged, the row is padded to a multiple of ``sp`` (padding is a sample of its own
    with ``-100`` labels) and each rank keeps its contiguous slice; the global position_ids go down
@@ -90,7 +92,7 @@ class Ulysses:
     def apply(self, model: Any, mesh: Any) -> Any:
         import torch.distributed as dist
 
-        from omnicore_parallel_ulysses.attention import ATTN_IMPLEMENTATION, SPState, attention_modules, install_async, register_attention
+        from omnicore_parallel_ulysses.attention import ATTN_IMPLEMENTATION, ATTN_IMPLEMENTATION_VARLEN, SPState, attention_modules, inner_attention, install_async, register_attention
 
         if not (dist.is_available() and dist.is_initialized()):
             return model  # one process: nothing to split
@@ -106,9 +108,9 @@ class Ulysses:
         modules = attention_modules(model.lm)
         if not modules:
             raise ValueError(f"ulysses: found no attention modules (with q_proj, k_proj, v_proj, o_proj, head_dim) in {type(model.lm).__name__}")
-        self.state = SPState(group, sp, dist.get_rank(group))
+        self.state = SPState(group, sp, dist.get_rank(group), inner_attention(model.lm))
         register_attention()
-        model.lm.set_attn_implementation(ATTN_IMPLEMENTATION)
+        model.lm.set_attn_implementation(ATTN_IMPLEMENTATION_VARLEN if self.state.inner is not None else ATTN_IMPLEMENTATION)
         for m in modules:
             m.omnicore_ulysses = self.state
             if self.asynchronous:

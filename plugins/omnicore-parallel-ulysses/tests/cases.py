@@ -24,6 +24,11 @@ CASES: dict[str, dict[str, Any]] = {
     "image_straddling": {"lm": {}, "samples": [49], "image_at": 10, "target_at": None, "decoder": True},
     # everything at once: odd length, packing, one KV head, image input and target spans
     "all": {"lm": {"num_key_value_heads": 1}, "samples": [9, 101], "image_at": 15, "target_at": 37, "decoder": True},
+    # with the varlen kernel as the core on the full sequence (no [T, T] mask): packing across the
+    # boundary, odd length (padding sample), samples of equal and unequal lengths (batched and
+    # padded groups), and one KV head replicated over SP
+    "packed_varlen": {"lm": {}, "samples": [11, 21, 5, 5, 3], "image_at": None, "target_at": None, "attention": "sdpa_varlen"},
+    "all_varlen": {"lm": {"num_key_value_heads": 1}, "samples": [9, 101, 9, 17], "image_at": 15, "target_at": 37, "decoder": True, "attention": "sdpa_varlen"},
 }
 
 
@@ -36,6 +41,7 @@ def config(case: str):
         "encoders": {"image": {"name": "siglip", "options": {"config": dict(TINY_SIGLIP)}}} if c["image_at"] is not None else {},
         "decoders": {"image": {"name": "movqgan", "options": {"config": dict(TINY_MOVQ), "image_size": 32}}} if c.get("decoder") else {},
     }
+    model["attention"] = c.get("attention", "sdpa")
     return Config.model_validate({"run": {"seed": 0, "device": "cpu"}, "model": model, "data": {"train": "unused.jsonl"}})
 
 

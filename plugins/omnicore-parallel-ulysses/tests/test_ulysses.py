@@ -37,6 +37,7 @@ def _worker(rank: int, world: int, names: list[str], out: str, sp: int | None) -
             cls = AsyncUlysses if strategy == "async_ulysses" else Ulysses
             s = cls({"sp": sp} if sp else {})
             model = s.apply(model, None)
+            seen = _record_inner(s, name)
             data_rank, data_size = s.data_split(None)
             # as the training loop does: the global target count (each of the data_size groups has
             # this row's n), and the world over which gradients are averaged
@@ -45,7 +46,27 @@ def _worker(rank: int, world: int, names: list[str], out: str, sp: int | None) -
             dist.all_reduce(total)
             total = total / data_size  # the row's loss sum (each data group computed the whole row)
             if rank == 0:
-                torch.save({"loss": total, "grads": grads, "data": (data_rank, data_size), "local": loss}, f"{out}/{name}-{strategy}.pt")
+                torch.save({"loss": total, "grads": grads, "data": (data_rank, data_size), "local": loss, "inner_position_ids": seen}, f"{out}/{name}-{strategy}.pt")
+
+
+def _record_inner(s, name: str) -> list:
+    """For a varlen case: check that the varlen kernel is Ulysses' core and record the position_ids
+    each of its calls gets (they must be the whole row's, not this rank's slice)."""
+    seen: list = []
+    if cases.CASES[name].get("attention") != "sdpa_varlen":
+        assert s.state.inner is None  # sdpa: the dense-mask core
+        return seen
+    from omnicore.builtin.attention_varlen import sdpa_varlen_attention_forward
+
+    assert s.state.inner is sdpa_varlen_attention_forward
+
+    def inner(module, q, k, v, mask, **kw):
+        seen.append(kw["position_ids"].clone())
+        assert mask is None and q.shape[2] == kw["position_ids"].shape[-1]  # full sequence after the all-to-all
+        return sdpa_varlen_attention_forward(module, q, k, v, mask, **kw)
+
+    s.state.inner = inner
+    return seen
 
 
 def _reference(name: str):
@@ -75,6 +96,8 @@ def _run(world: int, names: list[str], tmp_path: Path, sp: int | None = None) ->
         results = {s: torch.load(tmp_path / f"{name}-{s}.pt") for s in STRATEGIES}
         for s, got in results.items():
             report[(name, s)] = _compare(name, got, want_loss * 1.0, want_grads)
+            if cases.CASES[name].get("attention") == "sdpa_varlen":
+                _check_inner_positions(name, got["inner_position_ids"], world if sp is None else sp)
         # Async-Ulysses gives the numbers of Ulysses
         a, b = results["ulysses"], results["async_ulysses"]
         torch.testing.assert_close(a["loss"], b["loss"], rtol=1e-6, atol=0)
@@ -84,9 +107,28 @@ def _run(world: int, names: list[str], tmp_path: Path, sp: int | None = None) ->
     return report
 
 
+def _check_inner_positions(name: str, seen: list, sp: int) -> None:
+    """Every call of the varlen core (one per layer) got the whole row's position_ids, padded to a
+    multiple of ``sp`` by a sample of its own."""
+    lengths = cases.CASES[name]["samples"]
+    t = sum(lengths)
+    pad = -t % sp
+    want = torch.cat([torch.arange(n) for n in lengths + ([pad] if pad else [])]).unsqueeze(0)
+    assert len(seen) == cases.TINY_LM["num_hidden_layers"]
+    for pos in seen:
+        assert torch.equal(pos, want), f"{name}: the varlen core got position_ids {pos.tolist()}"
+
+
 @pytest.mark.parametrize("names", [["odd_length", "gqa_one_kv_head"], ["packed_crossing", "image_straddling"]], ids=["odd-length+gqa", "packed+image"])
 def test_sp2_matches_one_process(names, tmp_path):
     _run(2, names, tmp_path)
+
+
+def test_sp2_varlen_core_matches_one_process(tmp_path):
+    """``model.attention: sdpa_varlen`` under Ulysses SP 2: the varlen kernel is the core on the full
+    sequence (given the global position_ids, no mask) and the losses and gradients equal one
+    process with sdpa_varlen; Async-Ulysses gives the same numbers."""
+    _run(2, ["packed_varlen", "all_varlen"], tmp_path)
 
 
 def test_sp4_everything_at_once(tmp_path):
