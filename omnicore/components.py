@@ -201,10 +201,23 @@ class ParallelStrategy(Protocol):
 
 @runtime_checkable
 class Kernel(Protocol):
-    """A compute kernel chosen by config (an attention backend, a fused loss, a norm).
+    """A compute kernel chosen per op by config (``model.kernels.<op>``; ``model.attention`` is the
+    shorthand for ``model.kernels.attention``).
 
-    ``op`` names what it implements (``"attention"``); ``available()`` returns ``(ok, reason)`` and
-    must be cheap; ``activate(model)`` installs the kernel on a built model.
+    ``op`` names what it implements, one of ``attention``, ``rmsnorm``, ``swiglu``,
+    ``cross_entropy`` (:data:`omnicore.config.KERNEL_OPS`); a kernel configured under another op's
+    key is an error. ``available()`` returns ``(ok, reason)``, must be cheap, and is called for
+    every configured kernel before the foundation is built; ``activate(model)`` installs the kernel
+    on the built transformers model (attention, rmsnorm and swiglu kernels patch it; a
+    cross_entropy kernel has nothing to install).
+
+    A kernel of op ``cross_entropy`` also has
+    ``linear_cross_entropy_sum(hidden, weight, labels, ignore_index=-100, bias=None)``: ``hidden``
+    ``[N, H]`` (final hidden states), ``weight`` ``[V, H]`` (the LM head, possibly tied to the
+    embeddings), ``labels`` LongTensor ``[N]`` (already shifted, ``ignore_index`` where not
+    trained), ``bias`` ``[V]`` or None; returns the fp32 scalar SUM over targets of
+    ``-log softmax(hidden @ weight.T + bias)[label]`` (nats; 0 when all are ignored), differentiable
+    w.r.t. ``hidden``, ``weight`` and ``bias``. OmniModel computes its text loss with it.
     """
 
     op: str

@@ -15,7 +15,8 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 
 class ConfigError(Exception):
@@ -33,6 +34,10 @@ class ComponentConfig(_Strict):
     options: dict[str, Any] = Field(default_factory=dict, description="the component's own options, validated by its options model")
 
 
+KERNEL_OPS: tuple[str, ...] = ("attention", "rmsnorm", "swiglu", "cross_entropy")
+"""The ops a kernel can implement (``Kernel.op``), the keys of ``model.kernels``."""
+
+
 class ModelConfig(_Strict):
     foundation: ComponentConfig = Field(
         default_factory=lambda: ComponentConfig(name="hf_causal_lm"), description="the language model at the centre"
@@ -43,7 +48,49 @@ class ModelConfig(_Strict):
     decoders: dict[str, ComponentConfig] = Field(
         default_factory=dict, description="output-side decoders keyed by modality (image, ...)"
     )
-    attention: str = Field(default="sdpa", description="attention kernel from the registry (kind 'kernel'), e.g. sdpa or eager")
+    attention: str = Field(
+        default="sdpa", description="attention kernel from the registry (kind 'kernel'), e.g. sdpa or eager; shorthand for kernels.attention"
+    )
+    kernels: dict[str, str | ComponentConfig] = Field(
+        default_factory=dict,
+        description="kernel per op: op -> registry kernel name (or {name, options}); ops: attention, rmsnorm, swiglu, cross_entropy. "
+        "Unset ops: sdpa attention, torch_cross_entropy, and the foundation's own rmsnorm and swiglu code",
+    )
+
+    @field_validator("kernels")
+    @classmethod
+    def _known_ops(cls, kernels: dict[str, str | ComponentConfig]) -> dict[str, str | ComponentConfig]:
+        for op in kernels:
+            if op not in KERNEL_OPS:
+                close = difflib.get_close_matches(op, KERNEL_OPS, n=1, cutoff=0.5)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise PydanticCustomError(
+                    "kernel_op", "model.kernels.{op}: unknown op; {hint}valid ops: {ops}", {"op": op, "hint": hint, "ops": ", ".join(KERNEL_OPS)}
+                )
+        return kernels
+
+    @model_validator(mode="after")
+    def _one_attention(self) -> "ModelConfig":
+        chosen = self.kernels.get("attention")
+        if chosen is None:
+            return self
+        name = chosen if isinstance(chosen, str) else chosen.name
+        if "attention" in self.model_fields_set and name != self.attention:
+            raise PydanticCustomError(
+                "kernel_conflict",
+                "model.attention {a} and model.kernels.attention {k} differ; set one (model.attention is shorthand for model.kernels.attention)",
+                {"a": repr(self.attention), "k": repr(name)},
+            )
+        self.__dict__["attention"] = name  # keep the shorthand in step, without marking it as set
+        return self
+
+    def kernel_choices(self) -> dict[str, ComponentConfig]:
+        """The configured kernel of each op: ``attention`` always (``model.attention``, or
+        ``model.kernels.attention``), the other ops only where ``model.kernels`` names one."""
+        out = {"attention": ComponentConfig(name=self.attention)}
+        for op, c in self.kernels.items():
+            out[op] = c if isinstance(c, ComponentConfig) else ComponentConfig(name=c)
+        return out
 
 
 class DataConfig(_Strict):
@@ -73,6 +120,22 @@ class TrainConfig(_Strict):
     keep_checkpoints: int = Field(default=2, gt=0, description="keep the newest N checkpoints")
     export: bool = Field(default=True, description="export the trained components as safetensors folders at the end")
     progress: bool = Field(default=True, description="show a progress bar on rank 0")
+    activation_checkpointing: Literal["none", "full", "selective", "op"] = Field(
+        default="none",
+        description="recompute activations in backward, per transformer block: full (every block), selective (every ac_every-th block), "
+        "op (save matmul/attention outputs, recompute the rest), none",
+    )
+    ac_every: int = Field(default=2, gt=0, description="activation_checkpointing: selective checkpoints every N-th block")
+    compile: bool = Field(default=False, description="torch.compile each transformer block (in place; FSDP2 and checkpointing still apply)")
+    compile_backend: str = Field(default="inductor", description="torch.compile backend for train.compile (inductor; aot_eager to debug)")
+    mixed_precision: Literal["none", "bf16"] = Field(
+        default="none",
+        description="bf16: compute in bfloat16 (autocast; FSDP2 also all-gathers bf16 parameters) with fp32 parameters, optimizer state, "
+        "gradient reductions and loss; none: compute in run.dtype",
+    )
+    peak_tflops: float | None = Field(
+        default=None, gt=0, description="peak dense TFLOP/s of one device for the MFU metric; unset: looked up for known GPUs, else MFU is not reported"
+    )
 
 
 class ParallelConfig(_Strict):

@@ -64,6 +64,25 @@ def omnicore_kernels() -> list[ComponentSpec]:
         ),
         ComponentSpec(
             kind="kernel",
+            name="torch_cross_entropy",
+            target="omnicore.builtin.kernels:TorchCrossEntropy",
+            description="op cross_entropy (default): whole fp32 logits, then F.cross_entropy(reduction='sum')",
+        ),
+        ComponentSpec(
+            kind="kernel",
+            name="chunked_cross_entropy",
+            target="omnicore.builtin.kernels:ChunkedCrossEntropy",
+            options_model="omnicore.builtin.kernels:ChunkedCrossEntropyOptions",
+            description="op cross_entropy: lm_head + loss in row chunks, gradients in forward; never the whole [tokens, vocab] logits",
+        ),
+        ComponentSpec(
+            kind="kernel",
+            name="torch_rms_norm",
+            target="omnicore.builtin.kernels:TorchRMSNorm",
+            description="op rmsnorm: the foundation's RMSNorm modules through torch.nn.functional.rms_norm (fp32)",
+        ),
+        ComponentSpec(
+            kind="kernel",
             name="sdpa_varlen",
             target="omnicore.builtin.attention_varlen:SDPAVarlenAttention",
             description="scaled_dot_product_attention per packed sample (split by position_ids, batched by length); no [T, T] mask, CPU and GPU",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnicore.config import Config
+from omnicore.config import Config, ModelConfig
 from omnicore.data.chat import decoder_start_token, decoder_token, encoder_token, special_tokens
 from omnicore.registry import Registry, RegistryError, registry_for
 
@@ -35,17 +35,51 @@ def _resolve_checkpoints(options: dict[str, Any], base: Path | None) -> dict[str
     return dict(options, checkpoint=str(base / ckpt))
 
 
+def build_kernels(m: ModelConfig, registry: Registry) -> dict[str, Any]:
+    """Build the kernel of each configured op (:meth:`ModelConfig.kernel_choices`) and check it.
+
+    Runs before the foundation is built, so a bad choice costs no weight loading. Returns op ->
+    kernel object (``attention`` always; other ops only where configured).
+
+    Raises:
+        RegistryError: naming the config field (``model.attention`` for the shorthand, else
+            ``model.kernels.<op>``): the kernel is unknown or its options are invalid, it implements
+            another op (``model.kernels.rmsnorm: kernel 'liger_swiglu' implements op 'swiglu', not
+            'rmsnorm'``), or it is unavailable here (its ``requires`` unmet, or ``available()``
+            false; the reason follows).
+    """
+    out: dict[str, Any] = {}
+    for op, c in m.kernel_choices().items():
+        field = "model.attention" if op == "attention" and "attention" not in m.kernels else f"model.kernels.{op}"
+        try:
+            kernel = registry.build("kernel", c.name, c.options)
+        except RegistryError as exc:
+            raise RegistryError(f"{field}: {exc}") from exc
+        got = getattr(kernel, "op", None)
+        if got != op:
+            raise RegistryError(f"{field}: kernel {c.name!r} implements op {got!r}, not {op!r}")
+        if op == "cross_entropy" and not callable(getattr(kernel, "linear_cross_entropy_sum", None)):
+            raise RegistryError(f"{field}: kernel {c.name!r} has no linear_cross_entropy_sum method (the cross_entropy contract)")
+        ok, why = kernel.available()
+        if not ok:
+            raise RegistryError(f"{field}: kernel {c.name!r} is unavailable here: {why}")
+        out[op] = kernel
+    return out
+
+
 def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any, Any]:
     """Build ``(OmniModel, tokenizer)`` from ``cfg.model``, on CPU, randomly initialised or loaded.
 
     A relative ``checkpoint`` in a component's options is taken relative to the config file. The
     foundation's vocabulary is sized to the tokenizer after omnicore's special tokens are added;
-    each encoder and decoder is built with the foundation's hidden size. The attention kernel named
-    in ``cfg.model.attention`` is activated on the foundation.
+    each encoder and decoder is built with the foundation's hidden size. The kernels of
+    ``cfg.model.kernels`` (and ``cfg.model.attention``) are built and checked first (see
+    :func:`build_kernels`), then activated on the foundation; the ``cross_entropy`` kernel computes
+    the model's text loss.
 
     Raises:
         RegistryError: a component is unknown, ambiguous, fails its options, or sits under the wrong
-            modality key.
+            modality key; a kernel is unknown, implements another op or is unavailable here.
     """
     import torch
 
@@ -55,15 +89,9 @@ def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any
     torch.manual_seed(cfg.run.seed)
     m = cfg.model
     base = Path(cfg.source).parent if cfg.source else None
-    # The attention kernel first: an unavailable one (its requires unmet, or its own check failing)
-    # stops the run before any weights are built or loaded.
-    try:
-        kernel = registry.build("kernel", m.attention)
-    except RegistryError as exc:
-        raise RegistryError(f"model.attention: {exc}") from exc
-    ok, why = kernel.available()
-    if not ok:
-        raise RegistryError(f"model.attention: kernel {m.attention!r} is unavailable here: {why}")
+    # Every configured kernel first: an unknown, mismatched or unavailable one (its requires unmet,
+    # or its own check failing) stops the run before any weights are built or loaded.
+    kernels = build_kernels(m, registry)
     foundation = registry.build("foundation", m.foundation.name, _resolve_checkpoints(m.foundation.options, base))
     tokenizer = prepare_tokenizer(foundation.build_tokenizer(), list(m.encoders), list(m.decoders))
     lm = foundation.build_model(vocab_size=len(tokenizer))
@@ -76,11 +104,15 @@ def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any
     for key, c in m.decoders.items():
         decoders[key] = registry.build("decoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden)
         _check_modality(decoders[key], "decoder", key, c.name)
-    kernel.activate(lm)
+    for kernel in kernels.values():
+        kernel.activate(lm)
     ids = tokenizer.convert_tokens_to_ids
     token_ids = {
         "encoder": {k: ids(encoder_token(k)) for k in encoders},
         "decoder": {k: ids(decoder_token(k)) for k in decoders},
         "decoder_start": {k: ids(decoder_start_token(k)) for k in decoders},
     }
-    return OmniModel(lm, encoders, decoders, token_ids), tokenizer
+    model = OmniModel(lm, encoders, decoders, token_ids)
+    if "cross_entropy" in kernels:
+        model.cross_entropy = kernels["cross_entropy"]
+    return model, tokenizer

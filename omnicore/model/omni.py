@@ -20,6 +20,12 @@ from torch import nn
 from omnicore.data.chat import IGNORE_INDEX
 
 
+def _default_cross_entropy() -> Any:
+    from omnicore.builtin.kernels import TorchCrossEntropy
+
+    return TorchCrossEntropy()
+
+
 class PlaceholderMismatch(ValueError):
     """The number of placeholder tokens does not match the encoder/decoder output for a micro-batch."""
 
@@ -46,6 +52,10 @@ class OmniModel(nn.Module):
         decoders: modality -> decoder module (:class:`omnicore.components.Decoder`).
         token_ids: ``{"encoder": {m: id}, "decoder": {m: id}, "decoder_start": {m: id}}``.
     """
+
+    cross_entropy: Any = None
+    """The text loss kernel (op ``cross_entropy``, :meth:`linear_cross_entropy_sum`); None:
+    ``torch_cross_entropy``. :func:`~omnicore.model.build.build_omni_model` sets it from config."""
 
     def __init__(self, lm: nn.Module, encoders: dict[str, nn.Module], decoders: dict[str, nn.Module], token_ids: dict[str, dict[str, int]]):
         super().__init__()
@@ -76,7 +86,8 @@ class OmniModel(nn.Module):
     def blocks(self) -> list[nn.Module]:
         """The foundation's repeated transformer blocks (the FSDP2 / checkpointing unit)."""
         names = set(getattr(self.lm, "_no_split_modules", None) or [])
-        return [m for m in self.lm.modules() if type(m).__name__ in names]
+        # the MRO, so blocks are still found after FSDP2 swapped in its FSDP<Block> subclass
+        return [m for m in self.lm.modules() if any(c.__name__ in names for c in type(m).__mro__)]
 
     # ---- embedding ---------------------------------------------------------------------------
 
@@ -148,8 +159,15 @@ class OmniModel(nn.Module):
         labels = seq["labels"]
         # No attention mask: transformers builds a block-diagonal causal mask from position_ids.
         hidden = self.lm.base_model(inputs_embeds=seq["inputs_embeds"], position_ids=seq["position_ids"], use_cache=False, **seq["foundation_kwargs"]).last_hidden_state
-        logits = self.lm.get_output_embeddings()(hidden).float()
-        text_sum = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+        head = self.lm.get_output_embeddings()
+        logits = None
+        if return_logits:  # eval: the whole logits, and the plain loss from them (= torch_cross_entropy)
+            logits = head(hidden).float()
+            text_sum = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+        else:  # the cross_entropy kernel (model.kernels.cross_entropy): lm_head and loss together
+            ce = self.cross_entropy if self.cross_entropy is not None else _default_cross_entropy()
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            text_sum = ce.linear_cross_entropy_sum(flat, head.weight, labels.reshape(-1), ignore_index=IGNORE_INDEX, bias=getattr(head, "bias", None))
         n = int((labels != IGNORE_INDEX).sum())
         dec_sums: dict[str, torch.Tensor] = {}
         dec_counts: dict[str, int] = {}
@@ -160,4 +178,4 @@ class OmniModel(nn.Module):
             dec_counts[m] = int(sel.sum())
             n += dec_counts[m]
         loss = text_sum + sum(dec_sums.values(), torch.zeros((), device=text_sum.device)) + dummy.float()
-        return ModelOutput(loss, n, text_sum.detach(), {k: v.detach() for k, v in dec_sums.items()}, logits if return_logits else None, dec_counts)
+        return ModelOutput(loss, n, text_sum.detach(), {k: v.detach() for k, v in dec_sums.items()}, logits, dec_counts)

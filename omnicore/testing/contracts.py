@@ -521,11 +521,19 @@ class KernelContract(ComponentContract):
     ``activate`` runs on a tiny transformers causal LM (:func:`tiny_causal_lm`); for ``op ==
     "attention"`` the logits must match transformers' eager attention within ``atol``, on a packed
     row (``position_ids`` restarting at 0 for a second sample, no attention mask, ``use_cache=False``)
-    as omnicore trains, and the second sample must equal that sample run alone.
+    as omnicore trains, and the second sample must equal that sample run alone. For ``rmsnorm`` and
+    ``swiglu`` the activated model's logits must match the model's own within ``atol``.
+
+    ``op == "cross_entropy"``: the kernel must have ``linear_cross_entropy_sum``; when available, its
+    loss and the gradients of hidden, weight and bias must equal the plain PyTorch reference (fp32
+    logits, ``F.cross_entropy(reduction="sum")``) within ``ce_rtol`` (relative), on random fp32 input
+    with ignored labels, run on ``device`` (default: CUDA when torch sees it, else CPU).
     """
 
     kind: ClassVar[str] = "kernel"
     atol: ClassVar[float] = 1e-4
+    ce_rtol: ClassVar[float] = 1e-5
+    device: ClassVar[str | None] = None
 
     def test_implements_protocol(self):
         k = self.build()
@@ -559,6 +567,40 @@ class KernelContract(ComponentContract):
             with torch.no_grad():
                 alone = ref(input_ids=ids[:, 6:], position_ids=pos[:, 6:], use_cache=False).logits
             torch.testing.assert_close(got[:, 6:], alone, atol=self.atol, rtol=self.rtol)
+        elif k.op in ("rmsnorm", "swiglu"):
+            torch.testing.assert_close(got, want, atol=self.atol, rtol=self.rtol)
+
+    def test_cross_entropy_matches_torch(self):
+        k = self.build()
+        if k.op != "cross_entropy":
+            pytest.skip(f"kernel {self.name} implements {k.op!r}, not cross_entropy")
+        assert callable(getattr(k, "linear_cross_entropy_sum", None)), "a cross_entropy kernel must have linear_cross_entropy_sum"
+        ok, reason = k.available()
+        if not ok:
+            pytest.skip(f"kernel {self.name} unavailable here: {reason}")
+        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        gen = torch.Generator().manual_seed(self.seed)
+        n, h, v = 37, 16, 50
+        hidden = torch.randn(n, h, generator=gen)
+        weight = torch.randn(v, h, generator=gen) * 0.5
+        bias = torch.randn(v, generator=gen) * 0.1
+        labels = torch.randint(0, v, (n,), generator=gen)
+        labels[::4] = -100
+        results = []
+        for fn in (k.linear_cross_entropy_sum, None):
+            x, w, b = (t.clone().to(device).requires_grad_() for t in (hidden, weight, bias))
+            y = labels.to(device)
+            if fn is None:  # the plain PyTorch reference
+                loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, w, b).float(), y, ignore_index=-100, reduction="sum")
+            else:
+                loss = fn(x, w, y, ignore_index=-100, bias=b)
+            assert loss.dim() == 0 and loss.dtype == torch.float32
+            loss.backward()
+            results.append([loss.detach(), x.grad, w.grad, b.grad])
+        for what, got, want in zip(("loss", "grad hidden", "grad weight", "grad bias"), *results):
+            scale = want.abs().max().clamp_min(1e-12)
+            err = ((got.float() - want.float()).abs().max() / scale).item()
+            assert err <= self.ce_rtol, f"{what}: max relative difference {err:.3g} > {self.ce_rtol}"
 
 
 # ---- parallel strategies ---------------------------------------------------------------------

@@ -40,5 +40,25 @@ class LigerSwiGLU(_Liger):
 
 
 class LigerFusedLinearCrossEntropy(_Liger):
+    """omnicore's text loss through Liger's fused linear cross-entropy (Hsu et al. 2024, "Liger
+    Kernel", arXiv:2410.10989): the LM head and the loss in chunks, in Triton, never the whole
+    ``[N, V]`` logits. ``model.kernels.cross_entropy: liger_fused_linear_cross_entropy``."""
+
     op = "cross_entropy"
     flag = "fused_linear_cross_entropy"
+
+    def activate(self, model: Any) -> None:
+        """Nothing to patch: OmniModel computes its loss from the hidden states and calls
+        :meth:`linear_cross_entropy_sum` (patching the HF model's own forward would not be used)."""
+
+    def linear_cross_entropy_sum(self, hidden: Any, weight: Any, labels: Any, ignore_index: int = -100, bias: Any = None) -> Any:
+        """Sum over targets of the cross-entropy of ``hidden @ weight.T + bias`` (see
+        :meth:`omnicore.builtin.kernels.TorchCrossEntropy.linear_cross_entropy_sum`: ``hidden``
+        ``[N, H]``, ``weight`` ``[V, H]``, ``labels`` ``[N]`` long; returns an fp32 scalar), through
+        liger's public ``LigerFusedLinearCrossEntropyLoss(reduction="sum")`` (CUDA tensors)."""
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        from omnicore.builtin.kernels import _plain_weight
+
+        loss_fn = LigerFusedLinearCrossEntropyLoss(ignore_index=ignore_index, reduction="sum")
+        return loss_fn(_plain_weight(weight), hidden, labels, bias).float()
