@@ -144,7 +144,7 @@ class ActivationCheckpointing:
         names = {id(m): n for n, m in model.named_modules()}
         chosen = self.chosen(model)
         o = self.options
-        what = {"full": "every block", "op": "every block, saving matmul/attention outputs", "selective": f"every {o.every}-th block"}[o.mode]
+        what = {"full": "every block", "op": "every block, saving matmul/attention outputs", "selective": f"one block in every {o.every}"}[o.mode]
         return StrategyPlan([names[id(b)] for b in chosen], {}, f"activation checkpointing ({o.mode}): {len(chosen)} blocks, {what}")
 
 
