@@ -40,6 +40,20 @@ def omnicore_parallel_strategies() -> list[ComponentSpec]:
         ),
         ComponentSpec(
             kind="parallel",
+            name="activation_checkpointing",
+            target="omnicore.builtin.training:ActivationCheckpointing",
+            options_model="omnicore.builtin.training:ActivationCheckpointingOptions",
+            description="activation checkpointing per transformer block: full, selective (every N-th) or op-level (train.activation_checkpointing)",
+        ),
+        ComponentSpec(
+            kind="parallel",
+            name="compile",
+            target="omnicore.builtin.training:CompileBlocks",
+            options_model="omnicore.builtin.training:CompileOptions",
+            description="torch.compile of each transformer block, in place (train.compile)",
+        ),
+        ComponentSpec(
+            kind="parallel",
             name="none",
             target="omnicore.builtin.parallel:NoParallel",
             description="one process, no sharding (the reference every strategy is compared with)",
