@@ -22,12 +22,14 @@ EXPECTED = [  # (kind, name, provider) in the order `omnicore plugins` lists the
     ("encoder", "whisper", "omnicore-audio-whisper"),
     ("decoder", "movqgan", "omnicore-image-movqgan"),
     ("foundation", "hf_causal_lm", "omnicore"),
+    ("parallel", "activation_checkpointing", "omnicore"),
+    ("parallel", "compile", "omnicore"),
     ("parallel", "ep", "omnicore"),
     ("parallel", "fsdp2", "omnicore"),
     ("parallel", "none", "omnicore"),
-    ("kernel", "eager", "omnicore"),
-    ("kernel", "sdpa", "omnicore"),
+    *(("kernel", k, "omnicore") for k in ("chunked_cross_entropy", "eager", "sdpa", "sdpa_varlen", "torch_cross_entropy", "torch_rms_norm")),
 ]
+BUILTIN_KERNELS = [name for kind, name, _ in EXPECTED if kind == "kernel"]
 HEADER = ["KIND", "NAME", "PROVIDER", "VERSION", "STATUS", "DESCRIPTION"]
 JSON_KEYS = {"kind", "name", "provider", "version", "status", "reason", "description", "entry_point", "target", "api"}
 
@@ -160,7 +162,7 @@ def test_plugins_kind_filter(tmp_path):
     assert header == HEADER
     assert [(row[0], row[1]) for row in rows] == [("encoder", "siglip"), ("encoder", "whisper")]
     r = run(cmd + ["plugins", "--kind", "kernel", "--json"], tmp_path)
-    assert [(d["kind"], d["name"]) for d in rows_json(r.stdout)] == [("kernel", "eager"), ("kernel", "sdpa")]
+    assert [(d["kind"], d["name"]) for d in rows_json(r.stdout)] == [("kernel", k) for k in BUILTIN_KERNELS]
     r = run(cmd + ["plugins", "--kind", "encoders"], tmp_path)
     assert r.returncode == 2
     assert "invalid choice: 'encoders'" in r.stderr
@@ -228,9 +230,7 @@ def test_broken_plugin_is_a_failed_row(tmp_path, fake_site, how):
 
     # --kind keeps failed plugins visible (they might have provided that kind)
     r = run(COMMANDS[how] + ["plugins", "--kind", "kernel", "--json"], tmp_path, env)
-    assert [(d["kind"], d["name"], d["status"]) for d in rows_json(r.stdout)] == [
-        ("kernel", "eager", "available"),
-        ("kernel", "sdpa", "available"),
+    assert [(d["kind"], d["name"], d["status"]) for d in rows_json(r.stdout)] == [("kernel", k, "available") for k in BUILTIN_KERNELS] + [
         ("-", "broken", "failed"),
     ]
 

@@ -21,13 +21,15 @@ from omnicore.registry import Registry, RegistryError
 
 VERSION = "0.1.0"
 
+BUILTINS = [
+    ("foundation", "hf_causal_lm"),
+    *(("parallel", n) for n in ("activation_checkpointing", "compile", "ep", "fsdp2", "none")),
+    *(("kernel", n) for n in ("chunked_cross_entropy", "eager", "sdpa", "sdpa_varlen", "torch_cross_entropy", "torch_rms_norm")),
+]
+"""Every built-in component (kind, name)."""
+
 EXPECTED_INSTALLED = {
-    ("foundation", "hf_causal_lm"): "omnicore",
-    ("parallel", "ep"): "omnicore",
-    ("parallel", "fsdp2"): "omnicore",
-    ("parallel", "none"): "omnicore",
-    ("kernel", "sdpa"): "omnicore",
-    ("kernel", "eager"): "omnicore",
+    **{key: "omnicore" for key in BUILTINS},
     ("encoder", "siglip"): "omnicore-image-siglip",
     ("encoder", "whisper"): "omnicore-audio-whisper",
     ("decoder", "movqgan"): "omnicore-image-movqgan",
@@ -508,12 +510,13 @@ def test_unknown_name_suggests_close_match():
     reg = Registry.discover()
     with pytest.raises(RegistryError) as ei:
         reg.resolve("kernel", "sdpaa")
-    assert str(ei.value) == "no kernel named 'sdpaa'; did you mean 'sdpa'? Known kernels: eager, sdpa."
+    known = ", ".join(sorted(n for k, n in BUILTINS if k == "kernel"))
+    assert str(ei.value) == f"no kernel named 'sdpaa'; did you mean 'sdpa'? Known kernels: {known}."
     with pytest.raises(RegistryError, match="no encoder named 'wisper'; did you mean 'whisper'\\?"):
         reg.resolve("encoder", "wisper")
     with pytest.raises(RegistryError) as ei:
         reg.resolve("parallel", "zzzzzz")
-    assert str(ei.value) == "no parallel named 'zzzzzz' Known parallels: ep, fsdp2, none."
+    assert str(ei.value) == "no parallel named 'zzzzzz' Known parallels: activation_checkpointing, compile, ep, fsdp2, none."
     with pytest.raises(RegistryError) as ei:
         reg.build("kernel", "sdpaa")
     assert "did you mean 'sdpa'?" in str(ei.value)
@@ -577,9 +580,7 @@ def test_build_with_unimportable_target(site):
 
 def test_adding_same_plugin_twice_is_harmless():
     reg = Registry.from_plugins([(builtin_plugin, "omnicore"), (builtin_plugin, "omnicore")])
-    assert sorted((r.kind, r.name) for r in reg.rows) == sorted(
-        [("foundation", "hf_causal_lm"), ("parallel", "ep"), ("parallel", "fsdp2"), ("parallel", "none"), ("kernel", "sdpa"), ("kernel", "eager")]
-    )
+    assert sorted((r.kind, r.name) for r in reg.rows) == sorted(BUILTINS)
     assert {r.status for r in reg.rows} == {"available"}
     reg2 = Registry.discover()
     before = [r.as_dict() for r in reg2.rows]
@@ -610,7 +611,7 @@ def test_registries_are_independent(site):
     b = Registry.discover(entry_points=[])
     assert "fastattn" in {r.name for r in a.components()}
     assert {r.provider for r in b.rows} == {"omnicore"}
-    assert len(b.rows) == 6
+    assert len(b.rows) == len(BUILTINS)
 
 
 # ---- (j) core API version: incompatible plugins are never imported ------------------------------
