@@ -237,3 +237,16 @@ def test_fsdp2_two_processes_with_checkpointing_and_bf16():
         assert r["param_dtypes"] == ["torch.float32"]  # the sharded parameters (and AdamW) stay fp32
         assert max(abs(a - b) / b for a, b in zip(r["losses"], ref_bf16["losses"])) <= 1e-2
         assert max(abs(a - b) / b for a, b in zip(r["losses"], ref["losses"])) <= 2e-2
+
+
+from omnicore.testing import ParallelStrategyContract  # noqa: E402
+
+
+class TestActivationCheckpointingContract(ParallelStrategyContract):
+    name = "activation_checkpointing"
+    options = {"mode": "op"}
+
+
+class TestCompileContract(ParallelStrategyContract):
+    name = "compile"
+    options = {"backend": "eager"}  # dynamo capture without codegen: fast, and exact
