@@ -4,7 +4,7 @@
 What one trial is: 2 fresh gloo processes (``omnicore.testing.distributed.run_distributed``), each
 builds the real :class:`~omnicore.model.omni.OmniModel` through the registry (``hf_causal_lm``
 foundation: Qwen2, hidden 256, 4 heads, 2 KV heads, 2 layers, intermediate 512, byte tokenizer,
-attention kernel ``sdpa``), applies the configured parallel strategies with
+attention kernel ``--attention``, default ``sdpa``), applies the configured parallel strategies with
 ``init_parallel_state`` + ``build_strategies`` + ``parallelize`` (as ``omnicore train`` does), and
 runs one training step (forward, backward of ``loss_sum / targets``, AdamW step) on one text-only
 packed row of ``T`` tokens (``--samples`` packed samples, position_ids restarting per sample).
@@ -21,8 +21,9 @@ The two layouts, both on 2 processes so that gloo, imports and process overheads
   each keeps ``T/2`` tokens outside attention.
 
 Budget: the fixed per-rank budget is ``baseline + --budget-mib`` where ``baseline`` is the largest
-pre-step RSS seen over both layouts and both ranks in the first trials (at ``--start-len``); a trial
-"fits" when the larger of the two ranks' peak RSS is within it. Search per layout: double from
+pre-step RSS seen over both layouts and both ranks in the first trials (at ``--start-len``), or
+``--budget-total-mib`` when given (to compare kernels at the same absolute budget); a trial "fits"
+when the larger of the two ranks' peak RSS is within it. Search per layout: double from
 ``--start-len`` until a trial does not fit (or ``--max-len`` is passed), then ``--bisect`` bisection
 steps on the length, rounded to ``--step`` tokens. Every trial runs in fresh processes, so each
 peak is clean.
@@ -31,23 +32,29 @@ Usage::
 
     .venv/bin/python bench/sp_memory.py [--budget-mib 512] [--start-len 1024] [--max-len 65536]
                                         [--bisect 3] [--step 256] [--samples 4]
+                                        [--attention sdpa|sdpa_varlen|eager] [--budget-total-mib M]
 
-Writes ``bench/results/sp_memory.json`` (every trial: length, baseline and peak RSS per rank, step
-time, fits; the longest fitting length per layout; the ratio sp2/sp1) and prints a table. Figures,
-not assertions.
+``--attention`` is the foundation's kernel (``model.attention``) in both layouts; under Ulysses a
+varlen kernel (``sdpa_varlen``) stays the core on the full sequence (given the global position_ids,
+no mask), while ``sdpa`` or ``eager`` make Ulysses use sdpa with a dense packed mask.
+
+Writes ``bench/results/sp_memory.json`` (``sp_memory_<attention>.json`` for another kernel: every
+trial: length, baseline and peak RSS per rank, step time, fits; the longest fitting length per
+layout; the ratio sp2/sp1) and prints a table. Figures, not assertions.
 
 Caveats:
 
-* Attention memory is O(T^2) here, and on CPU that term is mostly the *mask*, not the scores. A
-  packed row needs a dense boolean ``[T, T]`` mask (the Ulysses attention function builds one per
-  layer from the global position_ids; transformers' sdpa mask does the same for a packed row with
-  SP=1). Measured with torch 2.13 on CPU: sdpa forward+backward with a boolean mask at T=4096 adds
+* With ``sdpa`` (the default), attention memory is O(T^2), and on CPU that term is mostly the
+  *mask*, not the scores. A packed row needs a dense boolean ``[T, T]`` mask (the Ulysses
+  attention function builds one per layer from the global position_ids; transformers' sdpa mask
+  does the same for a packed row with SP=1). Measured with torch 2.13 on CPU: sdpa forward+backward with a boolean mask at T=4096 adds
   ~120 MiB with 4 heads and ~112 MiB with 2 (vs ~42/32 MiB with ``is_causal`` and no mask, and
   256/128 MiB if fp32 scores were materialised): the CPU flash kernel keeps scores blocked, but the
   mask (as bool and as an fp32 additive copy, ~5 bytes per element) is per rank and per layer.
   Without a flash/varlen kernel that takes sample boundaries instead of a mask, the quadratic term
   dominates from a few thousand tokens on, so the SP=2/SP=1 ratio is well under 2 and shrinks as
-  the budget grows.
+  the budget grows. ``--attention sdpa_varlen`` is that kernel: per-sample SDPA, no mask, memory
+  linear in ``T`` (see bench/README.md for the figures).
 * Ulysses divides the activations by SP *outside* attention (embeddings, MLP, norms, logits and
   loss see ``T/SP`` tokens), but attention itself sees the *full* sequence with ``heads/SP`` heads
   per rank: anything per head is halved, while the ``[T, T]`` mask is not divided at all. So the
@@ -208,10 +215,13 @@ def main() -> None:
     p.add_argument("--bisect", type=int, default=3, help="bisection steps after the doubling")
     p.add_argument("--step", type=int, default=256, help="lengths tried in bisection are multiples of this")
     p.add_argument("--samples", type=int, default=4, help="packed samples in the row")
-    p.add_argument("--attention", default="sdpa", help="foundation attention kernel for SP=1 (Ulysses brings its own sdpa core)")
+    p.add_argument("--attention", default="sdpa", help="foundation attention kernel (model.attention); under Ulysses a varlen one (sdpa_varlen) stays the core, else sdpa with a dense mask")
+    p.add_argument("--budget-total-mib", type=float, default=None, help="absolute per-rank budget (overrides baseline + --budget-mib)")
     p.add_argument("--trial-timeout", type=float, default=120)
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "sp_memory.json"))
+    p.add_argument("--out", default=None, help="default: bench/results/sp_memory.json (sdpa) or sp_memory_<attention>.json")
     a = p.parse_args()
+    if a.out is None:
+        a.out = str(ROOT / "bench" / "results" / ("sp_memory.json" if a.attention == "sdpa" else f"sp_memory_{a.attention}.json"))
 
     t0 = time.perf_counter()
     s = Search(a)
@@ -221,14 +231,14 @@ def main() -> None:
     if not bases:
         raise SystemExit(f"the first trials failed: {[r.get('error') for r in first.values()]}")
     baseline = max(bases)
-    budget = baseline + a.budget_mib
+    budget = a.budget_total_mib if a.budget_total_mib is not None else baseline + a.budget_mib
     longest = {lay: s.longest(lay, first[lay], budget) for lay in LAYOUTS}
     ratio = round(longest["sp2"] / longest["sp1"], 3) if longest["sp1"] else None
     capped = {lay: longest[lay] * 2 > a.max_len for lay in LAYOUTS}
     result = {
         "what": "longest packed text row that completes one training step (fwd+bwd+AdamW) within a per-rank peak-RSS budget, 2 gloo processes",
         "layouts": LAYOUTS, "foundation": LM, "attention": a.attention, "samples": a.samples,
-        "baseline_mib": baseline, "budget_mib": round(budget, 1), "budget_above_baseline_mib": a.budget_mib,
+        "baseline_mib": baseline, "budget_mib": round(budget, 1), "budget_above_baseline_mib": round(budget - baseline, 1),
         "search": {"start_len": a.start_len, "max_len": a.max_len, "bisect": a.bisect, "step": a.step},
         "trials": s.trials, "longest": longest, "capped_by_max_len": capped, "ratio_sp2_over_sp1": ratio,
         "wall_s": round(time.perf_counter() - t0, 1),
@@ -237,7 +247,7 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nbudget {budget:.0f} MiB per rank (baseline {baseline:.0f} + {a.budget_mib:.0f})")
+    print(f"\nbudget {budget:.0f} MiB per rank (baseline {baseline:.0f} + {budget - baseline:.0f})")
     print(f"{'layout':<6} {'T':>7} {'peak r0':>8} {'peak r1':>8} {'step s':>7} {'fits':>5}")
     for r in s.trials:
         pk = r.get("peak_mib", ["-", "-"])

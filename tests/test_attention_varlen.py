@@ -245,3 +245,18 @@ def test_packed_logits_and_grads_equal_sdpa_on_the_digits_model(digits_jsonl):
     assert ga.keys() == gb.keys() and len(ga) > 10
     for n in ga:
         torch.testing.assert_close(gb[n], ga[n], atol=1e-5, rtol=0, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_compiled_blocks_follow_new_position_ids():
+    """torch.compile'd blocks (dynamo, eager backend) do not bake in one row's sample plan: the
+    attention runs eagerly, so a second row with other sample lengths gives uncompiled values."""
+    lm, ref = _foundation(IMPLEMENTATION), _foundation(IMPLEMENTATION)
+    for layer in lm.model.layers:
+        layer.compile(backend="eager")
+    ids = torch.randint(0, 64, (1, 97), generator=torch.Generator().manual_seed(0))
+    for rows in ([30, 20, 30, 17], [50, 47], [97]):
+        pos = _pos(rows)
+        with torch.no_grad():
+            got = lm(input_ids=ids, position_ids=pos, use_cache=False).logits
+            want = ref(input_ids=ids, position_ids=pos, use_cache=False).logits
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)

@@ -130,7 +130,16 @@ def sdpa_varlen_attention_forward(
     return out.view(b, t, hq, out.shape[-1]), None
 
 
-mark_varlen(sdpa_varlen_attention_forward)
+def _eager_only(fn: Any) -> Any:
+    """``torch.compiler.disable(fn)``: the sample grouping is data-dependent Python (lengths read on
+    the host, a plan cached per ``position_ids`` tensor), which a compiled block must not trace or
+    bake in; compiled blocks call the attention eagerly (a graph break), as for a custom kernel."""
+    import torch
+
+    return torch.compiler.disable(fn)
+
+
+sdpa_varlen_attention_forward = mark_varlen(_eager_only(sdpa_varlen_attention_forward))
 
 
 def no_mask(*args: Any, **kwargs: Any) -> None:
