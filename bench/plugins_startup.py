@@ -35,6 +35,34 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - t
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment without ``OMNICORE_*`` variables (no allow/disable lists)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("OMNICORE_")}
+
+
+def startup_commands() -> dict[str, list[str]]:
+    """The timed commands by name: the baseline ``python -c pass`` first, then the listing."""
+    script = Path(sys.executable).parent / "omnicore"
+    script_cmd = [str(script)] if script.is_file() else [shutil.which("omnicore") or "omnicore"]
+    return {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "omnicore plugins": script_cmd + ["plugins"],
+        "python -m omnicore plugins": [sys.executable, "-m", "omnicore", "plugins"],
+    }
+
+
+def interleaved(commands: dict[str, list[str]], env: dict[str, str], runs: int, warmup: int) -> dict[str, list[float]]:
+    """Wall seconds of each command over ``runs`` interleaved rounds, after ``warmup`` untimed ones."""
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(warmup):
+        for cmd in commands.values():
+            timed(cmd, env)
+    for _ in range(runs):
+        for name, cmd in commands.items():
+            times[name].append(timed(cmd, env))
+    return times
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20)
@@ -42,14 +70,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "plugins_startup.json"))
     args = ap.parse_args()
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMNICORE_")}
-    script = Path(sys.executable).parent / "omnicore"
-    script_cmd = [str(script)] if script.is_file() else [shutil.which("omnicore") or "omnicore"]
-    commands = {
-        "python -c pass": [sys.executable, "-c", "pass"],
-        "omnicore plugins": script_cmd + ["plugins"],
-        "python -m omnicore plugins": [sys.executable, "-m", "omnicore", "plugins"],
-    }
+    env = clean_env()
+    commands = startup_commands()
+    script_cmd = commands["omnicore plugins"][:-1]
 
     listing = json.loads(subprocess.run(script_cmd + ["plugins", "--json"], env=env, check=True, capture_output=True, text=True).stdout)
     available = sorted({r["provider"] for r in listing if r["status"] == "available"})
@@ -58,13 +81,7 @@ def main() -> int:
     imported = {ln.split("|")[-1].strip() for ln in trace.splitlines() if ln.startswith("import time:")}
     heavy = sorted(m for m in imported if m.split(".")[0] in HEAVY)
 
-    times: dict[str, list[float]] = {name: [] for name in commands}
-    for _ in range(args.warmup):
-        for cmd in commands.values():
-            timed(cmd, env)
-    for _ in range(args.runs):
-        for name, cmd in commands.items():
-            times[name].append(timed(cmd, env))
+    times = interleaved(commands, env, args.runs, args.warmup)
 
     base_best, base_med = min(times["python -c pass"]), statistics.median(times["python -c pass"])
     result = {

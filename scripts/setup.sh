@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development environment in .venv: the CPU build of torch, omnicore and the first-party
-# plugins (editable), and pytest. Safe to run again: it re-installs only when a pyproject changed.
+# plugins (editable), pytest, and accelerate (the bench extra). Safe to run again: it re-installs
+# only when a pyproject changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -18,7 +19,7 @@ fi
 pip_install() { "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
 # torch first and pinned: a looser requirement would pull a multi-GB CUDA build on CPU machines.
 pip_install "torch==2.13.0"
-editable=(-e .)
+editable=(-e ".[bench]")  # the bench extra: accelerate, for the Trainer baseline of bench/run.py
 for p in "${PLUGINS[@]}"; do editable+=(-e "$p"); done
 pip_install "torch==2.13.0" "${editable[@]}" "pytest>=8" "copier==9.19.1"
 echo "$want" > "$stamp"
