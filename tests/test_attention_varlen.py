@@ -260,3 +260,28 @@ def test_compiled_blocks_follow_new_position_ids():
             got = lm(input_ids=ids, position_ids=pos, use_cache=False).logits
             want = ref(input_ids=ids, position_ids=pos, use_cache=False).logits
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_generation_with_kv_cache_equals_sdpa(digits_jsonl):
+    """``omnicore.evaluate.generate`` (prefill, then one query per step against the KV cache):
+    greedy tokens with sdpa_varlen are sdpa's."""
+    from omnicore.config import Config
+    from omnicore.data.chat import ChatProcessor
+    from omnicore.data.jsonl import parse_line
+    from omnicore.evaluate import generate
+    from omnicore.model.build import build_omni_model
+
+    path = digits_jsonl / "train.jsonl"
+    lines = path.read_text().splitlines()[:3]
+    got = {}
+    for attention in ("sdpa", IMPLEMENTATION):
+        raw = tiny_config_dict(str(path), decoders=False)
+        raw["model"]["attention"] = attention
+        model, tok = build_omni_model(Config.model_validate(raw))
+        model.eval()
+        proc = ChatProcessor(tok, dict(model.encoders), dict(model.decoders))
+        got[attention] = [
+            generate(model, tok, proc.encode(parse_line(text, str(path), i + 1), prompt_only=True), max_new_tokens=10)["token_ids"]
+            for i, text in enumerate(lines)
+        ]
+    assert got[IMPLEMENTATION] == got["sdpa"] and all(len(ids) > 1 for ids in got["sdpa"])
