@@ -15,7 +15,7 @@ lr, betas and weight decay, the same gradient clip and the same linear warm-up +
 multiplier. Its step time spans the same work: collation, forward, backward, clip, optimizer and
 scheduler step, and reading the loss.
 
-The two runs are interleaved ``A, B, A, B, ...`` (each a fresh model) and the first ``warmup`` steps
+The two runs are interleaved ``A, B, B, A, A, B, ...`` (each a fresh model; the side that runs first alternates) and the first ``warmup`` steps
 of every run are dropped. Each pair gives a ratio, median omnicore step time over median
 hand-written step time of that pair; the headline ``ratio`` is the median of the pair ratios (a
 burst of load from another process spoils one pair, not the figure). The medians of all kept steps
@@ -175,9 +175,14 @@ def measure(train_path: str, *, max_tokens: int, steps: int, warmup: int, repeat
     hand_t: list[float] = []
     pair_ratios = []
     loss_diff = 0.0
-    for _ in range(repeats):
-        a = run_omnicore(cfg)
-        b = handwritten_train(cfg, len(tokenizer), rows)
+    for rep in range(repeats):
+        # alternate which side runs first, so neither always inherits the other's warm (or hot) machine
+        if rep % 2 == 0:
+            a = run_omnicore(cfg)
+            b = handwritten_train(cfg, len(tokenizer), rows)
+        else:
+            b = handwritten_train(cfg, len(tokenizer), rows)
+            a = run_omnicore(cfg)
         assert [r["tokens"] for r in a] == [r["tokens"] for r in b], "the two loops saw different rows"
         loss_diff = max(loss_diff, max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b)))
         ta = [r["step_time_s"] for r in a[warmup:]]
