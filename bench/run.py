@@ -184,8 +184,12 @@ def table(res: dict[str, Any]) -> str:
             rows.append((f"c. padding waste ({name}), pad-to-longest", f"{p['waste']:.1%}", "", "-",
                          f"batch {p['batch_size']}, mean {p['mean_batch_tokens']:.0f} positions per batch; lengths median {d['lengths']['median']}, p90 {d['lengths']['p90']}, max {d['lengths']['max']}"))
             rows.append((f"c. padding waste ({name}), omnicore packed", f"{q['waste']:.1%}", "", "-", f"{q['rows']} rows of <= {q['max_tokens']} tokens, not padded"))
-            rows.append((f"c. budget fill waste ({name}), omnicore packed", f"{q['budget_fill_waste']:.2%}", "<= 2%",
+            rows.append((f"c. budget fill waste ({name}), omnicore packed (first_fit, the default)", f"{q['budget_fill_waste']:.2%}", "<= 2%",
                          _ok(q["budget_fill_waste"], 0.02, True), f"1 - real / (rows x {q['max_tokens']})"))
+            if "packed_ffd" in d:
+                r = d["packed_ffd"]
+                rows.append((f"c. budget fill waste ({name}), omnicore packed (data.packing: ffd)", f"{r['budget_fill_waste']:.2%}", "<= 2%",
+                             _ok(r["budget_fill_waste"], 0.02, True), f"{r['rows']} rows; first-fit decreasing per window of {r['window']} samples"))
     s = f.get("startup")
     if s:
         rows.append(("d. start-up, omnicore plugins / python -c pass", f"{s['ratio']:.2f}x", "<= 5x", _ok(s["ratio"], 5.0, True),

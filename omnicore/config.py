@@ -102,6 +102,12 @@ class DataConfig(_Strict):
         default="raise", description="bad sample (missing/unreadable media, malformed line): stop with the file and line, or skip and count"
     )
     shuffle: bool = Field(default=True, description="shuffle samples each epoch (seeded by run.seed and the epoch)")
+    packing: Literal["first_fit", "ffd"] = Field(
+        default="first_fit",
+        description="how samples fill micro-batches: first_fit in the shuffled order, or ffd (first-fit decreasing per window of "
+        "packing_window samples, rows shuffled after: fuller rows, rows of similar-length samples)",
+    )
+    packing_window: int = Field(default=4096, gt=0, description="data.packing ffd: samples packed together (larger: fuller rows, more packing time)")
     system_prompt: str | None = Field(default=None, description="optional system message prepended to every sample")
 
 

@@ -252,6 +252,33 @@ def test_packed_stream_deterministic_and_epochs(fake_samples):
     assert plain.epoch_bins(0) == plain.epoch_bins(5) == pack_first_fit([len(s) for s in fake_samples], 16)
 
 
+def test_first_fit_decreasing_fills_rows_first_fit_leaves_open():
+    from omnicore.data.packing import pack_first_fit_decreasing
+
+    lengths = [4, 4, 4, 6, 6, 6]
+    assert pack_first_fit(lengths, 10) == [[0, 1], [2, 3], [4], [5]]  # in order: 4 rows, 2 part-empty
+    assert pack_first_fit_decreasing(lengths, 10) == [[3, 0], [4, 1], [5, 2]]  # longest first: 3 full rows
+    # windows are packed apart: with a window of 3 the 4s and the 6s cannot pair
+    assert pack_first_fit_decreasing(lengths, 10, window=3) == [[0, 1], [2], [3], [4], [5]]
+    with pytest.raises(PackingError, match="sample 1 has 11 tokens"):
+        pack_first_fit_decreasing([3, 11], 10)
+
+
+def test_packed_stream_ffd_covers_every_sample_deterministically(fake_samples):
+    a = PackedStream(fake_samples, 16, seed=3, method="ffd", window=16)
+    b = PackedStream(fake_samples, 16, seed=3, method="ffd", window=16)
+    for e in range(2):
+        bins = a.epoch_bins(e)
+        assert bins == b.epoch_bins(e)
+        assert sorted(i for bn in bins for i in bn) == list(range(40))
+        assert all(sum(len(fake_samples[i]) for i in bn) <= 16 for bn in bins)
+    assert a.epoch_bins(0) != a.epoch_bins(1)
+    fill = lambda s: sum(len(x) for x in fake_samples) / (len(s.epoch_bins(0)) * 16)  # noqa: E731
+    assert fill(PackedStream(fake_samples, 16, seed=3, method="ffd", window=40)) >= fill(PackedStream(fake_samples, 16, seed=3))
+    with pytest.raises(PackingError, match="data.packing: unknown method 'best'"):
+        PackedStream(fake_samples, 16, seed=3, method="best")
+
+
 def test_packed_stream_micro_batch_across_epoch_boundary(fake_samples):
     s = PackedStream(fake_samples, 16, seed=0)
     n0, n1 = len(s.epoch_bins(0)), len(s.epoch_bins(1))

@@ -54,8 +54,9 @@ def choose_batch_size(lengths: list[int], max_tokens: int, seed: int, largest: i
     return best
 
 
-def packing(lengths: list[int], max_tokens: int, seed: int) -> dict[str, Any]:
-    """omnicore's first-fit packing of one epoch (``PackedStream``, shuffled with ``seed``).
+def packing(lengths: list[int], max_tokens: int, seed: int, method: str = "first_fit", window: int = 4096) -> dict[str, Any]:
+    """omnicore's packing of one epoch (``PackedStream``, shuffled with ``seed``; ``method`` is
+    ``data.packing``: ``first_fit`` or ``ffd`` with ``window`` samples per window).
 
     Returns ``rows``, ``real`` (tokens), ``computed`` (= real: rows are not padded), ``waste`` (0.0)
     and ``budget_fill_waste`` = ``1 - real / (rows x max_tokens)``."""
@@ -68,7 +69,7 @@ def packing(lengths: list[int], max_tokens: int, seed: int) -> dict[str, Any]:
         def __len__(self) -> int:
             return self.n
 
-    bins = PackedStream([_Len(n) for n in lengths], max_tokens, seed, shuffle=True).epoch_bins(0)
+    bins = PackedStream([_Len(n) for n in lengths], max_tokens, seed, shuffle=True, method=method, window=window).epoch_bins(0)
     real = sum(lengths)
     return {
         "max_tokens": max_tokens,
@@ -77,10 +78,16 @@ def packing(lengths: list[int], max_tokens: int, seed: int) -> dict[str, Any]:
         "computed": real,
         "waste": 0.0,
         "budget_fill_waste": 1 - real / (len(bins) * max_tokens),
+        "method": method,
+        "window": window,
     }
 
 
 def compare(lengths: list[int], max_tokens: int, seed: int, batch_size: int | None = None) -> dict[str, Any]:
     """Pad-to-longest (batch size from :func:`choose_batch_size` unless given) vs packing."""
     bs = batch_size or choose_batch_size(lengths, max_tokens, seed)
-    return {"pad_to_longest": pad_to_longest(lengths, bs, seed), "packed": packing(lengths, max_tokens, seed)}
+    return {
+        "pad_to_longest": pad_to_longest(lengths, bs, seed),
+        "packed": packing(lengths, max_tokens, seed),
+        "packed_ffd": packing(lengths, max_tokens, seed, method="ffd"),
+    }

@@ -6,7 +6,8 @@ attention mask, transformers derives a block-diagonal causal mask from the resta
 ``position_ids`` (``masking_utils.find_packed_sequence_indices``), so attention never crosses samples.
 
 The stream is a pure function of ``(seed, position)``: epoch ``e`` shuffles the samples with
-``seed + e``, packs them first-fit, and yields the packed micro-batches in order. A run that stops
+``seed + e``, packs them (``data.packing``: first-fit in that order, or first-fit decreasing per
+window with the rows shuffled after), and yields the packed micro-batches in order. A run that stops
 after ``k`` micro-batches resumes by skipping ``k``; with ``G = grad_accum * dp`` micro-batches per
 optimizer step, rank ``r`` takes micro-batches ``r, r + dp, ...`` of each step's ``G``, so one process
 with ``grad_accum = G`` sees exactly the batches that ``G`` processes see together.
@@ -47,6 +48,35 @@ def pack_first_fit(lengths: list[int], max_tokens: int) -> list[list[int]]:
             bins.append([i])
             room.append(max_tokens - n)
     return bins
+
+
+def pack_first_fit_decreasing(lengths: list[int], max_tokens: int, window: int = 4096) -> list[list[int]]:
+    """First-fit decreasing (Johnson 1973) in consecutive windows of ``window`` indices: within a
+    window, longest first, each into the first bin with room; a window's bins are closed before the
+    next window starts, so the cost is ``O(n x bins per window)`` however long the epoch is (the
+    "multipack" idea of packing samplers). Fills rows much closer to ``max_tokens`` than
+    :func:`pack_first_fit` in random order, at the price of rows whose samples have similar lengths
+    (shuffle the returned bins to spread them).
+
+    Returns bins (lists of indices, longest sample first), window by window.
+
+    Raises:
+        PackingError: if one length exceeds ``max_tokens``.
+    """
+    for i, n in enumerate(lengths):
+        if n > max_tokens:
+            raise PackingError(f"sample {i} has {n} tokens, more than the packing budget {max_tokens}")
+    bins: list[list[int]] = []
+    for start in range(0, len(lengths), window):
+        idx = sorted(range(start, min(start + window, len(lengths))), key=lambda i: -lengths[i])
+        local = pack_first_fit([lengths[i] for i in idx], max_tokens)
+        bins.extend([idx[j] for j in b] for b in local)
+    return bins
+
+
+PACKING_METHODS = ("first_fit", "ffd")
+"""``data.packing`` choices: :func:`pack_first_fit` in the shuffled order, or
+:func:`pack_first_fit_decreasing` per window with the bins shuffled after."""
 
 
 @dataclass
@@ -111,7 +141,9 @@ class PackedStream:
         shuffle: shuffle each epoch (otherwise file order).
     """
 
-    def __init__(self, samples: list[Encoded], max_tokens: int, seed: int, shuffle: bool = True):
+    def __init__(self, samples: list[Encoded], max_tokens: int, seed: int, shuffle: bool = True, method: str = "first_fit", window: int = 4096):
+        if method not in PACKING_METHODS:
+            raise PackingError(f"data.packing: unknown method {method!r}; choose one of {', '.join(PACKING_METHODS)}")
         if not samples:
             raise PackingError("no training samples")
         for s in samples:
@@ -121,15 +153,24 @@ class PackedStream:
         self.max_tokens = max_tokens
         self.seed = seed
         self.shuffle = shuffle
+        self.method = method
+        self.window = window
         self._epochs: dict[int, list[list[int]]] = {}
 
     def epoch_bins(self, epoch: int) -> list[list[int]]:
         """Sample indices of every micro-batch of one epoch."""
         if epoch not in self._epochs:
             order = list(range(len(self.samples)))
+            rng = random.Random(self.seed + epoch)
             if self.shuffle:
-                random.Random(self.seed + epoch).shuffle(order)
-            bins = pack_first_fit([len(self.samples[i]) for i in order], self.max_tokens)
+                rng.shuffle(order)
+            lengths = [len(self.samples[i]) for i in order]
+            if self.method == "ffd":
+                bins = pack_first_fit_decreasing(lengths, self.max_tokens, self.window)
+                if self.shuffle:
+                    rng.shuffle(bins)  # FFD emits long-sample rows first; spread them over the epoch
+            else:
+                bins = pack_first_fit(lengths, self.max_tokens)
             self._epochs[epoch] = [[order[j] for j in b] for b in bins]
         return self._epochs[epoch]
 

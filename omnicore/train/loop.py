@@ -135,7 +135,7 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     samples, errors = load_samples(cfg.resolve_path(cfg.data.train), processor, cfg.data.on_error, cfg.data.max_samples)
     if errors:
         log(f"skipped {len(errors)} bad samples (data.on_error=skip); first: {errors[0]}")
-    stream = PackedStream(samples, cfg.data.max_tokens, cfg.run.seed, cfg.data.shuffle)
+    stream = PackedStream(samples, cfg.data.max_tokens, cfg.run.seed, cfg.data.shuffle, cfg.data.packing, cfg.data.packing_window)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f} M parameters; data: {len(samples)} samples from {cfg.data.train}")
 
