@@ -11,7 +11,7 @@ samples (``bench/suite/data.py``: repo text cut to log-normal lengths), the same
 after ``--warmup`` (compilation happens in those), the peak RSS (``peak_mem_mib``) and the loss of
 the last step, whose relative difference from the plain run shows the option changed no numbers
 (checkpointing, kernels) or few (bf16). Writes ``bench/results/train_options.json`` and prints a
-table. About 4 minutes on 2 cores with the defaults (torch.compile's inductor takes most of it).
+table. About 6 minutes on 2 cores with the defaults.
 
 CPU caveats: bf16 matmuls are slower than fp32 on CPUs without AMX/AVX512-BF16, and inductor's gain
 on tiny blocks is small; the memory columns carry over to GPUs, the time columns less so.
