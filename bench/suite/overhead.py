@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 import statistics
 import tempfile
 import time
@@ -96,16 +95,6 @@ def run_omnicore(cfg_dict: dict[str, Any]) -> list[dict[str, Any]]:
             return train(Config.model_validate(d))
 
 
-def _lr_lambda(warmup: int, total: int, min_ratio: float):
-    def fn(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return fn
-
-
 def build_lm(lm: dict[str, Any], vocab_size: int, seed: int) -> Any:
     """A randomly initialised transformers causal LM from ``lm`` (with ``model_type``), seeded."""
     import torch
@@ -122,11 +111,13 @@ def adamw(model: Any, train: dict[str, Any], total_steps: int) -> tuple[Any, Any
     ``train`` config section."""
     import torch
 
+    from omnicore.train.loop import warmup_cosine  # the schedule formula only (a pure function)
+
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": train["weight_decay"]},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=train["lr"], betas=tuple(train["betas"]))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(train["warmup_steps"], total_steps, train["min_lr_ratio"]))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(train["warmup_steps"], total_steps, train["min_lr_ratio"]))
     return opt, sched
 
 

@@ -110,10 +110,24 @@ def _grad_enabled() -> bool:
     return torch.is_grad_enabled()
 
 
-class ActivationCheckpointing:
-    """The ``activation_checkpointing`` strategy (phase ``checkpointing``; uses no mesh dim)."""
+class _BlockOption:
+    """A strategy that changes each transformer block in place and uses no mesh dim."""
 
     mesh_dims: tuple[str, ...] = ()
+
+    def apply_with_state(self, model: Any, state: Any) -> Any:
+        raise NotImplementedError
+
+    def apply(self, model: Any, mesh: Any) -> Any:
+        return self.apply_with_state(model, None)
+
+    def validate(self, model_or_config: Any, state: Any) -> list[Any]:
+        return []
+
+
+class ActivationCheckpointing(_BlockOption):
+    """The ``activation_checkpointing`` strategy (phase ``checkpointing``; uses no mesh dim)."""
+
     phase = "checkpointing"
 
     def __init__(self, options: dict[str, Any] | None = None):
@@ -132,12 +146,6 @@ class ActivationCheckpointing:
             checkpoint_module(block, mode)
         return model
 
-    def apply(self, model: Any, mesh: Any) -> Any:
-        return self.apply_with_state(model, None)
-
-    def validate(self, model_or_config: Any, state: Any) -> list[Any]:
-        return []
-
     def plan(self, model: Any, state: Any, prior: dict[str, Any]) -> Any:
         from omnicore.distributed.parallelize import StrategyPlan
 
@@ -148,10 +156,9 @@ class ActivationCheckpointing:
         return StrategyPlan([names[id(b)] for b in chosen], {}, f"activation checkpointing ({o.mode}): {len(chosen)} blocks, {what}")
 
 
-class CompileBlocks:
+class CompileBlocks(_BlockOption):
     """The ``compile`` strategy (phase ``compile``): ``torch.compile`` each transformer block."""
 
-    mesh_dims: tuple[str, ...] = ()
     phase = "compile"
 
     def __init__(self, options: dict[str, Any] | None = None):
@@ -162,12 +169,6 @@ class CompileBlocks:
         for block in model.blocks():
             block.compile(backend=o.backend, fullgraph=o.fullgraph, dynamic=o.dynamic)
         return model
-
-    def apply(self, model: Any, mesh: Any) -> Any:
-        return self.apply_with_state(model, None)
-
-    def validate(self, model_or_config: Any, state: Any) -> list[Any]:
-        return []
 
     def plan(self, model: Any, state: Any, prior: dict[str, Any]) -> Any:
         from omnicore.distributed.parallelize import StrategyPlan
