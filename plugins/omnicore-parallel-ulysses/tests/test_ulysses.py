@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import cases  # noqa: E402
-from spawn import run_on_processes  # noqa: E402
+from omnicore.testing.distributed import run_distributed  # noqa: E402
 
 STRATEGIES = ("ulysses", "async_ulysses")
 
@@ -88,8 +88,15 @@ def _compare(name: str, got: dict, want_loss: torch.Tensor, want_grads: dict) ->
     return rel_loss, worst
 
 
+def _rank_main(names: list[str], out: str, sp: int | None) -> None:
+    """One rank under omnicore's harness (the process group is up): run the cases."""
+    import torch.distributed as dist
+
+    _worker(dist.get_rank(), dist.get_world_size(), names, out, sp)
+
+
 def _run(world: int, names: list[str], tmp_path: Path, sp: int | None = None) -> dict:
-    run_on_processes(_worker, world, names, str(tmp_path), sp)
+    run_distributed(_rank_main, world, args=(names, str(tmp_path), sp))
     report = {}
     for name in names:
         want_loss, want_grads = _reference(name)
