@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -55,12 +56,24 @@ def fsdp_sp_rank(case: str, parallel: dict, strategy: str = "ulysses") -> dict:
     return {"loss": total / data_size, "grads": grads, "data": (data_rank, data_size), "fsdp": state.size("fsdp")}
 
 
-def test_fsdp2_with_ulysses_sp2_matches_one_process():
+@pytest.mark.parametrize("strategy", ["ulysses", "async_ulysses"])
+def test_fsdp2_with_ulysses_sp2_matches_one_process(strategy):
     t = time.perf_counter()
     want_loss, want_grads = _reference("all")
-    ranks = run_distributed(fsdp_sp_rank, 2, args=("all", {"dp_shard": 1, "sp": 2}))
+    ranks = run_distributed(fsdp_sp_rank, 2, args=("all", {"dp_shard": 1, "sp": 2}, strategy))
     for r, got in enumerate(ranks):
         assert got["fsdp"] == 2 and got["data"] == (0, 1)
         dl, dg = _compare("all", got, want_loss, want_grads)
-        print(f"FSDP2+SP2 rank {r}: loss rel diff {dl:.2e}, grad diff {dg:.2e}")
+        print(f"FSDP2+{strategy} SP2 rank {r}: loss rel diff {dl:.2e}, grad diff {dg:.2e}")
     print(f"took {time.perf_counter() - t:.1f} s")
+
+
+def test_hsdp_with_ulysses_matches_one_process():
+    """HSDP + SP on 4 ranks: dp_replicate 2 x sp 2 (FSDP2 over the sp ranks of each replica, replicated
+    across the two), each replica reading its own copy of the row."""
+    want_loss, want_grads = _reference("all")
+    ranks = run_distributed(fsdp_sp_rank, 4, args=("all", {"dp_replicate": 2, "dp_shard": 1, "sp": 2}))
+    for r, got in enumerate(ranks):
+        assert got["fsdp"] == 2 and got["data"][1] == 2
+        dl, dg = _compare("all", got, want_loss, want_grads)
+        print(f"HSDP 2 x SP2 rank {r}: loss rel diff {dl:.2e}, grad diff {dg:.2e}")
