@@ -80,6 +80,35 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Optimize
     return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=cfg.train.betas, foreach=False)
 
 
+def clip_grad_norm_(parameters: Any, max_norm: float) -> torch.Tensor:
+    """Clip the gradients of ``parameters`` in place to a global L2 norm of ``max_norm``; returns the
+    norm before clipping (a plain scalar tensor, the same on every rank).
+
+    Gradients may be DTensors on *different* meshes: with expert parallelism the experts live on
+    ``(dp_shard_sp, ep)`` and the dense weights on ``fsdp``, and
+    ``torch.nn.utils.clip_grad_norm_`` refuses to stack their norms. So the norm is taken per mesh
+    (each DTensor norm made whole with ``full_tensor()``), combined as ``sqrt(sum of squares)``, and
+    each group is scaled by the same coefficient (torchtitan clips EP models the same way).
+    """
+    grads_by_mesh: dict[Any, list[torch.Tensor]] = {}
+    params = [p for p in parameters if p.grad is not None]
+    for p in params:
+        grads_by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p.grad)
+    total_sq = torch.zeros((), dtype=torch.float32)
+    for grads in grads_by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        total_sq = total_sq + norm.float().cpu() ** 2
+    total = total_sq.sqrt()
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    for p in params:
+        by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+    for group in by_mesh.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total.to(group[0].grad.device))
+    return total
+
+
 def summarize(history: list[dict[str, Any]]) -> str:
     """One line of throughput figures over a run's metrics rows (medians, skipping the first step,
     which pays for warm-up and compilation when there are others)."""
@@ -212,9 +241,7 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
                 part_sums[k] = part_sums.get(k, 0.0) + v
                 part_counts[k] = part_counts.get(k, 0) + c
             tokens += mb.num_tokens / replicas
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = clip_grad_norm_(model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
         lr = scheduler.get_last_lr()[0]  # the rate this step uses
         optimizer.step()
         scheduler.step()
