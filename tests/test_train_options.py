@@ -250,3 +250,15 @@ class TestActivationCheckpointingContract(ParallelStrategyContract):
 class TestCompileContract(ParallelStrategyContract):
     name = "compile"
     options = {"backend": "eager"}  # dynamo capture without codegen: fast, and exact
+
+
+def test_bf16_trains_the_omni_modal_model(digits_jsonl, tmp_path):
+    """bf16 with every encoder and decoder, including the dummy passes of modalities a micro-batch
+    lacks (their feature extraction must not run under autocast): losses close to fp32."""
+    no_audio = tmp_path / "no_audio.jsonl"  # every micro-batch lacks audio: the whisper dummy pass runs
+    lines = (digits_jsonl / "train.jsonl").read_text().splitlines()
+    no_audio.write_text("".join(x + "\n" for x in lines if '"audio"' not in x).replace('"images/', f'"{digits_jsonl}/images/'))
+    d = tiny_config_dict(str(no_audio), max_steps=2)
+    fp32 = _train(d, tmp_path, "fp32")
+    bf16 = _train({**d, "train": {**d["train"], "mixed_precision": "bf16"}}, tmp_path, "bf16")
+    assert [r["loss"] for r in bf16] == pytest.approx([r["loss"] for r in fp32], rel=2e-2)

@@ -111,7 +111,10 @@ class OmniModel(nn.Module):
                     raise PlaceholderMismatch(f"{m} encoder produced {out.shape[0]} embeddings for {int(mask.sum())} placeholders{where}")
                 embeds = embeds.masked_scatter(mask.unsqueeze(-1), out)
             else:
-                dummy = dummy + 0.0 * enc(enc.dummy_batch()).sum()
+                # the dummy input is data preparation (feature extractors, numpy): never under autocast
+                with torch.autocast(input_ids.device.type, enabled=False):
+                    batch = enc.dummy_batch()
+                dummy = dummy + 0.0 * enc(batch).sum()
         codes: dict[str, torch.Tensor] = {}
         for m, dec in self.decoders.items():
             mask = input_ids == self.token_ids["decoder"][m]
@@ -122,7 +125,8 @@ class OmniModel(nn.Module):
                 embeds = embeds.masked_scatter(mask.unsqueeze(-1), dec.embed(c).to(embeds.dtype))
                 codes[m] = c
             else:
-                c = dec.dummy_codes().to(input_ids.device)
+                with torch.autocast(input_ids.device.type, enabled=False):
+                    c = dec.dummy_codes().to(input_ids.device)
                 dummy = dummy + 0.0 * dec.head(dec.embed(c)).sum()
         return embeds, codes, dummy
 
