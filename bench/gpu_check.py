@@ -2,7 +2,7 @@
 
 One command on a CUDA machine with ``flash-attn`` installed (``pip install -e plugins/omnicore-kernels-flash-attn[gpu]``)::
 
-    python bench/gpu_check.py            # writes bench/results/gpu_check.json, prints a table
+    .venv/bin/python bench/gpu_check.py      # writes bench/results/gpu_check.json, prints a table
 
 1. **Equality on packed data.** One packed row of ``--tokens`` tokens (samples of log-normal length)
    through the same weights with ``model.attention: sdpa`` (block-diagonal mask) and ``flash_attn``

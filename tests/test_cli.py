@@ -392,3 +392,22 @@ def test_disabled_plugin_is_never_imported_by_the_listing(tmp_path, no_load_site
     status = {row[1]: row[4] for row in rows}
     assert status["exits"] == "disabled" and status["whisper"] == "available" and status["sdpa"] == "available"
     assert status["future"] == "disabled"
+
+
+def test_missing_component_checkpoint_is_a_one_line_error(tmp_path):
+    """A component factory's ValueError (here: MoVQGAN's missing checkpoint folder) is reported as
+    one `error:` line naming the config field, exit code 2, in plan and in train."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        "model:\n"
+        "  foundation: {name: hf_causal_lm, options: {config: {model_type: qwen2, hidden_size: 32, intermediate_size: 64, "
+        "num_hidden_layers: 1, num_attention_heads: 4, num_key_value_heads: 2}}}\n"
+        "  decoders: {image: {name: movqgan, options: {checkpoint: nowhere/movq}}}\n"
+        "data: {train: data.jsonl}\n"
+    )
+    for args in (["plan", str(cfg), "--world-size", "1"], ["train", str(cfg), "--run.output_dir", str(tmp_path / "run")]):
+        r = run(COMMANDS["module"] + args, tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert "Traceback" not in r.stderr
+        assert r.stderr.strip().splitlines()[-1].startswith("error: model.decoders.image: decoder 'movqgan': MoVQGAN checkpoint folder")
+    assert not (tmp_path / "run").exists()

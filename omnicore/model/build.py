@@ -67,6 +67,18 @@ def build_kernels(m: ModelConfig, registry: Registry) -> dict[str, Any]:
     return out
 
 
+def _build(registry: Registry, field: str, kind: str, name: str, options: dict[str, Any], **kwargs: Any) -> Any:
+    """``registry.build`` for one configured component; a factory's ``ValueError`` or ``OSError``
+    (a missing checkpoint folder, a bad file) becomes a :class:`RegistryError` naming the config
+    field, so the CLI reports it as a one-line error."""
+    try:
+        return registry.build(kind, name, options, **kwargs)
+    except RegistryError:
+        raise
+    except (ValueError, OSError) as exc:
+        raise RegistryError(f"{field}: {kind} {name!r}: {exc}") from exc
+
+
 def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any, Any]:
     """Build ``(OmniModel, tokenizer)`` from ``cfg.model``, on CPU, randomly initialised or loaded.
 
@@ -92,17 +104,17 @@ def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any
     # Every configured kernel first: an unknown, mismatched or unavailable one (its requires unmet,
     # or its own check failing) stops the run before any weights are built or loaded.
     kernels = build_kernels(m, registry)
-    foundation = registry.build("foundation", m.foundation.name, _resolve_checkpoints(m.foundation.options, base))
+    foundation = _build(registry, "model.foundation", "foundation", m.foundation.name, _resolve_checkpoints(m.foundation.options, base))
     tokenizer = prepare_tokenizer(foundation.build_tokenizer(), list(m.encoders), list(m.decoders))
     lm = foundation.build_model(vocab_size=len(tokenizer))
     hidden = lm.config.get_text_config().hidden_size
     encoders = {}
     for key, c in m.encoders.items():
-        encoders[key] = registry.build("encoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden)
+        encoders[key] = _build(registry, f"model.encoders.{key}", "encoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden)
         _check_modality(encoders[key], "encoder", key, c.name)
     decoders = {}
     for key, c in m.decoders.items():
-        decoders[key] = registry.build("decoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden)
+        decoders[key] = _build(registry, f"model.decoders.{key}", "decoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden)
         _check_modality(decoders[key], "decoder", key, c.name)
     for kernel in kernels.values():
         kernel.activate(lm)

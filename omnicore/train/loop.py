@@ -183,7 +183,12 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     data_split = getattr(strategy, "data_split", None)
     data_rank, data_size = data_split(state) if data_split is not None else (state.dp_rank, state.dp_size)
     replicas = state.world_size // data_size
-    log(f"parallel: {state.layout.describe()}; strategies: {', '.join(n for n, _ in strategies) or 'none'}; data split into {data_size} shard(s), one per data-parallel group")
+    names = [n for n, _ in strategies if n.split(":")[-1] != "none"] or ["none"]
+    log(f"parallel: {state.layout.describe()}; strategies: {', '.join(names)}; data split into {data_size} shard(s), one per data-parallel group")
+    kernels = {op: c.name for op, c in cfg.model.kernel_choices().items()}
+    kernels.setdefault("cross_entropy", "torch_cross_entropy")
+    precision = "bf16 mixed (fp32 parameters)" if cfg.train.mixed_precision == "bf16" else cfg.run.dtype
+    log(f"kernels: {', '.join(f'{op}={k}' for op, k in kernels.items())} (other ops: the foundation's own code); precision: {precision}")
 
     optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.min_lr_ratio))
