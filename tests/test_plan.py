@@ -147,3 +147,17 @@ def test_parallelize_refuses_ep_without_a_sharding_strategy():
     state = SimpleNamespace(size=layout.size, world_size=2)
     with pytest.raises(ParallelizeError, match="add fsdp2 to parallel.strategies"):
         parallelize(object(), state, [("ep", ExpertParallel({}))])
+
+
+def test_plan_shows_training_options_kernels_and_precision(capsys, tmp_path):
+    from omnicore.cli import main
+
+    path = _write(tmp_path, {"dp_shard": -1})
+    rc = main(["plan", path, "--world-size", "2", "--train.activation_checkpointing", "selective", "--train.ac_every", "2",
+               "--train.mixed_precision", "bf16", "--model.kernels", "{cross_entropy: chunked_cross_entropy}"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    # TINY_LM has 2 blocks: selective 1-in-2 checkpoints block 0 only; FSDP2 still wraps both
+    assert "activation_checkpointing [checkpointing]: activation checkpointing (selective): 1 block, one block in every 2; wraps lm.model.layers.0\n" in out
+    assert "fsdp2 [sharding]" in out
+    assert "kernels: attention=sdpa, cross_entropy=chunked_cross_entropy; precision: bf16 mixed" in out

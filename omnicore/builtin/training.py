@@ -153,7 +153,7 @@ class ActivationCheckpointing(_BlockOption):
         chosen = self.chosen(model)
         o = self.options
         what = {"full": "every block", "op": "every block, saving matmul/attention outputs", "selective": f"one block in every {o.every}"}[o.mode]
-        return StrategyPlan([names[id(b)] for b in chosen], {}, f"activation checkpointing ({o.mode}): {len(chosen)} blocks, {what}")
+        return StrategyPlan([names[id(b)] for b in chosen], {}, f"activation checkpointing ({o.mode}): {len(chosen)} block{'s' if len(chosen) != 1 else ''}, {what}")
 
 
 class CompileBlocks(_BlockOption):

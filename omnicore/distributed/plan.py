@@ -37,6 +37,9 @@ class PlanReport:
     optimizer_bytes_per_rank: int = 0
     total_param_bytes: int = 0
     violations: list[Violation] = field(default_factory=list)
+    kernels: dict[str, str] = field(default_factory=dict)
+    """op -> kernel name (the ops a config sets, plus the attention and cross_entropy defaults)."""
+    precision: str = "float32"
 
     @property
     def ok(self) -> bool:
@@ -52,6 +55,8 @@ class PlanReport:
             "grad_bytes_per_rank": self.param_bytes_per_rank,
             "optimizer_bytes_per_rank": self.optimizer_bytes_per_rank,
             "violations": [{"field": v.field, "message": v.message, "source": v.source} for v in self.violations],
+            "kernels": dict(self.kernels),
+            "precision": self.precision,
             "ok": self.ok,
         }
 
@@ -74,6 +79,8 @@ class PlanReport:
                 continue
             mods = ", ".join(p.modules[:8]) + (f", ... ({len(p.modules)} in all)" if len(p.modules) > 8 else "")
             out.append(f"  {name} [{phase}]: {p.note}" + (f"; wraps {mods}" if p.modules else ""))
+        if self.kernels:
+            out.append("kernels: " + ", ".join(f"{op}={k}" for op, k in self.kernels.items()) + f"; precision: {self.precision}")
         if self.layout_ok:
             out.append(
                 f"memory per rank: parameters {_fmt(self.param_bytes_per_rank)}, gradients {_fmt(self.param_bytes_per_rank)}, "
@@ -126,6 +133,9 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
     registry = registry or registry_for(cfg)
     layout, errors = _planned_layout(cfg.parallel, world_size)
     report = PlanReport(world_size, layout, not errors)
+    report.kernels = {op: c.name for op, c in cfg.model.kernel_choices().items()}
+    report.kernels.setdefault("cross_entropy", "torch_cross_entropy")
+    report.precision = "bf16 mixed (fp32 parameters, gradient reductions and optimizer)" if cfg.train.mixed_precision == "bf16" else cfg.run.dtype
     report.violations += [Violation(f, m) for f, m in errors]
     state = ParallelState(0, world_size, 0, torch.device("meta"), None, layout)
     strategies = build_strategies(cfg.parallel, registry, world_size > 1, cfg.train)
