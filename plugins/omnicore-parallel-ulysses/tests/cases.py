@@ -59,20 +59,16 @@ def build(case: str):
     img = Image.fromarray((torch.rand(32, 32, 3, generator=g) * 255).to(torch.uint8).numpy())
     enc_inputs, dec_inputs = {}, {}
     placeholder = torch.zeros_like(ids, dtype=torch.bool)
-    if c["image_at"] is not None:
-        enc = model.encoders["image"]
-        feats = enc.preprocess(img)
-        n = enc.num_tokens(feats)
-        ids[c["image_at"]: c["image_at"] + n] = model.token_ids["encoder"]["image"]
-        placeholder[c["image_at"]: c["image_at"] + n] = True
-        enc_inputs["image"] = enc.collate([feats])
-    if c["target_at"] is not None:
-        dec = model.decoders["image"]
-        feats = dec.preprocess(img)
-        n = dec.num_tokens(feats)
-        ids[c["target_at"]: c["target_at"] + n] = model.token_ids["decoder"]["image"]
-        placeholder[c["target_at"]: c["target_at"] + n] = True
-        dec_inputs["image"] = dec.collate([feats])
+    # an image input (encoder placeholders) and an image target (decoder placeholders), where the case puts them
+    for at, side, components, inputs in ((c["image_at"], "encoder", model.encoders, enc_inputs), (c["target_at"], "decoder", model.decoders, dec_inputs)):
+        if at is None:
+            continue
+        comp = components["image"]
+        feats = comp.preprocess(img)
+        n = comp.num_tokens(feats)
+        ids[at: at + n] = model.token_ids[side]["image"]
+        placeholder[at: at + n] = True
+        inputs["image"] = comp.collate([feats])
     # labels shifted within each sample (as omnicore's data side does), none on placeholders or sample ends
     labels = torch.full_like(ids, -100)
     pos = []
