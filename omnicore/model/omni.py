@@ -9,6 +9,7 @@ by the global number of targets.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,9 @@ from torch import nn
 from omnicore.data.chat import IGNORE_INDEX
 
 
+@functools.lru_cache(maxsize=None)
 def _default_cross_entropy() -> Any:
+    """The one shared ``torch_cross_entropy`` instance (stateless), not a new one per forward."""
     from omnicore.builtin.kernels import TorchCrossEntropy
 
     return TorchCrossEntropy()

@@ -90,20 +90,17 @@ def clip_grad_norm_(parameters: Any, max_norm: float) -> torch.Tensor:
     (each DTensor norm made whole with ``full_tensor()``), combined as ``sqrt(sum of squares)``, and
     each group is scaled by the same coefficient (torchtitan clips EP models the same way).
     """
-    grads_by_mesh: dict[Any, list[torch.Tensor]] = {}
-    params = [p for p in parameters if p.grad is not None]
-    for p in params:
-        grads_by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p.grad)
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    for p in parameters:
+        if p.grad is not None:
+            by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
     total_sq = torch.zeros((), dtype=torch.float32)
-    for grads in grads_by_mesh.values():
-        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         total_sq = total_sq + norm.float().cpu() ** 2
     total = total_sq.sqrt()
-    by_mesh: dict[Any, list[torch.Tensor]] = {}
-    for p in params:
-        by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
     for group in by_mesh.values():
         torch.nn.utils.clip_grads_with_norm_(group, max_norm, total.to(group[0].grad.device))
     return total
