@@ -98,3 +98,6 @@ def test_startup_reuses_plugins_startup():
 
     r = startup.measure(runs=1, warmup=0)
     assert r["python_c_pass_median_ms"] > 0 and r["ratio"] > 0
+    # the ratio is the two medians' quotient, and the listing really ran (it takes longer than `pass`)
+    assert r["ratio"] == pytest.approx(r["omnicore_plugins_median_ms"] / r["python_c_pass_median_ms"])
+    assert r["omnicore_plugins_median_ms"] > r["python_c_pass_median_ms"]
