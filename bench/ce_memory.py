@@ -40,7 +40,7 @@ def _rss_mib() -> float:
 def one(kernel: str, n: int, h: int, v: int, chunk: int, repeats: int, threads: int) -> dict:
     import torch
 
-    from omnicore.builtin.kernels import ChunkedCrossEntropy, TorchCrossEntropy
+    from omnicore.kernels.cross_entropy import ChunkedCrossEntropy, TorchCrossEntropy
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)

@@ -5,7 +5,7 @@ One command on a CUDA machine with ``flash-attn`` installed (``pip install -e pl
     .venv/bin/python bench/gpu_check.py      # writes bench/results/gpu_check.json, prints a table
 
 1. **Equality on packed data.** One packed row of ``--tokens`` tokens (samples of log-normal length)
-   through the same weights with ``model.attention: sdpa`` (block-diagonal mask) and ``flash_attn``
+   through the same weights with ``model.kernels.attention: sdpa`` (block-diagonal mask) and ``flash_attn``
    (varlen, ``cu_seqlens``), bf16 autocast; the max abs and relative difference of the logits, and
    flash-attn packed vs each sample alone.
 2. **Throughput.** ``omnicore.train.loop.train`` (the real loop) on synthetic text packed into rows
@@ -127,7 +127,7 @@ def throughput(foundation: dict, tokens: int, steps: int, warmup: int, device: s
 
     cfg = Config.model_validate({
         "run": {"output_dir": str(out_dir / attention), "seed": 0, "device": device},
-        "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": foundation}}, "attention": attention},
+        "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": foundation}}, "kernels": {"attention": attention}},
         "data": {"train": str(data), "max_tokens": tokens},
         "train": {"max_steps": steps, "warmup_steps": 2, "lr": 1e-4, "progress": False, "export": False,
                   "mixed_precision": "bf16" if device == "cuda" else "none"},

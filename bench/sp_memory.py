@@ -34,7 +34,7 @@ Usage::
                                         [--bisect 3] [--step 256] [--samples 4]
                                         [--attention sdpa|sdpa_varlen|eager] [--budget-total-mib M]
 
-``--attention`` is the foundation's kernel (``model.attention``) in both layouts; under Ulysses a
+``--attention`` is the foundation's kernel (``model.kernels.attention``) in both layouts; under Ulysses a
 varlen kernel (``sdpa_varlen``) stays the core on the full sequence (given the global position_ids,
 no mask), while ``sdpa`` or ``eager`` make Ulysses use sdpa with a dense packed mask.
 
@@ -94,7 +94,7 @@ def _config(layout: str, attention: str):
 
     return Config.model_validate({
         "run": {"seed": 0, "device": "cpu"},
-        "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": dict(LM)}}, "attention": attention},
+        "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": dict(LM)}}, "kernels": {"attention": attention}},
         "data": {"train": "unused.jsonl"},
         "parallel": LAYOUTS[layout],
     })
@@ -112,8 +112,8 @@ def rank_trial(layout: str, length: int, samples: int, attention: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from omnicore.distributed.parallelize import build_strategies, parallelize
-    from omnicore.distributed.state import init_parallel_state
+    from omnicore.parallel.parallelize import build_strategies, parallelize
+    from omnicore.parallel.state import init_parallel_state
     from omnicore.model.build import build_omni_model
     from omnicore.registry import registry_for
 
@@ -215,7 +215,7 @@ def main() -> None:
     p.add_argument("--bisect", type=int, default=3, help="bisection steps after the doubling")
     p.add_argument("--step", type=int, default=256, help="lengths tried in bisection are multiples of this")
     p.add_argument("--samples", type=int, default=4, help="packed samples in the row")
-    p.add_argument("--attention", default="sdpa", help="foundation attention kernel (model.attention); under Ulysses a varlen one (sdpa_varlen) stays the core, else sdpa with a dense mask")
+    p.add_argument("--attention", default="sdpa", help="foundation attention kernel (model.kernels.attention); under Ulysses a varlen one (sdpa_varlen) stays the core, else sdpa with a dense mask")
     p.add_argument("--budget-total-mib", type=float, default=None, help="absolute per-rank budget (overrides baseline + --budget-mib)")
     p.add_argument("--trial-timeout", type=float, default=120)
     p.add_argument("--out", default=None, help="default: bench/results/sp_memory.json (sdpa) or sp_memory_<attention>.json")

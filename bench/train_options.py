@@ -39,12 +39,12 @@ LM = {"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 768, "num_
 
 VARIANTS: dict[str, list[str]] = {
     "plain": [],
-    "ac_full": ["--train.activation_checkpointing", "full"],
-    "ac_op": ["--train.activation_checkpointing", "op"],
-    "ac_selective": ["--train.activation_checkpointing", "selective", "--train.ac_every", "2"],
-    "compile": ["--train.compile", "true"],
+    "ac_full": ["--parallel.strategies", "[{name: activation_checkpointing, options: {mode: full}}]"],
+    "ac_op": ["--parallel.strategies", "[{name: activation_checkpointing, options: {mode: op}}]"],
+    "ac_selective": ["--parallel.strategies", "[{name: activation_checkpointing, options: {mode: selective, every: 2}}]"],
+    "compile": ["--parallel.strategies", "[compile]"],
     "bf16": ["--train.mixed_precision", "bf16"],
-    "sdpa_varlen": ["--model.attention", "sdpa_varlen"],
+    "sdpa_varlen": ["--model.kernels", "{attention: sdpa_varlen}"],
     "chunked_ce": ["--model.kernels", "{cross_entropy: chunked_cross_entropy}"],
     "torch_rms_norm": ["--model.kernels", "{rmsnorm: torch_rms_norm}"],
 }

@@ -89,7 +89,7 @@ def _config(args: argparse.Namespace, extra: list[str]) -> Any:
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     cfg = _config(args, extra)
-    from omnicore.distributed.state import init_parallel_state, shutdown
+    from omnicore.parallel.state import init_parallel_state, shutdown
     from omnicore.train.loop import train
 
     state = init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
@@ -105,7 +105,7 @@ def cmd_plan(args: argparse.Namespace, extra: list[str]) -> int:
     violated constraint, without starting processes (the model is built on the meta device).
     Exit status 0 when the layout is valid, 2 when a constraint is violated."""
     cfg = _config(args, extra)
-    from omnicore.distributed.plan import make_plan
+    from omnicore.parallel.plan import make_plan
 
     report = make_plan(cfg, args.world_size)
     print(json.dumps(report.as_dict(), indent=1) if args.json else report.render())
@@ -195,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         from omnicore.checkpoint.dcp import CheckpointError
         from omnicore.data.jsonl import SampleError
         from omnicore.data.packing import PackingError
-        from omnicore.distributed.mesh import MeshError
-        from omnicore.distributed.parallelize import ParallelizeError
+        from omnicore.parallel.mesh import MeshError
+        from omnicore.parallel.parallelize import ParallelizeError
 
         user_errors += (SampleError, CheckpointError, PackingError, MeshError, ParallelizeError)
         return handlers[args.command](args, extra)

@@ -8,7 +8,9 @@ A plugin's hook returns light :class:`ComponentSpec` objects. Nothing heavy is i
 component is built: the spec's ``target`` is a ``"module:attr"`` string that the registry resolves
 lazily (see :meth:`omnicore.registry.Registry.build`).
 
-The five kinds and what their ``target`` factory must return:
+The five kinds and what their ``target`` factory must return (each contract below lists every
+member the core reads; PLUGINS.md's reference is generated from the same text and checked by
+``tests/test_docs.py``):
 
 ========== ================================================ ===========================================
 kind       factory signature                                returns
@@ -17,6 +19,7 @@ encoder    ``factory(options: dict, *, hidden_size: int)``  an ``nn.Module`` imp
 decoder    ``factory(options: dict, *, hidden_size: int)``  an ``nn.Module`` implementing :class:`Decoder`
 foundation ``factory(options: dict)``                       an object implementing :class:`Foundation`
 parallel   ``factory(options: dict)``                       an object implementing :class:`ParallelStrategy`
+                                                            (and :class:`SequenceParallel` if it splits batches)
 kernel     ``factory(options: dict)``                       an object implementing :class:`Kernel`
 ========== ================================================ ===========================================
 """
@@ -186,12 +189,113 @@ class Foundation(Protocol):
     def build_model(self, vocab_size: int) -> Any: ...
 
 
+PHASES: tuple[str, ...] = ("attention", "experts", "checkpointing", "compile", "sharding")
+"""The phases of :attr:`ParallelStrategy.phase`, in the order strategies are applied (see
+:mod:`omnicore.parallel.parallelize` for why each comes where it does)."""
+
+DEFAULT_PHASE = "sharding"
+"""The phase of a strategy that declares none (FSDP-like wrappers)."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One violated constraint of a parallel layout, from :meth:`ParallelStrategy.validate` or the
+    core's own mesh checks.
+
+    Attributes:
+        field: the config key to change (``parallel.sp``, ``parallel.strategies``).
+        message: what is wrong and what to change.
+        source: who found it (a strategy name, or ``mesh``).
+    """
+
+    field: str
+    message: str
+    source: str = "mesh"
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+@dataclass
+class StrategyPlan:
+    """What a strategy would do to a model (:meth:`ParallelStrategy.plan`, shown by ``omnicore plan``).
+
+    Attributes:
+        modules: qualified names of the modules it wraps (``""`` or ``"(root)"`` for the root).
+        shards: ``{parameter name: (mesh dim, ways)}`` for each parameter it splits along dim 0;
+            ``omnicore plan`` divides that parameter's bytes by ``ways`` per rank.
+        note: one line for the report.
+    """
+
+    modules: list[str] = field(default_factory=list)
+    shards: dict[str, tuple[str, int]] = field(default_factory=dict)
+    note: str = ""
+
+
+@runtime_checkable
+class ParallelModel(Protocol):
+    """What a parallel strategy may rely on in the model it is given (an
+    :class:`omnicore.model.omni.OmniModel`, an ``nn.Module``): nothing else is stable.
+    """
+
+    lm: Any
+    """The foundation, a transformers ``PreTrainedModel`` (``lm.config``, ``set_attn_implementation``)."""
+
+    encoders: Any
+    """``nn.ModuleDict`` modality -> encoder module."""
+
+    decoders: Any
+    """``nn.ModuleDict`` modality -> decoder module."""
+
+    def blocks(self) -> list[Any]:
+        """The foundation's repeated transformer blocks, in order: the FSDP2, checkpointing and
+        compile unit."""
+
+    def register_sequence_hook(self, hook: Any) -> Any:
+        """Register ``hook(model, seq) -> seq``, called in every forward after the media embeddings
+        are merged and before the foundation runs: the sharding point of sequence parallelism.
+
+        ``seq`` holds, for the whole packed row: ``inputs_embeds`` ``[1, T, H]``; ``position_ids``
+        and ``labels`` ``[1, T]`` (labels already shifted, ``-100`` where not trained);
+        ``decoder_labels`` (modality -> ``[1, T]`` codes, ``-100`` elsewhere); ``cu_seqlens``
+        (int32 ``[n+1]``, the packed samples' boundaries in the row, FlashAttention's varlen
+        convention) and ``max_seqlen`` (int); and ``foundation_kwargs`` (extra keyword arguments of
+        the foundation's forward, which transformers passes down to the attention function). A hook
+        returns the same keys, possibly sliced to this rank's part of the sequence; the losses are
+        then sums over that part. ``cu_seqlens`` always describes the *whole* row (attention
+        wrappers that gather the sequence use it). Returns a handle whose ``remove()`` unregisters.
+        """
+
+
 @runtime_checkable
 class ParallelStrategy(Protocol):
-    """Applies a way of distributing the model, from outside the model code.
+    """Applies one way of distributing the model from outside the model code (VeOmni's
+    model-centric recipe; torchtitan's ``parallelize``).
 
-    ``mesh_dims`` names the DeviceMesh dims the strategy uses; ``apply`` wraps the model in place
-    (for example FSDP2's ``fully_shard`` per block) and returns it.
+    The core reads exactly these members, and no others:
+
+    ``mesh_dims`` (required)
+        The DeviceMesh dims the strategy uses (``dp_replicate``, ``dp_shard``, ``ep``, ``sp`` or
+        the derived ``fsdp``, ``dp_shard_sp``). A mesh dim above size 1 that no strategy names is an
+        error (its ranks would silently train apart).
+    ``apply(model, mesh)`` (required)
+        Wrap ``model`` (a :class:`ParallelModel`) in place and return it; ``mesh`` is the run's
+        ``DeviceMesh`` (None on one process).
+    ``phase`` (optional, default ``"sharding"``)
+        One of :data:`PHASES`: when the strategy is applied relative to the others.
+    ``apply_with_state(model, state)`` (optional)
+        Preferred over ``apply`` when present: gets the whole parallel state (see
+        :class:`ParallelStateView`: derived dims, groups, mixed precision).
+    ``validate(model_or_config, state)`` (optional)
+        ``list[Violation]``: what this layout cannot do with this model. ``omnicore plan`` calls it
+        with a meta-device model and a planned state (no process group); the training run calls it
+        with the real ones before anything is applied.
+    ``plan(model, state, prior)`` (optional)
+        A :class:`StrategyPlan` for ``omnicore plan``'s per-rank memory; ``prior`` maps a parameter
+        name to the splits earlier strategies made, as ``[(dim, ways), ...]``.
+
+    A strategy that splits each micro-batch over several ranks (sequence parallelism) also
+    implements :class:`SequenceParallel`.
     """
 
     mesh_dims: tuple[str, ...]
@@ -200,9 +304,52 @@ class ParallelStrategy(Protocol):
 
 
 @runtime_checkable
+class SequenceParallel(Protocol):
+    """The sub-protocol of a parallel strategy whose ranks share micro-batches (Ulysses): it
+    answers which data each rank reads, and usually shards the sequence in a
+    :meth:`ParallelModel.register_sequence_hook` hook.
+
+    The training loop reads ``data_split`` of the first strategy that has one: the ranks of one
+    data group read the same micro-batches, and the loop divides the target and token counts by the
+    replication (``world_size / count``) so that the loss stays normalised by the global count.
+    """
+
+    def data_split(self, state: Any) -> tuple[int, int]:
+        """``(index, count)``: this rank's data group and the number of data groups (after
+        ``apply``; before it, the strategy may answer the data-parallel default
+        ``(state.dp_rank, state.dp_size)``)."""
+
+
+@runtime_checkable
+class ParallelStateView(Protocol):
+    """What a strategy may read from the ``state`` it is given (an
+    :class:`omnicore.parallel.state.ParallelState`; in ``omnicore plan``, a planned stand-in with
+    the same sizes and no process groups)."""
+
+    rank: int
+    world_size: int
+    mesh: Any
+    """The ``DeviceMesh`` (dims ``dp_replicate, dp_shard, ep, sp``), None on one process."""
+    mixed_precision: str
+    """``none`` or ``bf16`` (FSDP2 then all-gathers bf16 parameters)."""
+
+    @property
+    def distributed(self) -> bool:
+        """Whether a process group is running (world size above 1)."""
+
+    def size(self, dim: str) -> int:
+        """Size of a mesh dim or derived dim (``fsdp`` = ``dp_shard x ep x sp``, ``dp_shard_sp``)."""
+
+    def submesh(self, *dims: str) -> Any:
+        """The sub-``DeviceMesh`` of these dims (a flattened one for derived dims)."""
+
+    def fsdp_mesh(self, shard_dim: str = "fsdp") -> Any:
+        """The mesh FSDP2 shards over: 1-D ``shard_dim``, or 2-D ``(dp_replicate, shard_dim)`` (HSDP)."""
+
+
+@runtime_checkable
 class Kernel(Protocol):
-    """A compute kernel chosen per op by config (``model.kernels.<op>``; ``model.attention`` is the
-    shorthand for ``model.kernels.attention``).
+    """A compute kernel chosen per op by config (``model.kernels.<op>``).
 
     ``op`` names what it implements, one of ``attention``, ``rmsnorm``, ``swiglu``,
     ``cross_entropy`` (:data:`omnicore.config.KERNEL_OPS`); a kernel configured under another op's

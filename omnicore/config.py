@@ -15,7 +15,7 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -37,6 +37,19 @@ class ComponentConfig(_Strict):
 KERNEL_OPS: tuple[str, ...] = ("attention", "rmsnorm", "swiglu", "cross_entropy")
 """The ops a kernel can implement (``Kernel.op``), the keys of ``model.kernels``."""
 
+DEFAULT_ATTENTION = "sdpa"
+"""The attention kernel when ``model.kernels.attention`` is unset."""
+
+REMOVED_KEYS: dict[str, str] = {
+    "model.attention": "model.kernels.attention",
+    "parallel.strategy": "parallel.strategies (a list, e.g. [fsdp2])",
+    "train.activation_checkpointing": "parallel.strategies: add {name: activation_checkpointing, options: {mode: full|selective|op}}",
+    "train.ac_every": "parallel.strategies: {name: activation_checkpointing, options: {mode: selective, every: N}}",
+    "train.compile": "parallel.strategies: add compile (or {name: compile, options: {backend: inductor}})",
+    "train.compile_backend": "parallel.strategies: {name: compile, options: {backend: ...}}",
+}
+"""Keys that said something another key also says, each with the one spelling to use now."""
+
 
 class ModelConfig(_Strict):
     foundation: ComponentConfig = Field(
@@ -47,9 +60,6 @@ class ModelConfig(_Strict):
     )
     decoders: dict[str, ComponentConfig] = Field(
         default_factory=dict, description="output-side decoders keyed by modality (image, ...)"
-    )
-    attention: str = Field(
-        default="sdpa", description="attention kernel from the registry (kind 'kernel'), e.g. sdpa or eager; shorthand for kernels.attention"
     )
     kernels: dict[str, str | ComponentConfig] = Field(
         default_factory=dict,
@@ -69,25 +79,10 @@ class ModelConfig(_Strict):
                 )
         return kernels
 
-    @model_validator(mode="after")
-    def _one_attention(self) -> "ModelConfig":
-        chosen = self.kernels.get("attention")
-        if chosen is None:
-            return self
-        name = chosen if isinstance(chosen, str) else chosen.name
-        if "attention" in self.model_fields_set and name != self.attention:
-            raise PydanticCustomError(
-                "kernel_conflict",
-                "model.attention {a} and model.kernels.attention {k} differ; set one (model.attention is shorthand for model.kernels.attention)",
-                {"a": repr(self.attention), "k": repr(name)},
-            )
-        self.__dict__["attention"] = name  # keep the shorthand in step, without marking it as set
-        return self
-
     def kernel_choices(self) -> dict[str, ComponentConfig]:
-        """The configured kernel of each op: ``attention`` always (``model.attention``, or
-        ``model.kernels.attention``), the other ops only where ``model.kernels`` names one."""
-        out = {"attention": ComponentConfig(name=self.attention)}
+        """The configured kernel of each op: ``attention`` always (``sdpa`` unless
+        ``model.kernels.attention`` names one), the other ops only where ``model.kernels`` names one."""
+        out = {"attention": ComponentConfig(name=DEFAULT_ATTENTION)}
         for op, c in self.kernels.items():
             out[op] = c if isinstance(c, ComponentConfig) else ComponentConfig(name=c)
         return out
@@ -126,14 +121,6 @@ class TrainConfig(_Strict):
     keep_checkpoints: int = Field(default=2, gt=0, description="keep the newest N checkpoints")
     export: bool = Field(default=True, description="export the trained components as safetensors folders at the end")
     progress: bool = Field(default=True, description="show a progress bar on rank 0")
-    activation_checkpointing: Literal["none", "full", "selective", "op"] = Field(
-        default="none",
-        description="recompute activations in backward, per transformer block: full (every block), selective (every ac_every-th block), "
-        "op (save matmul/attention outputs, recompute the rest), none",
-    )
-    ac_every: int = Field(default=2, gt=0, description="activation_checkpointing: selective checkpoints every N-th block")
-    compile: bool = Field(default=False, description="torch.compile each transformer block (in place; FSDP2 and checkpointing still apply)")
-    compile_backend: str = Field(default="inductor", description="torch.compile backend for train.compile (inductor; aot_eager to debug)")
     mixed_precision: Literal["none", "bf16"] = Field(
         default="none",
         description="bf16: compute in bfloat16 (autocast; FSDP2 also all-gathers bf16 parameters) with fp32 parameters, optimizer state, "
@@ -148,16 +135,16 @@ class ParallelConfig(_Strict):
     """How the run is distributed: the DeviceMesh sizes and the strategies applied to the model.
 
     The mesh is ``dp_replicate x dp_shard x ep x sp`` and its product must be the world size (one
-    size may be -1: the rest). See :mod:`omnicore.distributed.mesh` for what each dim means and
-    :mod:`omnicore.distributed.parallelize` for the order strategies are applied in.
+    size may be -1: the rest). See :mod:`omnicore.parallel.mesh` for what each dim means and
+    :mod:`omnicore.parallel.parallelize` for the order strategies are applied in.
     ``omnicore plan CONFIG --world-size N`` checks a layout without starting processes.
     """
 
-    strategy: str = Field(default="auto", description="'auto' (fsdp2 when launched on several processes, else none) or a registry name; ignored when 'strategies' is set")
     strategies: list[str | ComponentConfig] | None = Field(
         default=None,
-        description="parallel strategies from the registry (names, or {name, options}), e.g. [ulysses, fsdp2]; applied in phase order "
-        "(attention, experts, checkpointing, compile, sharding), not list order; unset means 'strategy'",
+        description="parallel strategies from the registry (names, or {name, options}), e.g. [ulysses, activation_checkpointing, fsdp2]; "
+        "applied in phase order (attention, experts, checkpointing, compile, sharding), not list order; unset: [fsdp2] when launched "
+        "on several processes, else [none]",
     )
     dp_replicate: int = Field(default=1, description="HSDP replicas: above 1, FSDP2 becomes HSDP (parameters replicated over this dim, sharded within); -1 = the rest")
     dp_shard: int = Field(default=-1, description="FSDP2 shards per replica; -1 = the rest of the world size")
@@ -166,12 +153,11 @@ class ParallelConfig(_Strict):
     backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description="torch.distributed backend; auto picks nccl on CUDA, gloo on CPU")
 
     def strategy_list(self, distributed: bool) -> list[ComponentConfig]:
-        """The strategies to apply: ``strategies`` when set, else ``strategy`` with ``auto``
-        resolved (``fsdp2`` when ``distributed``, ``none`` otherwise)."""
+        """The strategies to apply: ``strategies`` when set, else ``fsdp2`` when ``distributed``
+        and ``none`` otherwise."""
         if self.strategies is not None:
             return [c if isinstance(c, ComponentConfig) else ComponentConfig(name=c) for c in self.strategies]
-        name = self.strategy if self.strategy != "auto" else ("fsdp2" if distributed else "none")
-        return [ComponentConfig(name=name)]
+        return [ComponentConfig(name="fsdp2" if distributed else "none")]
 
 
 class GenerateConfig(_Strict):
@@ -275,7 +261,9 @@ def format_errors(exc: ValidationError, source: str, overrides: dict[str, Any] |
             if key in given:
                 where = f"command line (--{key})"
                 break
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "extra_forbidden" and dotted in REMOVED_KEYS:
+            msg = f"was removed; use {REMOVED_KEYS[dotted]}"
+        elif err["type"] == "extra_forbidden":
             msg = "unknown key" + _closest(str(loc[-1]), _model_at(loc))
         elif err["type"] == "missing":
             msg = "required key is missing"

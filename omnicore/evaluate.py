@@ -48,7 +48,7 @@ def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None 
         CheckpointError: if there is no such checkpoint or export.
     """
     from omnicore.checkpoint.dcp import latest_checkpoint, load_checkpoint
-    from omnicore.distributed.state import ParallelState
+    from omnicore.parallel.state import ParallelState
     from omnicore.model.build import build_omni_model
 
     if export is not None:

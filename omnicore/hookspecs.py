@@ -12,7 +12,7 @@ A hook module must not import torch or other heavy libraries at import time: ``o
 imports every hook module, and must stay fast and torch-free. Put heavy imports in the module named
 by each spec's ``target``.
 
-Built-in components are registered through these same hooks by :mod:`omnicore.builtin.plugin`.
+Built-in components are registered through these same hooks by :mod:`omnicore.builtins`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Discovery (``Registry.discover``):
 
-1. the built-in plugin :mod:`omnicore.builtin.plugin` is registered first, through the same hooks as
+1. the built-in plugin :mod:`omnicore.builtins` is registered first, through the same hooks as
    any other plugin (as pytest does with its own built-in plugins); built-ins are never disabled;
 2. every entry point of the group ``omnicore`` is then considered in a fixed order (distribution,
    then entry-point name), so the order in which ``importlib.metadata`` lists them never matters.
@@ -368,7 +368,7 @@ class Registry:
         Args:
             entry_points: override the installed entry points (tests pass fakes). Their order does
                 not matter: they are loaded sorted by distribution and entry-point name.
-            builtins: register :mod:`omnicore.builtin.plugin` first.
+            builtins: register :mod:`omnicore.builtins` first.
             disable: entry-point or distribution names not to load (added to
                 ``OMNICORE_DISABLE_PLUGINS``); they are not imported.
             allow: when given (or when ``OMNICORE_ALLOW_PLUGINS`` is set), only the plugins named
@@ -380,7 +380,7 @@ class Registry:
         """
         reg = cls(PluginPolicy.make(disable, allow, strict))
         if builtins:
-            from omnicore.builtin import plugin as builtin_plugin
+            from omnicore import builtins as builtin_plugin
 
             reg.add_plugin(builtin_plugin, provider=BUILTIN_PROVIDER, version=_version(BUILTIN_PROVIDER), entry_point="builtin")
             for row in reg.rows:
@@ -665,7 +665,7 @@ def check_plugins(
             mods.add(row.spec.target.partition(":")[0])
             if row.spec.options_model:
                 mods.add(row.spec.options_model.partition(":")[0])
-    hook_of = {key: ("omnicore.builtin.plugin" if key[1] == "builtin" else key[1].partition(":")[0]) for key in plugins}
+    hook_of = {key: ("omnicore.builtins" if key[1] == "builtin" else key[1].partition(":")[0]) for key in plugins}
     workers = workers or min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {key: pool.submit(check_import, hook_of[key], mods, timeout) for key, mods in plugins.items()}

@@ -1,5 +1,5 @@
-"""The ``sdpa_varlen`` attention kernel (omnicore.builtin.attention_varlen) and the varlen helpers
-(omnicore.model.varlen): real values against per-sample SDPA and against the ``sdpa`` kernel on the
+"""The ``sdpa_varlen`` attention kernel (omnicore.kernels.attention_varlen) and the varlen helpers
+(omnicore.kernels.varlen): real values against per-sample SDPA and against the ``sdpa`` kernel on the
 real digits model, and no ``[T, T]`` tensor anywhere in a packed forward."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from omnicore.builtin.attention_varlen import IMPLEMENTATION, SDPAVarlenAttention, no_mask, register, sdpa_varlen_attention_forward
-from omnicore.model.varlen import bucket_length, cu_seqlens_from_position_ids, is_varlen, plan_varlen
+from omnicore.kernels.attention_varlen import IMPLEMENTATION, SDPAVarlenAttention, no_mask, register, sdpa_varlen_attention_forward
+from omnicore.kernels.varlen import bucket_length, cu_seqlens_from_position_ids, is_varlen, plan_varlen
 
 from conftest import TINY_LM, tiny_config_dict  # noqa: E402  (tests/ is on pytest's pythonpath)
 
@@ -156,7 +156,7 @@ def test_registered_with_no_mask_and_marked_varlen():
 def test_listed_available_by_omnicore_plugins():
     out = subprocess.run([sys.executable, "-m", "omnicore", "plugins", "--kind", "kernel", "--json"], capture_output=True, text=True, check=True)
     rows = {r["name"]: r for r in json.loads(out.stdout)}
-    assert rows["sdpa_varlen"]["status"] == "available" and rows["sdpa_varlen"]["target"] == "omnicore.builtin.attention_varlen:SDPAVarlenAttention"
+    assert rows["sdpa_varlen"]["status"] == "available" and rows["sdpa_varlen"]["target"] == "omnicore.kernels.attention_varlen:SDPAVarlenAttention"
 
 
 # ---- in the model ------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def test_packed_logits_and_grads_equal_sdpa_on_the_digits_model(digits_jsonl):
     results = {}
     for attention in ("sdpa", IMPLEMENTATION):
         raw = tiny_config_dict(str(path))
-        raw["model"]["attention"] = attention
+        raw["model"]["kernels"] = {"attention": attention}
         model, tok = build_omni_model(Config.model_validate(raw))  # seeded: the same weights
         model.eval()
         assert model.lm.config._attn_implementation == attention
@@ -276,7 +276,7 @@ def test_generation_with_kv_cache_equals_sdpa(digits_jsonl):
     got = {}
     for attention in ("sdpa", IMPLEMENTATION):
         raw = tiny_config_dict(str(path), decoders=False)
-        raw["model"]["attention"] = attention
+        raw["model"]["kernels"] = {"attention": attention}
         model, tok = build_omni_model(Config.model_validate(raw))
         model.eval()
         proc = ChatProcessor(tok, dict(model.encoders), dict(model.decoders))

@@ -34,8 +34,8 @@ def fsdp_sp_ep_rank(parallel: dict) -> dict:
     import torch.distributed as dist
 
     from omnicore.config import ParallelConfig
-    from omnicore.distributed.parallelize import build_strategies, parallelize
-    from omnicore.distributed.state import init_parallel_state
+    from omnicore.parallel.parallelize import build_strategies, parallelize
+    from omnicore.parallel.state import init_parallel_state
     from omnicore.registry import Registry
 
     pcfg = ParallelConfig.model_validate(parallel)
@@ -96,7 +96,7 @@ def test_fsdp2_original_contract_refuses_a_mesh_with_sp_or_ep():
     ``parallelize()``, which shards over ``fsdp`` = ``dp_shard x ep x sp`` (checked above)."""
     import pytest
 
-    from omnicore.builtin.parallel import FSDP2
+    from omnicore.parallel.fsdp import FSDP2
 
     class Mesh:
         mesh_dim_names = ("dp_replicate", "dp_shard", "ep", "sp")
@@ -107,7 +107,7 @@ def test_fsdp2_original_contract_refuses_a_mesh_with_sp_or_ep():
         def size(self, i):
             return self.shape[i]
 
-    with pytest.raises(ValueError, match="the mesh's sp dim is above 1 .* omnicore.distributed.parallelize.parallelize"):
+    with pytest.raises(ValueError, match="the mesh's sp dim is above 1 .* omnicore.parallel.parallelize.parallelize"):
         FSDP2().apply(None, Mesh((1, 1, 1, 2)))
     with pytest.raises(ValueError, match="the mesh's ep and sp dims are above 1"):
         FSDP2().apply(None, Mesh((1, 1, 2, 2)))

@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from omnicore.config import Config, ConfigError, load_config, parse_overrides
 
@@ -53,10 +54,11 @@ def test_valid_config_loads_with_defaults(tmp_path):
     assert cfg.model.encoders["audio"].name == "whisper"
     assert cfg.model.encoders["audio"].options == {"pool": 5}
     assert cfg.model.decoders == {}
-    assert cfg.model.attention == "sdpa"
+    assert cfg.model.kernel_choices()["attention"].name == "sdpa"
     assert (cfg.train.max_steps, cfg.train.lr, cfg.train.warmup_steps, cfg.train.betas) == (10, 0.01, 10, (0.9, 0.95))
     assert cfg.data.train == "data/train.jsonl" and cfg.data.eval is None and cfg.data.max_tokens == 1024
-    assert cfg.parallel.strategy == "auto" and cfg.generate.max_new_tokens == 8
+    assert cfg.parallel.strategies is None and cfg.generate.max_new_tokens == 8
+    assert [c.name for c in cfg.parallel.strategy_list(True)] == ["fsdp2"] and [c.name for c in cfg.parallel.strategy_list(False)] == ["none"]
     # data paths resolve relative to the config file's folder
     assert cfg.resolve_path(cfg.data.train) == tmp_path / "data" / "train.jsonl"
     assert cfg.resolve_path("/abs/x.jsonl") == Path("/abs/x.jsonl")
@@ -213,3 +215,30 @@ def test_missing_config_file_is_named(tmp_path):
     assert error_of(missing) == f"config file not found: {missing}"
     # a directory is not a config file either
     assert error_of(tmp_path) == f"config file not found: {tmp_path}"
+
+
+@pytest.mark.parametrize(
+    "key, value, new",
+    [
+        ("model.attention", "eager", "model.kernels.attention"),
+        ("parallel.strategy", "fsdp2", "parallel.strategies"),
+        ("train.activation_checkpointing", "full", "parallel.strategies"),
+        ("train.ac_every", "2", "parallel.strategies"),
+        ("train.compile", "true", "parallel.strategies"),
+        ("train.compile_backend", "aot_eager", "parallel.strategies"),
+    ],
+)
+def test_removed_alias_names_the_one_spelling(tmp_path, key, value, new):
+    """Each config concept is said once: the old spelling of an alias pair is an error that names the
+    key to use, from the file and from the command line alike."""
+    from omnicore.config import REMOVED_KEYS
+
+    section, name = key.split(".")
+    path = write(tmp_path, yaml.safe_dump({"data": {"train": "t.jsonl"}, section: {name: yaml.safe_load(value)}}))
+    with pytest.raises(ConfigError) as ei:
+        load_config(path)
+    assert str(ei.value) == f"{path}: {key}: was removed; use {REMOVED_KEYS[key]}"
+    assert REMOVED_KEYS[key].startswith(new)
+    with pytest.raises(ConfigError) as ei:
+        load_config(write(tmp_path, "data: {train: t.jsonl}\n"), [f"--{key}", value])
+    assert str(ei.value) == f"command line (--{key}): {key}: was removed; use {REMOVED_KEYS[key]}"

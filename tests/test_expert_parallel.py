@@ -152,9 +152,9 @@ def fsdp_ep_rank(ep: int, dp_shard: int, strategy: str = "ep", chunks: int = 2) 
     then FSDP2 of blocks and root over ``fsdp``), an :class:`OmniModel` on packed rows."""
     import torch.distributed as dist
 
-    from omnicore.builtin.parallel import FSDP2
-    from omnicore.distributed.parallelize import parallelize
-    from omnicore.distributed.state import init_parallel_state
+    from omnicore.parallel.fsdp import FSDP2
+    from omnicore.parallel.parallelize import parallelize
+    from omnicore.parallel.state import init_parallel_state
 
     state = init_parallel_state("cpu", "gloo", {"dp_replicate": 1, "dp_shard": dp_shard, "ep": ep, "sp": 1})
     if strategy == "comet_ep":

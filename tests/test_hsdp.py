@@ -48,13 +48,12 @@ def _batches(vocab: int, n: int) -> list[dict[str, torch.Tensor]]:
 def train_steps(parallel: dict, train: dict | None = None) -> dict:
     """Run STEPS optimizer steps; return per-step losses and full gradients (on every rank).
 
-    ``train``: train-section options (activation_checkpointing, compile, mixed_precision) applied as
-    the training loop applies them. Also returns the dtype block 0's MLP weight had in forward and
+    ``train``: train-section options (mixed_precision) applied as the training loop applies them. Also returns the dtype block 0's MLP weight had in forward and
     the parameters' dtypes after the steps."""
     import contextlib
 
-    from omnicore.distributed.parallelize import build_strategies, parallelize
-    from omnicore.distributed.state import ParallelState, init_parallel_state
+    from omnicore.parallel.parallelize import build_strategies, parallelize
+    from omnicore.parallel.state import ParallelState, init_parallel_state
     from omnicore.model.build import build_omni_model
     from omnicore.registry import Registry
 
@@ -63,7 +62,7 @@ def train_steps(parallel: dict, train: dict | None = None) -> dict:
     state = init_parallel_state("cpu", "gloo", cfg.parallel) if torch.distributed.is_initialized() else ParallelState(0, 1, 0, torch.device("cpu"))
     state.mixed_precision = cfg.train.mixed_precision
     model, tok = build_omni_model(cfg, registry)
-    model = parallelize(model, state, build_strategies(cfg.parallel, registry, state.distributed, cfg.train))
+    model = parallelize(model, state, build_strategies(cfg.parallel, registry, state.distributed))
     bf16 = cfg.train.mixed_precision == "bf16"
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     mlp = model.blocks()[0].mlp.down_proj

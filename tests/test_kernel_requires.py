@@ -103,7 +103,7 @@ def test_plugins_json_lists_gpu_kernels_with_reasons(tmp_path):
 @pytest.mark.skipif(not NO_CUDA, reason="on a CUDA machine the kernel may be available")
 def test_train_with_unavailable_attention_exits_2_before_training(digits_jsonl, tmp_path):
     cfg = tiny_config_dict(str(digits_jsonl / "train.jsonl"), output_dir=str(tmp_path / "run"), max_steps=2)
-    cfg["model"]["attention"] = "flash_attn"
+    cfg["model"]["kernels"] = {"attention": "flash_attn"}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     r = subprocess.run(
         [sys.executable, "-m", "omnicore", "train", "config.yaml"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300
@@ -111,6 +111,6 @@ def test_train_with_unavailable_attention_exits_2_before_training(digits_jsonl, 
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
-        f"error: model.attention: kernel/flash_attn from omnicore-kernels-flash-attn is unavailable: {FA_REASON}"
+        f"error: model.kernels.attention: kernel/flash_attn from omnicore-kernels-flash-attn is unavailable: {FA_REASON}"
     )
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

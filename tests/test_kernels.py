@@ -18,7 +18,8 @@ import torch.nn.functional as F
 import yaml
 
 from conftest import TINY_LM, tiny_config_dict
-from omnicore.builtin.kernels import ChunkedCrossEntropy, TorchCrossEntropy, TorchRMSNorm, rms_norm_modules
+from omnicore.kernels.cross_entropy import ChunkedCrossEntropy, TorchCrossEntropy
+from omnicore.kernels.rmsnorm import TorchRMSNorm, rms_norm_modules
 from omnicore.config import Config, ConfigError, load_config
 from omnicore.model.build import build_kernels
 from omnicore.registry import Registry, RegistryError, cuda_present
@@ -295,20 +296,17 @@ def _load_error(tmp_path, model: dict, overrides=None) -> str:
     return str(ei.value)
 
 
-def test_config_kernels_and_attention_shorthand(tmp_path):
+def test_config_kernels_per_op(tmp_path):
     m = _cfg().model
-    assert m.attention == "sdpa" and m.kernels == {}
+    assert m.kernels == {}
     assert {k: v.name for k, v in m.kernel_choices().items()} == {"attention": "sdpa"}
     m = _cfg(kernels={"attention": "eager", "cross_entropy": {"name": "chunked_cross_entropy", "options": {"chunk_size": 64}}, "rmsnorm": "torch_rms_norm"}).model
-    assert m.attention == "eager"  # the shorthand follows model.kernels.attention
     choices = m.kernel_choices()
     assert {k: v.name for k, v in choices.items()} == {"attention": "eager", "cross_entropy": "chunked_cross_entropy", "rmsnorm": "torch_rms_norm"}
     assert choices["cross_entropy"].options == {"chunk_size": 64}
-    assert _cfg(attention="eager", kernels={"attention": "eager"}).model.attention == "eager"  # equal: fine
-    assert _cfg(attention="eager").model.kernel_choices()["attention"].name == "eager"
 
 
-def test_config_unknown_op_and_attention_conflict(tmp_path):
+def test_config_unknown_op_and_removed_attention_shorthand(tmp_path):
     msg = _load_error(tmp_path, {"kernels": {"rms_norm": "torch_rms_norm"}})
     assert msg == (
         f"{tmp_path / 'c.yaml'}: model.kernels: model.kernels.rms_norm: unknown op; did you mean 'rmsnorm'? "
@@ -316,11 +314,9 @@ def test_config_unknown_op_and_attention_conflict(tmp_path):
     )
     msg = _load_error(tmp_path, {}, ["--model.kernels.flux", "x"])
     assert msg == "command line (--model.kernels): model.kernels: model.kernels.flux: unknown op; valid ops: attention, rmsnorm, swiglu, cross_entropy"
-    msg = _load_error(tmp_path, {"attention": "eager", "kernels": {"attention": "sdpa"}})
-    assert msg == (
-        f"{tmp_path / 'c.yaml'}: model: model.attention 'eager' and model.kernels.attention 'sdpa' differ; "
-        "set one (model.attention is shorthand for model.kernels.attention)"
-    )
+    # the old shorthand says what model.kernels.attention says: one spelling, and the error names it
+    msg = _load_error(tmp_path, {"attention": "eager"})
+    assert msg == f"{tmp_path / 'c.yaml'}: model.attention: was removed; use model.kernels.attention"
 
 
 def test_build_kernels_op_mismatch_and_unknown_name():
@@ -329,8 +325,8 @@ def test_build_kernels_op_mismatch_and_unknown_name():
         build_kernels(_cfg(kernels={"rmsnorm": "chunked_cross_entropy"}).model, reg)
     assert str(ei.value) == "model.kernels.rmsnorm: kernel 'chunked_cross_entropy' implements op 'cross_entropy', not 'rmsnorm'"
     with pytest.raises(RegistryError) as ei:
-        build_kernels(_cfg(attention="torch_rms_norm").model, reg)
-    assert str(ei.value) == "model.attention: kernel 'torch_rms_norm' implements op 'rmsnorm', not 'attention'"
+        build_kernels(_cfg(kernels={"attention": "torch_rms_norm"}).model, reg)
+    assert str(ei.value) == "model.kernels.attention: kernel 'torch_rms_norm' implements op 'rmsnorm', not 'attention'"
     with pytest.raises(RegistryError, match=r"^model\.kernels\.swiglu: .*no_such_kernel"):
         build_kernels(_cfg(kernels={"swiglu": "no_such_kernel"}).model, reg)
     built = build_kernels(_cfg(kernels={"cross_entropy": "chunked_cross_entropy", "rmsnorm": "torch_rms_norm"}).model, reg)

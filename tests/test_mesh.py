@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnicore.distributed.mesh import FLAT_DIMS, MESH_DIMS, MeshError, MeshLayout
+from omnicore.parallel.mesh import FLAT_DIMS, MESH_DIMS, MeshError, MeshLayout
 from omnicore.testing.distributed import DistributedTestError, run_distributed
 
 ALL_DIMS = MESH_DIMS + tuple(FLAT_DIMS)
@@ -17,7 +17,7 @@ def query(parallel: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from omnicore.distributed.state import init_parallel_state
+    from omnicore.parallel.state import init_parallel_state
 
     state = init_parallel_state("cpu", "gloo", parallel)
     out = {"rank": state.rank, "dp_rank": state.dp_rank, "dp_size": state.dp_size, "fsdp_mesh": tuple(state.fsdp_mesh().shape)}
@@ -51,7 +51,7 @@ def _check(results: list[dict], layout: MeshLayout) -> None:
 
 
 def test_one_process_state_answers_without_a_process_group():
-    from omnicore.distributed.state import init_parallel_state
+    from omnicore.parallel.state import init_parallel_state
 
     state = init_parallel_state("cpu", "gloo", {"dp_shard": -1})
     assert not state.distributed and state.mesh is None

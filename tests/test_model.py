@@ -27,7 +27,7 @@ def _build(train: Path, attention: str):
 
     if attention not in _BUILT:
         raw = tiny_config_dict(str(train))
-        raw["model"]["attention"] = attention
+        raw["model"]["kernels"] = {"attention": attention}
         model, tok = build_omni_model(Config.model_validate(raw))
         model.eval()  # no dropout: exact comparisons
         _BUILT[attention] = (model, tok, ChatProcessor(tok, dict(model.encoders), dict(model.decoders)))

@@ -49,7 +49,7 @@ def test_plan_cli_hsdp_is_valid_and_prints_mesh_groups_and_memory(tmp_path):
 
 def test_plan_memory_is_sharded_by_the_fsdp_dims(capsys, tmp_path):
     from omnicore.config import load_config
-    from omnicore.distributed.plan import make_plan
+    from omnicore.parallel.plan import make_plan
 
     one = make_plan(load_config(_write(tmp_path, {"dp_shard": -1})), 1)
     four = make_plan(load_config(_write(tmp_path, {"dp_shard": -1})), 4)
@@ -96,7 +96,7 @@ def test_replicate_dim_without_a_sharding_strategy(capsys, tmp_path):
 
 
 def test_strategies_are_ordered_by_phase_not_list_order():
-    from omnicore.distributed.parallelize import ParallelizeError, order_strategies, phase_of
+    from omnicore.parallel.parallelize import ParallelizeError, order_strategies, phase_of
 
     class Attn:
         phase = "attention"
@@ -139,8 +139,8 @@ def test_parallelize_refuses_ep_without_a_sharding_strategy():
     """The same check at apply time (parallelize validates before it changes anything)."""
     from types import SimpleNamespace
 
-    from omnicore.distributed.mesh import MeshLayout
-    from omnicore.distributed.parallelize import ParallelizeError, parallelize
+    from omnicore.parallel.mesh import MeshLayout
+    from omnicore.parallel.parallelize import ParallelizeError, parallelize
     from omnicore.parallel.expert import ExpertParallel
 
     layout = MeshLayout(2, {"dp_replicate": 1, "dp_shard": 1, "ep": 2, "sp": 1})
@@ -153,7 +153,7 @@ def test_plan_shows_training_options_kernels_and_precision(capsys, tmp_path):
     from omnicore.cli import main
 
     path = _write(tmp_path, {"dp_shard": -1})
-    rc = main(["plan", path, "--world-size", "2", "--train.activation_checkpointing", "selective", "--train.ac_every", "2",
+    rc = main(["plan", path, "--world-size", "2", "--parallel.strategies", "[{name: activation_checkpointing, options: {mode: selective, every: 2}}, fsdp2]",
                "--train.mixed_precision", "bf16", "--model.kernels", "{cross_entropy: chunked_cross_entropy}"])
     out = capsys.readouterr().out
     assert rc == 0

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from omnicore.testing import write_fake_distribution
-from omnicore.builtin import plugin as builtin_plugin
+from omnicore import builtins as builtin_plugin
 from omnicore.components import ComponentSpec
 from omnicore.registry import Registry, RegistryError
 
@@ -173,7 +173,7 @@ def test_builtins_and_installed_plugins_are_available():
     assert found[("kernel", "sdpa")].entry_point == "builtin"
     assert not [r for r in reg.rows if r.status != "available"], [r.as_dict() for r in reg.rows if r.status != "available"]
     # resolve the bare names
-    assert reg.resolve("kernel", "sdpa").target == "omnicore.builtin.kernels:SDPAAttention"
+    assert reg.resolve("kernel", "sdpa").target == "omnicore.kernels.attention:SDPAAttention"
     assert reg.resolve("encoder", "whisper").target == "omnicore_audio_whisper.encoder:build"
     assert reg.resolve("decoder", "omnicore-image-movqgan:movqgan").name == "movqgan"
 
@@ -190,7 +190,7 @@ def test_row_as_dict_keys():
         "reason": "",
         "description": d["description"],
         "entry_point": "builtin",
-        "target": "omnicore.builtin.parallel:FSDP2",
+        "target": "omnicore.parallel.fsdp:FSDP2",
         "api": "==1.0",
     }
     assert "FSDP2" in d["description"]
@@ -426,7 +426,7 @@ def test_conflict_with_builtin_name(site):
     assert sdpa == [("omnicore", "conflict"), ("omnicore-sdpa-clone", "conflict")]
     with pytest.raises(RegistryError, match="'omnicore:sdpa', 'omnicore-sdpa-clone:sdpa'"):
         reg.resolve("kernel", "sdpa")
-    assert reg.resolve("kernel", "omnicore:sdpa").target == "omnicore.builtin.kernels:SDPAAttention"
+    assert reg.resolve("kernel", "omnicore:sdpa").target == "omnicore.kernels.attention:SDPAAttention"
     # the plugin never silently replaces the built-in; both rows say how to pick, the built-in included
     rows = {r.provider: r for r in reg.rows if r.name == "sdpa"}
     assert rows["omnicore-sdpa-clone"].reason == (

@@ -10,7 +10,7 @@ normalised by the step's number of target tokens (the Trainer's ``num_items_in_b
   ``max_tokens`` (no padding); one epoch is ``rows`` steps. Attention kernel: omnicore's built-in
   ``sdpa_varlen`` where this omnicore has it (SDPA per packed sample, no ``[T, T]`` mask: what a
   CPU user of omnicore would pick for packed rows), else ``sdpa``.
-* ``omnicore_sdpa``: the same with ``model.attention: sdpa`` (transformers' SDPA with the dense
+* ``omnicore_sdpa``: the same with ``model.kernels.attention: sdpa`` (transformers' SDPA with the dense
   block-diagonal mask of the packed row: the attention path the Trainer runs below), reported so
   that the gain of packing alone and of the varlen kernel can be told apart.
 * ``trainer_padded``: ``Trainer`` with transformers' padding collator ``DataCollatorForSeq2Seq``
@@ -132,7 +132,7 @@ def varlen_available() -> bool:
     """Whether this omnicore has the built-in ``sdpa_varlen`` attention kernel."""
     import importlib.util
 
-    return importlib.util.find_spec("omnicore.builtin.attention_varlen") is not None
+    return importlib.util.find_spec("omnicore.kernels.attention_varlen") is not None
 
 
 def measure(train_path: str, *, max_tokens: int, repeats: int, warmup: int, seed: int = 0, lm: dict | None = None) -> dict[str, Any]:

@@ -51,10 +51,10 @@ LM = {
 def config_dict(train: str, output_dir: str, *, max_tokens: int, max_steps: int, lm: dict | None = None, seed: int = 0,
                 lr: float = 1e-3, warmup_steps: int = 2, attention: str = "sdpa") -> dict[str, Any]:
     """The omnicore run config (as a dict) used by every figure: text only, one process;
-    ``attention`` is the registry's attention kernel (``model.attention``)."""
+    ``attention`` is the registry's attention kernel (``model.kernels.attention``)."""
     return {
         "run": {"output_dir": output_dir, "seed": seed, "device": "cpu"},
-        "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": dict(lm or LM), "tokenizer": "byte"}}, "attention": attention},
+        "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": dict(lm or LM), "tokenizer": "byte"}}, "kernels": {"attention": attention}},
         "data": {"train": train, "max_tokens": max_tokens, "shuffle": True},
         "train": {"max_steps": max_steps, "lr": lr, "warmup_steps": warmup_steps, "min_lr_ratio": 0.1, "weight_decay": 0.01,
                   "betas": [0.9, 0.95], "grad_clip": 1.0, "grad_accum": 1, "progress": False, "export": False},

@@ -42,15 +42,14 @@ def build_kernels(m: ModelConfig, registry: Registry) -> dict[str, Any]:
     kernel object (``attention`` always; other ops only where configured).
 
     Raises:
-        RegistryError: naming the config field (``model.attention`` for the shorthand, else
-            ``model.kernels.<op>``): the kernel is unknown or its options are invalid, it implements
+        RegistryError: naming the config field (``model.kernels.<op>``): the kernel is unknown or its options are invalid, it implements
             another op (``model.kernels.rmsnorm: kernel 'liger_swiglu' implements op 'swiglu', not
             'rmsnorm'``), or it is unavailable here (its ``requires`` unmet, or ``available()``
             false; the reason follows).
     """
     out: dict[str, Any] = {}
     for op, c in m.kernel_choices().items():
-        field = "model.attention" if op == "attention" and "attention" not in m.kernels else f"model.kernels.{op}"
+        field = f"model.kernels.{op}"
         try:
             kernel = registry.build("kernel", c.name, c.options)
         except RegistryError as exc:
@@ -85,7 +84,7 @@ def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any
     A relative ``checkpoint`` in a component's options is taken relative to the config file. The
     foundation's vocabulary is sized to the tokenizer after omnicore's special tokens are added;
     each encoder and decoder is built with the foundation's hidden size. The kernels of
-    ``cfg.model.kernels`` (and ``cfg.model.attention``) are built and checked first (see
+    ``cfg.model.kernels`` are built and checked first (see
     :func:`build_kernels`), then activated on the foundation; the ``cross_entropy`` kernel computes
     the model's text loss.
 

@@ -24,7 +24,7 @@ from omnicore.data.chat import IGNORE_INDEX
 @functools.lru_cache(maxsize=None)
 def _default_cross_entropy() -> Any:
     """The one shared ``torch_cross_entropy`` instance (stateless), not a new one per forward."""
-    from omnicore.builtin.kernels import TorchCrossEntropy
+    from omnicore.kernels.cross_entropy import TorchCrossEntropy
 
     return TorchCrossEntropy()
 

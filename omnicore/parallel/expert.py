@@ -433,7 +433,7 @@ class ExpertParallel:
     def validate(self, model_or_config: Any, state: Any) -> list[Any]:
         if not isinstance(model_or_config, nn.Module) or state.size("ep") == 1:
             return []
-        from omnicore.distributed.parallelize import Violation
+        from omnicore.components import Violation
 
         return [Violation("parallel.ep", p, "ep") for p in plan_problems(model_or_config, state.size("ep"), self.expert_plan)]
 
@@ -441,7 +441,7 @@ class ExpertParallel:
         return {f"{m}.{leaf}": ("ep", ep) for m, leaves in match_plan(model, self.expert_plan).items() for leaf in leaves}
 
     def plan(self, model: Any, state: Any, prior: dict[str, list[tuple[str, int]]]) -> Any:
-        from omnicore.distributed.parallelize import StrategyPlan
+        from omnicore.components import StrategyPlan
 
         groups = match_plan(model, self.expert_plan)
         shards = self.plan_of(model, state.size("ep"))

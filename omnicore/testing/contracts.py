@@ -185,7 +185,7 @@ class ComponentContract:
             return self.plugin.__name__
         row = self._row()
         if row.entry_point == "builtin":
-            return "omnicore.builtin.plugin"
+            return "omnicore.builtins"
         return row.entry_point.partition(":")[0]
 
     # -- checks shared by every kind --------------------------------------------------------

@@ -18,7 +18,7 @@
 How it runs: ``torch.multiprocessing.start_processes(..., "spawn")``; each rank gets ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK`` and ``OMP_NUM_THREADS=1`` in its environment and a process group
 initialised through a ``file://`` store in a fresh temporary folder, so
-:func:`omnicore.distributed.state.init_parallel_state` finds it ready. A rank writes its return value
+:func:`omnicore.parallel.state.init_parallel_state` finds it ready. A rank writes its return value
 with ``torch.save`` to that folder, then runs ``barrier``, ``destroy_process_group``, flushes and
 ``os._exit(0)`` (gloo's exit-time destructors sometimes abort a correct run; see CPU-NOTES). A rank
 that raises writes its traceback and exits 1; the harness then stops the other ranks (they would

@@ -34,8 +34,8 @@ from omnicore.config import Config
 from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError, read_jsonl
 from omnicore.data.packing import PackedStream, collate
-from omnicore.distributed.state import ParallelState, init_parallel_state
-from omnicore.distributed.parallelize import build_strategies, parallelize
+from omnicore.parallel.state import ParallelState, init_parallel_state
+from omnicore.parallel.parallelize import build_strategies, parallelize
 from omnicore.registry import Registry, registry_for
 from omnicore.train.metrics import flops_model, padding_waste, peak_memory_mib, peak_tflops
 
@@ -167,11 +167,11 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
 
     # ---- parallelism: the strategy wraps the model from outside --------------------------------
     # (parallel.strategies, or parallel.strategy with auto resolved; applied in phase order, see
-    # omnicore.distributed.parallelize)
+    # omnicore.parallel.parallelize)
     flops = flops_model(model.lm)  # counted before sharding turns parameters into shards
     model = model.to(state.device)
     state.mixed_precision = cfg.train.mixed_precision
-    strategies = build_strategies(cfg.parallel, registry, state.distributed, cfg.train)
+    strategies = build_strategies(cfg.parallel, registry, state.distributed)
     model = parallelize(model, state, strategies)
     strategy = next((s for _, s in strategies if hasattr(s, "data_split")), None)
     # Which micro-batches this rank reads: a strategy that splits each micro-batch over several ranks

@@ -38,7 +38,7 @@ def tiny_run_config(train: str, output_dir: str, strategy: str, max_steps: int) 
         },
         "data": {"train": train, "max_tokens": 512, "shuffle": True},
         "train": {"max_steps": max_steps, "lr": 3e-3, "warmup_steps": 1, "progress": False, "export": False, "save_every": 0},
-        "parallel": {"strategy": strategy, "backend": "gloo"},
+        "parallel": {"strategies": [strategy], "backend": "gloo"},
     }
 
 

@@ -47,7 +47,7 @@ from torch import nn
 from transformers import WhisperConfig, WhisperFeatureExtractor
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-from omnicore.data.media import Audio, resample
+from omnicore.api import Audio, resample
 
 PROJECTOR_FILE = "projector.safetensors"
 """File name of the projector weights (``weight`` ``[hidden_size, d_model]``, ``bias`` ``[hidden_size]``)."""

@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     args = ap.parse_args(argv)
 
-    from omnicore.data.media import load_image
+    from omnicore.api import load_image
 
     from omnicore_image_movqgan.decoder import META_FILE, build
 

@@ -1,7 +1,7 @@
 """Varlen FlashAttention for packed sequences, installed through transformers' attention registry.
 
 Packed micro-batches carry several samples in one row; their ``position_ids`` restart at 0 at each
-sample start. :func:`omnicore.model.varlen.cu_seqlens_from_position_ids` (core, shared with the
+sample start. :func:`omnicore.kernels.varlen.cu_seqlens_from_position_ids` (core, shared with the
 CPU kernel ``sdpa_varlen``) turns that into the cumulative sequence lengths
 ``flash_attn_varlen_func`` wants, so samples never attend to each other and no ``[T, T]`` mask is
 ever built. ``flash_attn`` is imported lazily (only when the kernel is activated or called): this
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnicore.model.varlen import cu_seqlens_from_position_ids, mark_varlen
+from omnicore.api import cu_seqlens_from_position_ids, mark_varlen
 
 __all__ = ["IMPLEMENTATION", "FlashAttnVarlen", "cu_seqlens_from_position_ids", "register", "varlen_attention_forward"]
 
@@ -72,7 +72,7 @@ class FlashAttnVarlen:
         self.options = options or {}
 
     def available(self) -> tuple[bool, str]:
-        from omnicore.builtin.kernels import cuda_and_package
+        from omnicore.api import cuda_and_package
 
         return cuda_and_package("flash_attn", "flash-attn")
 

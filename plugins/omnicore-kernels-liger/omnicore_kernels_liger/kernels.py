@@ -15,7 +15,7 @@ class _Liger:
         self.options = options or {}
 
     def available(self) -> tuple[bool, str]:
-        from omnicore.builtin.kernels import cuda_and_package
+        from omnicore.api import cuda_and_package
 
         return cuda_and_package("liger_kernel", "liger-kernel")
 
@@ -53,12 +53,12 @@ class LigerFusedLinearCrossEntropy(_Liger):
 
     def linear_cross_entropy_sum(self, hidden: Any, weight: Any, labels: Any, ignore_index: int = -100, bias: Any = None) -> Any:
         """Sum over targets of the cross-entropy of ``hidden @ weight.T + bias`` (see
-        :meth:`omnicore.builtin.kernels.TorchCrossEntropy.linear_cross_entropy_sum`: ``hidden``
+        :meth:`omnicore.kernels.cross_entropy.TorchCrossEntropy.linear_cross_entropy_sum`: ``hidden``
         ``[N, H]``, ``weight`` ``[V, H]``, ``labels`` ``[N]`` long; returns an fp32 scalar), through
         liger's public ``LigerFusedLinearCrossEntropyLoss(reduction="sum")`` (CUDA tensors)."""
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
-        from omnicore.builtin.kernels import _plain_weight
+        from omnicore.api import plain_weight
 
         loss_fn = LigerFusedLinearCrossEntropyLoss(ignore_index=ignore_index, reduction="sum")
-        return loss_fn(_plain_weight(weight), hidden, labels, bias).float()
+        return loss_fn(plain_weight(weight), hidden, labels, bias).float()

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from omnicore.parallel.expert import ExpertParallel, local_experts_forward, regroup
+from omnicore.api import ExpertParallel, local_experts_forward, regroup
 
 
 def _launch(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> tuple[torch.Tensor, Any]:

@@ -8,7 +8,7 @@ way. Packed samples are kept apart by the *global* position_ids, which the seque
 down as the keyword argument :data:`POSITION_IDS_KWARG`; transformers forwards it from the
 foundation's ``forward`` to the attention function. The core on the full sequence is the
 foundation's own attention kernel when that is a *varlen* one (``sdpa_varlen``, ``flash_attn``:
-marked by :func:`omnicore.model.varlen.mark_varlen`), called with the global position_ids as its
+marked by :func:`omnicore.kernels.varlen.mark_varlen`), called with the global position_ids as its
 ``position_ids`` and no mask; otherwise sdpa with a dense packed causal mask built from them.
 
 State is per module: the sequence-parallel group lives on each foundation attention module
@@ -78,7 +78,7 @@ def inner_attention(lm: Any) -> Any:
     is not a varlen one (sdpa, eager, ...). Read before Ulysses switches ``lm`` to its own."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from omnicore.model.varlen import is_varlen
+    from omnicore.api import is_varlen
 
     fn = ALL_ATTENTION_FUNCTIONS.get(getattr(lm.config, "_attn_implementation", None) or "")
     return fn if is_varlen(fn) else None

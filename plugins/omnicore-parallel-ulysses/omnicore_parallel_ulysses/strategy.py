@@ -9,7 +9,7 @@
 3. stores an :class:`~omnicore_parallel_ulysses.attention.SPState` on each foundation attention
    module and switches the foundation to the registered attention function (``async_ulysses`` also
    binds an overlapping forward to those modules); encoders keep their own attention. When the
-   foundation's attention kernel was a varlen one (``model.attention: sdpa_varlen`` or
+   foundation's attention kernel was a varlen one (``model.kernels.attention: sdpa_varlen`` or
    ``flash_attn``), it stays the core that runs on the full sequence (no ``[T, T]`` mask);
 4. registers a sequence hook on the :class:`~omnicore.model.omni.OmniModel`: after the media
    embeddings are merged, the row is padded to a multiple of ``sp`` (padding is a sample of its own
@@ -43,7 +43,7 @@ class Ulysses:
     """Ulysses sequence parallelism (Jacobs et al. 2023) over the ``sp`` group; see the module docstring."""
 
     mesh_dims: tuple[str, ...] = ("sp",)
-    phase = "attention"  # omnicore.distributed.parallelize: before checkpointing, compile and FSDP2
+    phase = "attention"  # omnicore.parallel.parallelize: before checkpointing, compile and FSDP2
     asynchronous = False
 
     def __init__(self, options: dict[str, Any] | None = None):
@@ -142,7 +142,7 @@ class SequenceShard:
         import torch
         import torch.nn.functional as F
 
-        from omnicore.data.chat import IGNORE_INDEX
+        from omnicore.api import IGNORE_INDEX
         from omnicore_parallel_ulysses.attention import POSITION_IDS_KWARG
 
         if self.reduce_gradients and not self._hooked:

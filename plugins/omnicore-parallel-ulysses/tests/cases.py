@@ -41,7 +41,7 @@ def config(case: str):
         "encoders": {"image": {"name": "siglip", "options": {"config": dict(TINY_SIGLIP)}}} if c["image_at"] is not None else {},
         "decoders": {"image": {"name": "movqgan", "options": {"config": dict(TINY_MOVQ), "image_size": 32}}} if c.get("decoder") else {},
     }
-    model["attention"] = c.get("attention", "sdpa")
+    model["kernels"] = {"attention": c.get("attention", "sdpa")}
     return Config.model_validate({"run": {"seed": 0, "device": "cpu"}, "model": model, "data": {"train": "unused.jsonl"}})
 
 

@@ -35,9 +35,9 @@ def fsdp_sp_rank(case: str, parallel: dict, strategy: str = "ulysses") -> dict:
     """One rank: ParallelState from ``parallel`` sizes, ``[ulysses, fsdp2]`` by parallelize()."""
     import torch.distributed as dist
 
-    from omnicore.builtin.parallel import FSDP2
-    from omnicore.distributed.parallelize import parallelize
-    from omnicore.distributed.state import init_parallel_state
+    from omnicore.parallel.fsdp import FSDP2
+    from omnicore.parallel.parallelize import parallelize
+    from omnicore.parallel.state import init_parallel_state
     from omnicore_parallel_ulysses.strategy import AsyncUlysses, Ulysses
 
     state = init_parallel_state("cpu", "gloo", parallel)

@@ -56,7 +56,7 @@ def _record_inner(s, name: str) -> list:
     if cases.CASES[name].get("attention") != "sdpa_varlen":
         assert s.state.inner is None  # sdpa: the dense-mask core
         return seen
-    from omnicore.builtin.attention_varlen import sdpa_varlen_attention_forward
+    from omnicore.kernels.attention_varlen import sdpa_varlen_attention_forward
 
     assert s.state.inner is sdpa_varlen_attention_forward
 
@@ -132,7 +132,7 @@ def test_sp2_matches_one_process(names, tmp_path):
 
 
 def test_sp2_varlen_core_matches_one_process(tmp_path):
-    """``model.attention: sdpa_varlen`` under Ulysses SP 2: the varlen kernel is the core on the full
+    """``model.kernels.attention: sdpa_varlen`` under Ulysses SP 2: the varlen kernel is the core on the full
     sequence (given the global position_ids, no mask) and the losses and gradients equal one
     process with sdpa_varlen; Async-Ulysses gives the same numbers."""
     _run(2, ["packed_varlen", "all_varlen"], tmp_path)

@@ -16,8 +16,8 @@ def omnicore_foundations() -> list[ComponentSpec]:
         ComponentSpec(
             kind="foundation",
             name="hf_causal_lm",
-            target="omnicore.builtin.foundation:build",
-            options_model="omnicore.builtin.foundation:HFCausalLMOptions",
+            target="omnicore.model.foundation:build",
+            options_model="omnicore.model.foundation:HFCausalLMOptions",
             description="any transformers causal LM, from a config dict or a local checkpoint directory",
         )
     ]
@@ -29,7 +29,7 @@ def omnicore_parallel_strategies() -> list[ComponentSpec]:
         ComponentSpec(
             kind="parallel",
             name="fsdp2",
-            target="omnicore.builtin.parallel:FSDP2",
+            target="omnicore.parallel.fsdp:FSDP2",
             description="FSDP2 (torch.distributed.fsdp.fully_shard) per block, then the root, over the fsdp dim (dp_shard x ep x sp)",
         ),
         ComponentSpec(
@@ -41,21 +41,21 @@ def omnicore_parallel_strategies() -> list[ComponentSpec]:
         ComponentSpec(
             kind="parallel",
             name="activation_checkpointing",
-            target="omnicore.builtin.training:ActivationCheckpointing",
-            options_model="omnicore.builtin.training:ActivationCheckpointingOptions",
-            description="activation checkpointing per transformer block: full, selective (every N-th) or op-level (train.activation_checkpointing)",
+            target="omnicore.parallel.checkpointing:ActivationCheckpointing",
+            options_model="omnicore.parallel.checkpointing:ActivationCheckpointingOptions",
+            description="activation checkpointing per transformer block: full, selective (every N-th) or op-level",
         ),
         ComponentSpec(
             kind="parallel",
             name="compile",
-            target="omnicore.builtin.training:CompileBlocks",
-            options_model="omnicore.builtin.training:CompileOptions",
-            description="torch.compile of each transformer block, in place (train.compile)",
+            target="omnicore.parallel.compile:CompileBlocks",
+            options_model="omnicore.parallel.compile:CompileOptions",
+            description="torch.compile of each transformer block, in place",
         ),
         ComponentSpec(
             kind="parallel",
             name="none",
-            target="omnicore.builtin.parallel:NoParallel",
+            target="omnicore.parallel.fsdp:NoParallel",
             description="one process, no sharding (the reference every strategy is compared with)",
         ),
     ]
@@ -67,38 +67,38 @@ def omnicore_kernels() -> list[ComponentSpec]:
         ComponentSpec(
             kind="kernel",
             name="sdpa",
-            target="omnicore.builtin.kernels:SDPAAttention",
+            target="omnicore.kernels.attention:SDPAAttention",
             description="torch scaled_dot_product_attention through transformers; packed samples kept apart",
         ),
         ComponentSpec(
             kind="kernel",
             name="eager",
-            target="omnicore.builtin.kernels:EagerAttention",
+            target="omnicore.kernels.attention:EagerAttention",
             description="transformers' eager (matmul + softmax) attention; a slow, simple reference",
         ),
         ComponentSpec(
             kind="kernel",
             name="torch_cross_entropy",
-            target="omnicore.builtin.kernels:TorchCrossEntropy",
+            target="omnicore.kernels.cross_entropy:TorchCrossEntropy",
             description="op cross_entropy (default): whole fp32 logits, then F.cross_entropy(reduction='sum')",
         ),
         ComponentSpec(
             kind="kernel",
             name="chunked_cross_entropy",
-            target="omnicore.builtin.kernels:ChunkedCrossEntropy",
-            options_model="omnicore.builtin.kernels:ChunkedCrossEntropyOptions",
+            target="omnicore.kernels.cross_entropy:ChunkedCrossEntropy",
+            options_model="omnicore.kernels.cross_entropy:ChunkedCrossEntropyOptions",
             description="op cross_entropy: lm_head + loss in row chunks, gradients in forward; never the whole [tokens, vocab] logits",
         ),
         ComponentSpec(
             kind="kernel",
             name="torch_rms_norm",
-            target="omnicore.builtin.kernels:TorchRMSNorm",
+            target="omnicore.kernels.rmsnorm:TorchRMSNorm",
             description="op rmsnorm: the foundation's RMSNorm modules through torch.nn.functional.rms_norm (fp32)",
         ),
         ComponentSpec(
             kind="kernel",
             name="sdpa_varlen",
-            target="omnicore.builtin.attention_varlen:SDPAVarlenAttention",
+            target="omnicore.kernels.attention_varlen:SDPAVarlenAttention",
             description="scaled_dot_product_attention per packed sample (split by position_ids, batched by length); no [T, T] mask, CPU and GPU",
         ),
     ]

@@ -1,8 +1,7 @@
-"""Built-in kernels: attention backends (through transformers' attention-function registry), the
-text cross-entropy (plain and chunked) and an RMSNorm on ``torch.nn.functional.rms_norm``.
+"""Built-in text-loss kernels (op ``cross_entropy``): ``torch_cross_entropy`` (the default: whole
+fp32 logits) and ``chunked_cross_entropy`` (LM head and loss in row chunks, gradients in forward).
 
-Each is chosen per op in config (``model.kernels``, see :class:`omnicore.config.ModelConfig`). This
-module imports pydantic but not torch at import time: torch is imported inside the methods.
+This module imports pydantic but not torch at import time: torch is imported inside the methods.
 """
 
 from __future__ import annotations
@@ -11,65 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
-def cuda_and_package(module: str, pip_name: str) -> tuple[bool, str]:
-    """``(ok, reason)`` for a GPU-only kernel: torch sees a CUDA device and ``module`` is installed.
-
-    The authoritative build-time check behind a kernel's ``available()``; the registry's torch-free
-    ``requires`` check only guesses from the driver. ``module`` is found without being imported.
-    """
-    import importlib.util
-
-    try:
-        import torch
-    except ImportError:
-        return False, "needs torch"
-    if not torch.cuda.is_available():
-        return False, "needs a CUDA GPU (torch.cuda.is_available() is False)"
-    if importlib.util.find_spec(module) is None:
-        return False, f"needs the {module} package (pip install {pip_name} on a CUDA machine)"
-    return True, f"{module} on CUDA"
-
-
-class _TransformersAttention:
-    op = "attention"
-    implementation = ""
-
-    def __init__(self, options: dict[str, Any] | None = None):
-        self.options = options or {}
-
-    def available(self) -> tuple[bool, str]:
-        return True, "pure PyTorch; runs on CPU and GPU"
-
-    def activate(self, model: Any) -> None:
-        """Switch a transformers model (and its sub-models) to this attention implementation."""
-        model.set_attn_implementation(self.implementation)
-
-
-class SDPAAttention(_TransformersAttention):
-    """``torch.nn.functional.scaled_dot_product_attention``; packed samples are kept apart by the
-    block-diagonal causal mask transformers builds from restarting ``position_ids``."""
-
-    implementation = "sdpa"
-
-
-class EagerAttention(_TransformersAttention):
-    """transformers' eager attention (explicit matmul and softmax): the simplest reference."""
-
-    implementation = "eager"
-
-
-# ---- cross-entropy (op "cross_entropy") -------------------------------------------------------
-
-
-def _plain_weight(weight: Any) -> Any:
-    """A DTensor (a sharded LM head outside FSDP2's unshard) becomes the full tensor, differentiably;
-    inside FSDP2's forward the head's weight is already a plain, unsharded tensor."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - torch without distributed
-        return weight
-    return weight.full_tensor() if isinstance(weight, DTensor) else weight
+from omnicore.kernels.common import plain_weight
 
 
 class TorchCrossEntropy:
@@ -104,7 +45,7 @@ class TorchCrossEntropy:
         """
         import torch.nn.functional as F
 
-        logits = F.linear(hidden, _plain_weight(weight), bias).float()
+        logits = F.linear(hidden, plain_weight(weight), bias).float()
         return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
 
 
@@ -245,7 +186,7 @@ class ChunkedCrossEntropy(TorchCrossEntropy):
         """
         import torch
 
-        weight = _plain_weight(weight)
+        weight = plain_weight(weight)
         if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1] or labels.shape != hidden.shape[:1]:
             raise ValueError(
                 f"chunked_cross_entropy: expected hidden [N, H], weight [V, H], labels [N]; got {tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(labels.shape)}"
@@ -256,84 +197,3 @@ class ChunkedCrossEntropy(TorchCrossEntropy):
             return _chunked_forward(hidden, weight, bias, labels, ignore_index, self.chunk_size, need)[0]
         return _chunked_function().apply(hidden, weight, bias, labels, ignore_index, self.chunk_size, need)
 
-
-# ---- RMSNorm (op "rmsnorm") -------------------------------------------------------------------
-
-
-def _torch_rms_norm_forward(self: Any, hidden_states: Any) -> Any:
-    """HF's RMSNorm as ``F.rms_norm`` in fp32: ``weight * (x / sqrt(mean(x^2) + eps)).to(dtype)``."""
-    import torch
-
-    dtype = hidden_states.dtype
-    normed = torch.nn.functional.rms_norm(hidden_states.float(), hidden_states.shape[-1:], None, self._omnicore_rms_eps)
-    return self.weight * normed.to(dtype)
-
-
-_RMS_CLASSES: dict[type, type] = {}
-
-
-def rms_norm_modules(model: Any) -> list[Any]:
-    """The modules of ``model`` that look like HF RMSNorms: class name ending in ``RMSNorm``, a
-    ``weight`` tensor and an ``eps`` or ``variance_epsilon`` float."""
-    out = []
-    for m in model.modules():
-        if not type(m).__name__.endswith("RMSNorm") or getattr(m, "weight", None) is None:
-            continue
-        if isinstance(getattr(m, "variance_epsilon", getattr(m, "eps", None)), (int, float)):
-            out.append(m)
-    return out
-
-
-class TorchRMSNorm:
-    """The foundation's RMSNorm modules compute with ``torch.nn.functional.rms_norm`` (fp32, cast
-    back to the input dtype, then times ``weight``), as transformers' Llama/Qwen2-style RMSNorm does
-    with explicit ``pow``/``mean``/``rsqrt``; equal to it within fp32 rounding, and a fused kernel
-    where torch has one.
-
-    ``activate`` swaps each matching module's class (see :func:`rms_norm_modules`) for a subclass
-    whose ``forward`` is the one above; parameters, state-dict keys and ``save_pretrained`` output
-    are unchanged. Before swapping a class it checks on a probe input that the new forward equals
-    the module's own (so variants such as Gemma's ``1 + weight`` scaling are refused, not silently
-    changed).
-
-    Raises:
-        ValueError: from ``activate``, when the model has no RMSNorm modules, or a class's forward
-            differs from ``F.rms_norm`` on the probe (the message names the class).
-    """
-
-    op = "rmsnorm"
-    probe_rtol = 1e-4
-
-    def __init__(self, options: dict[str, Any] | None = None):
-        self.options = options or {}
-
-    def available(self) -> tuple[bool, str]:
-        return True, "pure PyTorch (torch.nn.functional.rms_norm); runs on CPU and GPU"
-
-    def activate(self, model: Any) -> None:
-        import torch
-
-        mods = rms_norm_modules(model)
-        if not mods:
-            raise ValueError(f"torch_rms_norm: {type(model).__name__} has no RMSNorm modules (class name ending in 'RMSNorm' with weight and eps)")
-        checked: set[type] = set()
-        for m in mods:
-            cls = type(m)
-            if cls in _RMS_CLASSES.values():
-                continue  # already swapped
-            m._omnicore_rms_eps = float(getattr(m, "variance_epsilon", getattr(m, "eps", None)))
-            if cls not in checked and m.weight.device.type != "meta":
-                gen = torch.Generator().manual_seed(0)
-                x = torch.randn(3, m.weight.shape[-1], generator=gen).to(m.weight.device)
-                with torch.no_grad():
-                    want = m(x).float()
-                    got = _torch_rms_norm_forward(m, x).float()
-                if not torch.allclose(got, want, rtol=self.probe_rtol, atol=self.probe_rtol):
-                    raise ValueError(
-                        f"torch_rms_norm: {cls.__name__}.forward differs from weight * rms_norm(x) (max |diff| "
-                        f"{(got - want).abs().max().item():.3g} on a probe); this kernel does not fit {cls.__name__}"
-                    )
-                checked.add(cls)
-            if cls not in _RMS_CLASSES:
-                _RMS_CLASSES[cls] = type(f"Torch{cls.__name__}", (cls,), {"forward": _torch_rms_norm_forward, "__module__": __name__})
-            m.__class__ = _RMS_CLASSES[cls]

@@ -51,7 +51,7 @@ class FSDP2:
             ValueError: the mesh has an ``sp`` or ``ep`` dim above size 1. Those ranks compute
                 different tokens of the same parameters, so their gradients must be reduced too,
                 which sharding over ``dp_shard`` alone would silently skip; use
-                :func:`~omnicore.distributed.parallelize.parallelize` (``apply_with_state`` shards
+                :func:`~omnicore.parallel.parallelize.parallelize` (``apply_with_state`` shards
                 over the derived ``fsdp`` dim, ``dp_shard x ep x sp``).
         """
         names = tuple(getattr(mesh, "mesh_dim_names", None) or ()) if mesh is not None else ()
@@ -59,7 +59,7 @@ class FSDP2:
         if big:
             raise ValueError(
                 f"fsdp2.apply(model, mesh) shards over dp_shard only, but the mesh's {' and '.join(big)} dim{'s are' if len(big) > 1 else ' is'} above 1 and their ranks' "
-                "gradients would not be reduced; apply it through omnicore.distributed.parallelize.parallelize (shards over fsdp = dp_shard x ep x sp)"
+                "gradients would not be reduced; apply it through omnicore.parallel.parallelize.parallelize (shards over fsdp = dp_shard x ep x sp)"
             )
         sub = mesh["dp_shard"] if mesh is not None and mesh.mesh_dim_names and "dp_shard" in mesh.mesh_dim_names else mesh
         return self._shard(model, sub)
@@ -99,7 +99,7 @@ class FSDP2:
     def plan(self, model: Any, state: Any, prior: dict[str, list[tuple[str, int]]]) -> Any:
         """Blocks, encoders and the root; every parameter split over ``fsdp`` (over ``dp_shard_sp``
         when an earlier strategy already split it over ``ep``), replicated over ``dp_replicate``."""
-        from omnicore.distributed.parallelize import StrategyPlan
+        from omnicore.components import StrategyPlan
 
         names = {id(m): n for n, m in model.named_modules()}
         modules = [names[id(b)] for b in model.blocks()] + [f"encoders.{k}" for k in model.encoders] + ["(root)"]

@@ -24,7 +24,7 @@ Derived (flattened) dims, built once at start-up so that every strategy sees the
   ``ep``); HSDP for experts is ``(dp_replicate, dp_shard_sp)``.
 
 This module is pure Python (no torch): ``omnicore plan`` uses :class:`MeshLayout` to print groups
-and check sizes without starting processes; :mod:`omnicore.distributed.state` builds the real
+and check sizes without starting processes; :mod:`omnicore.parallel.state` builds the real
 DeviceMesh from the same layout.
 """
 

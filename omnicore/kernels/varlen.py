@@ -27,6 +27,32 @@ from its ``position_ids`` keyword argument (``[B, T]``, restarting at 0 per samp
 attention mask (its mask function returns None)."""
 
 
+CU_SEQLENS_KWARGS: tuple[str, str, str, str] = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+"""The keyword arguments through which :class:`omnicore.model.omni.OmniModel` hands the packed row's
+``cu_seqlens`` (int32 ``[n+1]``, twice: queries and keys) and ``max_seqlen`` (int, twice) to the
+foundation; transformers passes them down to the attention function (the names of its
+``FlashAttentionKwargs``). A varlen kernel uses them instead of recomputing them from
+``position_ids``: they are built once, at collate (:func:`omnicore.data.packing.collate`)."""
+
+
+def varlen_from_kwargs(kwargs: dict[str, Any], position_ids: Any = None) -> tuple[Any, int]:
+    """``(cu_seqlens int32 [n+1], max_seqlen)`` of a packed batch, from an attention function's
+    keyword arguments: the ones OmniModel passed (:data:`CU_SEQLENS_KWARGS`) when present, else
+    computed from ``position_ids`` (``[B, T]``; ``kwargs["position_ids"]`` when not given).
+
+    Raises:
+        ValueError: neither the keyword arguments nor ``position_ids`` are there.
+    """
+    cu = kwargs.get(CU_SEQLENS_KWARGS[0])
+    if cu is not None:
+        max_len = kwargs.get(CU_SEQLENS_KWARGS[2])
+        return cu, int(max_len) if max_len is not None else int((cu[1:] - cu[:-1]).max())
+    pos = position_ids if position_ids is not None else kwargs.get("position_ids")
+    if pos is None:
+        raise ValueError("varlen attention needs cu_seq_lens_q or position_ids in its keyword arguments")
+    return cu_seqlens_from_position_ids(pos)
+
+
 def mark_varlen(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Mark ``fn`` (a transformers attention function) as varlen; see :data:`VARLEN_ATTR`."""
     setattr(fn, VARLEN_ATTR, True)

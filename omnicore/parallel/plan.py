@@ -1,8 +1,8 @@
 """``omnicore plan CONFIG --world-size N``: check a parallel layout and size it, without processes.
 
 No process group starts: the model is built on the meta device (shapes, no memory), the mesh is the
-pure-Python :class:`~omnicore.distributed.mesh.MeshLayout`, and each strategy answers ``validate``
-and ``plan`` (see :mod:`omnicore.distributed.parallelize`). The report lists the mesh and its groups,
+pure-Python :class:`~omnicore.parallel.mesh.MeshLayout`, and each strategy answers ``validate``
+and ``plan`` (see :mod:`omnicore.parallel.parallelize`). The report lists the mesh and its groups,
 which strategy wraps which modules, per-rank parameter, gradient and AdamW memory, and every
 violated constraint with the config field to change.
 """
@@ -14,8 +14,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnicore.distributed.mesh import FLAT_DIMS, MESH_DIMS, MeshLayout, layout_errors
-from omnicore.distributed.parallelize import StrategyPlan, Violation, build_strategies, phase_of, validate
+from omnicore.parallel.mesh import FLAT_DIMS, MESH_DIMS, MeshLayout, layout_errors
+from omnicore.parallel.parallelize import StrategyPlan, Violation, build_strategies, phase_of, validate
 
 ADAMW_STATE_BYTES = 8
 """AdamW keeps two fp32 states (exp_avg, exp_avg_sq) per parameter element."""
@@ -126,7 +126,7 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
     """
     import torch
 
-    from omnicore.distributed.state import ParallelState
+    from omnicore.parallel.state import ParallelState
     from omnicore.model.build import build_omni_model
     from omnicore.registry import registry_for
 
@@ -138,7 +138,7 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
     report.precision = "bf16 mixed (fp32 parameters, gradient reductions and optimizer)" if cfg.train.mixed_precision == "bf16" else cfg.run.dtype
     report.violations += [Violation(f, m) for f, m in errors]
     state = ParallelState(0, world_size, 0, torch.device("meta"), None, layout)
-    strategies = build_strategies(cfg.parallel, registry, world_size > 1, cfg.train)
+    strategies = build_strategies(cfg.parallel, registry, world_size > 1)
     with torch.device("meta"), warnings.catch_warnings():
         # loading checkpoints into meta tensors is a deliberate no-op here; torch warns per tensor
         warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter.*")

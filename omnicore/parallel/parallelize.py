@@ -17,35 +17,21 @@ phase               why it comes here
                     and turns every remaining parameter into a DTensor.
 ==================  ==========================================================================
 
-Within one phase strategies keep their config order. A strategy written for the original contract
-(``mesh_dims`` and ``apply(model, mesh)`` only) has no ``phase`` and is treated as ``sharding``.
-
-The optional members a strategy may add (all checked with ``getattr``, so older strategies keep
-working unchanged):
-
-* ``phase: str``: one of :data:`PHASES`.
-* ``validate(model_or_config, state) -> list[Violation]``: what this layout cannot do with this model
-  (each with the config field and what to change); ``omnicore plan`` calls it on a meta-device model
-  and a planned state, :func:`parallelize` on the real ones, before anything is applied.
-* ``apply_with_state(model, state) -> model``: preferred over ``apply(model, state.mesh)``; gets the
-  whole :class:`~omnicore.distributed.state.ParallelState` (groups, derived dims, dp rank).
-* ``plan(model, state, prior) -> StrategyPlan``: which modules it wraps and how it splits each
-  parameter (for ``omnicore plan``'s per-rank memory); ``prior`` maps a parameter name to the splits
-  earlier strategies made, as ``[(dim, ways), ...]``.
+Within one phase strategies keep their config order. The members of a strategy this module reads
+(``mesh_dims``, ``phase``, ``validate``, ``apply_with_state``, ``apply``, and ``data_split`` through
+:func:`data_split`) are the contract :class:`omnicore.components.ParallelStrategy` and
+:class:`omnicore.components.SequenceParallel`; the optional ones are read here and in
+:mod:`omnicore.parallel.plan` (``plan``) only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from omnicore.distributed.mesh import FLAT_DIMS, MESH_DIMS
+from omnicore.components import DEFAULT_PHASE, PHASES, StrategyPlan, Violation
+from omnicore.parallel.mesh import FLAT_DIMS, MESH_DIMS
 
-PHASES: tuple[str, ...] = ("attention", "experts", "checkpointing", "compile", "sharding")
-"""The phases, in the order :func:`parallelize` applies them."""
-
-DEFAULT_PHASE = "sharding"
-"""The phase of a strategy that declares none (the original contract: FSDP-like wrappers)."""
+__all__ = ["DEFAULT_PHASE", "PHASES", "ParallelizeError", "StrategyPlan", "Violation", "build_strategies", "data_split", "order_strategies", "parallelize", "phase_of", "validate"]
 
 # which strategy must use a real dim when its size is above 1
 _DIM_HINTS = {
@@ -58,29 +44,6 @@ _DIM_HINTS = {
 
 class ParallelizeError(ValueError):
     """The strategies cannot be applied to this model on this mesh; lists every violation."""
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One violated constraint: ``field`` is the config key to change (``parallel.sp``), ``message``
-    says what is wrong and what to change, ``source`` who found it (a strategy name or ``mesh``)."""
-
-    field: str
-    message: str
-    source: str = "mesh"
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
-
-
-@dataclass
-class StrategyPlan:
-    """What a strategy would do: the modules it wraps (qualified names, ``""`` for the root) and
-    the parameters it splits along dim 0, as ``{name: (dim, ways)}``."""
-
-    modules: list[str] = field(default_factory=list)
-    shards: dict[str, tuple[str, int]] = field(default_factory=dict)
-    note: str = ""
 
 
 def phase_of(strategy: Any) -> str:
@@ -100,21 +63,15 @@ def order_strategies(named: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return sorted(named, key=lambda ns: PHASES.index(phase_of(ns[1])))
 
 
-def build_strategies(parallel: Any, registry: Any, distributed: bool, train: Any = None) -> list[tuple[str, Any]]:
-    """Build the strategies named in the config's ``parallel`` section from the registry, in
-    application order. ``distributed`` resolves ``strategy: auto``. With the ``train`` section,
-    the block options it turns on (``activation_checkpointing``, ``compile``; see
-    :func:`omnicore.builtin.training.training_strategies`) are added unless already listed.
+def build_strategies(parallel: Any, registry: Any, distributed: bool) -> list[tuple[str, Any]]:
+    """Build the strategies of the config's ``parallel`` section from the registry, in application
+    order (:meth:`omnicore.config.ParallelConfig.strategy_list`; ``distributed`` resolves the
+    default).
 
     Raises:
         RegistryError: a strategy is unknown or its options are invalid.
     """
-    from omnicore.builtin.training import training_strategies
-
-    configs = [(c.name, c.options) for c in parallel.strategy_list(distributed)]
-    listed = {n.split(":")[-1] for n, _ in configs}
-    configs += [(n, o) for n, o in (training_strategies(train) if train is not None else []) if n not in listed]
-    named = [(n, registry.build("parallel", n, o)) for n, o in configs]
+    named = [(c.name, registry.build("parallel", c.name, c.options)) for c in parallel.strategy_list(distributed)]
     return order_strategies(named)
 
 
@@ -211,7 +168,7 @@ def parallelize(model: Any, state: Any, strategies: list[tuple[str, Any]] | list
 
     Args:
         model: the built model (an :class:`~omnicore.model.omni.OmniModel`), on ``state.device``.
-        state: the :class:`~omnicore.distributed.state.ParallelState`.
+        state: the :class:`~omnicore.parallel.state.ParallelState`.
         strategies: ``(name, strategy)`` pairs (as :func:`build_strategies` returns) or bare
             strategy objects.
 
@@ -230,3 +187,14 @@ def parallelize(model: Any, state: Any, strategies: list[tuple[str, Any]] | list
         else:
             model = s.apply(model, state.mesh)
     return model
+
+
+def data_split(strategies: list[tuple[str, Any]], state: Any) -> tuple[int, int]:
+    """``(index, count)`` of this rank's data group: from the first strategy that implements
+    :class:`omnicore.components.SequenceParallel` (its ranks share micro-batches), else the
+    data-parallel default ``(state.dp_rank, state.dp_size)`` (every rank reads its own)."""
+    for _, s in strategies:
+        split = getattr(s, "data_split", None)
+        if split is not None:
+            return split(state)
+    return state.dp_rank, state.dp_size

@@ -4,13 +4,13 @@ transformers' ``sdpa`` keeps packed samples apart with a dense block-diagonal ca
 ``[T, T]`` elements per row (built by ``masking_utils`` from restarting ``position_ids``): memory and
 time quadratic in the *row* length even when every sample is short, and on CPU the mask (boolean
 plus an additive float copy) is the largest attention term. ``sdpa_varlen`` instead cuts the row
-into its samples (:func:`omnicore.model.varlen.cu_seqlens_from_position_ids`, the FlashAttention
+into its samples (:func:`omnicore.kernels.varlen.cu_seqlens_from_position_ids`, the FlashAttention
 varlen convention) and runs ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)``
 on each sample: no mask at all, cost quadratic in the *sample* lengths only. It runs wherever
 torch's SDPA does (CPU included).
 
 Many short samples would mean many small calls, so samples are grouped
-(:func:`omnicore.model.varlen.plan_varlen`): equal lengths share one batched call, and samples
+(:func:`omnicore.kernels.varlen.plan_varlen`): equal lengths share one batched call, and samples
 shorter than :data:`PAD_BELOW` tokens are right-padded to a coarse length grid so that similar
 lengths share a call too (exact for causal attention: a real query never sees a padded key). The
 grouping is computed once per ``position_ids`` tensor and reused by every layer.
@@ -26,7 +26,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from omnicore.model.varlen import cu_seqlens_from_position_ids, mark_varlen, plan_varlen
+from omnicore.kernels.varlen import cu_seqlens_from_position_ids, mark_varlen, plan_varlen
 
 IMPLEMENTATION = "sdpa_varlen"
 """The name registered in transformers' ``AttentionInterface`` and ``AttentionMaskInterface``."""
@@ -40,7 +40,7 @@ _cache: dict[str, Any] = {}
 
 
 def _plan(position_ids: Any, b: int, t: int, device: Any, causal: bool) -> Any:
-    """The :class:`~omnicore.model.varlen.VarlenPlan` for ``position_ids`` (``[B, T]`` or None: one
+    """The :class:`~omnicore.kernels.varlen.VarlenPlan` for ``position_ids`` (``[B, T]`` or None: one
     sample per row), cached for the last tensor seen (every layer of a forward gets the same one)."""
     import torch
 

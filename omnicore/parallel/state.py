@@ -2,7 +2,7 @@
 
 ``torchrun --nproc-per-node N -m omnicore train CONFIG`` sets ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; without them omnicore runs as one process with
-no process group. The mesh has the named dims of :mod:`omnicore.distributed.mesh`
+no process group. The mesh has the named dims of :mod:`omnicore.parallel.mesh`
 (``dp_replicate x dp_shard x ep x sp``, sizes from the config's ``parallel`` section) plus the
 derived dims ``dp``, ``fsdp`` and ``dp_shard_sp``. On one process every dim has size 1, every rank
 query answers 0 and every group is ``None``, so strategies need no special case.
@@ -15,14 +15,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnicore.distributed.mesh import FLAT_DIMS, MESH_DIMS, MeshLayout
+from omnicore.parallel.mesh import FLAT_DIMS, MESH_DIMS, MeshLayout
 
 
 @dataclass
 class ParallelState:
     """Where this process stands: ``rank``/``world_size`` (1 with no process group), the torch
     ``device``, the ``mesh`` (a DeviceMesh with the named dims, or None on one process) and its
-    ``layout`` (sizes and rank arithmetic, see :class:`~omnicore.distributed.mesh.MeshLayout`)."""
+    ``layout`` (sizes and rank arithmetic, see :class:`~omnicore.parallel.mesh.MeshLayout`)."""
 
     rank: int
     world_size: int

@@ -1,1 +1,0 @@
-"""Parallel state (one DeviceMesh with named dims) and process-group lifecycle."""
