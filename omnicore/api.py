@@ -24,6 +24,8 @@ What is here, by topic:
   :func:`regroup`, :func:`local_experts_forward`.
 * **Foundations and weights**: :func:`byte_tokenizer`, :func:`load_hf_pretrained`,
   :func:`save_extra_weights`, :func:`load_extra_weights`.
+* **Training**: :func:`warmup_cosine` (the LR schedule of the training loop, for a plugin's own
+  fits).
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ _EXPORTS: dict[str, str] = {
     "load_hf_pretrained": "omnicore.model.weights",
     "save_extra_weights": "omnicore.model.weights",
     "load_extra_weights": "omnicore.model.weights",
+    # training
+    "warmup_cosine": "omnicore.train.optim",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -303,6 +303,28 @@ class ParallelStrategy(Protocol):
     def apply(self, model: Any, mesh: Any) -> Any: ...
 
 
+class ParallelStrategyOptional(Protocol):
+    """The optional members of a :class:`ParallelStrategy`, with their exact signatures. The core
+    reads each with ``getattr`` and a default (:mod:`omnicore.parallel.parallelize`,
+    :mod:`omnicore.parallel.plan`), so a strategy implements only those it needs."""
+
+    phase: str
+    """One of :data:`PHASES`; default :data:`DEFAULT_PHASE`."""
+
+    def apply_with_state(self, model: Any, state: Any) -> Any:
+        """Wrap ``model`` in place using the whole ``state`` (a :class:`ParallelStateView`); return it.
+        Called instead of ``apply(model, state.mesh)`` when present."""
+
+    def validate(self, model_or_config: Any, state: Any) -> list[Violation]:
+        """Every constraint this strategy cannot meet with this model on this layout (``[]``: fine).
+        ``model_or_config`` is a meta-device model in ``omnicore plan``, the real one in training;
+        ``state`` may be a planned one without process groups."""
+
+    def plan(self, model: Any, state: Any, prior: dict[str, list[tuple[str, int]]]) -> StrategyPlan:
+        """What it would wrap and split (for ``omnicore plan``), given the splits of earlier
+        strategies (``prior``: parameter name -> ``[(dim, ways), ...]``)."""
+
+
 @runtime_checkable
 class SequenceParallel(Protocol):
     """The sub-protocol of a parallel strategy whose ranks share micro-batches (Ulysses): it
@@ -358,13 +380,8 @@ class Kernel(Protocol):
     on the built transformers model (attention, rmsnorm and swiglu kernels patch it; a
     cross_entropy kernel has nothing to install).
 
-    A kernel of op ``cross_entropy`` also has
-    ``linear_cross_entropy_sum(hidden, weight, labels, ignore_index=-100, bias=None)``: ``hidden``
-    ``[N, H]`` (final hidden states), ``weight`` ``[V, H]`` (the LM head, possibly tied to the
-    embeddings), ``labels`` LongTensor ``[N]`` (already shifted, ``ignore_index`` where not
-    trained), ``bias`` ``[V]`` or None; returns the fp32 scalar SUM over targets of
-    ``-log softmax(hidden @ weight.T + bias)[label]`` (nats; 0 when all are ignored), differentiable
-    w.r.t. ``hidden``, ``weight`` and ``bias``. OmniModel computes its text loss with it.
+    A kernel of op ``cross_entropy`` also implements :class:`CrossEntropyKernel`
+    (``linear_cross_entropy_sum``): OmniModel computes its text loss with it.
     """
 
     op: str
@@ -372,3 +389,41 @@ class Kernel(Protocol):
     def available(self) -> tuple[bool, str]: ...
 
     def activate(self, model: Any) -> None: ...
+
+
+@runtime_checkable
+class CrossEntropyKernel(Protocol):
+    """The extra member of a kernel of op ``cross_entropy`` (see :class:`Kernel`): OmniModel
+    computes its text loss with it."""
+
+    def linear_cross_entropy_sum(self, hidden: Any, weight: Any, labels: Any, ignore_index: int = -100, bias: Any = None) -> Any:
+        """Sum over the targets of ``-log softmax(hidden @ weight.T + bias)[label]``.
+
+        ``hidden`` ``[N, H]``, ``weight`` ``[V, H]`` (possibly a DTensor), ``labels`` LongTensor
+        ``[N]`` (already shifted; ``ignore_index`` rows contribute nothing), ``bias`` ``[V]`` or
+        None. Returns an fp32 scalar in nats (0 when all are ignored), differentiable w.r.t.
+        ``hidden``, ``weight`` and ``bias``."""
+
+
+CONTRACTS: dict[str, tuple[type, ...]] = {
+    "encoder": (Encoder,),
+    "decoder": (Decoder,),
+    "foundation": (Foundation,),
+    "parallel": (ParallelStrategy, ParallelStrategyOptional, SequenceParallel),
+    "kernel": (Kernel, CrossEntropyKernel),
+}
+"""The protocols that make up each kind's contract (required first, then optional or per-op parts)."""
+
+
+def contract_members(kind: str) -> set[str]:
+    """Every member name the core may read from a component of ``kind`` (the union of
+    :data:`CONTRACTS`' protocols: attributes and methods).
+
+    Raises:
+        KeyError: ``kind`` is not one of :data:`KINDS`.
+    """
+    out: set[str] = set()
+    for proto in CONTRACTS[kind]:
+        out |= set(vars(proto).get("__annotations__", {}))
+        out |= {n for n, v in vars(proto).items() if callable(v) and not n.startswith("_")}
+    return out

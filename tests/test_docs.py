@@ -6,9 +6,11 @@ fail as soon as the code and the page disagree:
 * each hook spec of :mod:`omnicore.hookspecs` has a heading ``#### `name(params) -> ret` `` under
   ``### Hooks``, with the signature exactly as :func:`inspect.signature` gives it, and no heading
   there names a hook that does not exist;
-* each ``Protocol`` of :mod:`omnicore.components` has a ``#### `Name` `` section under
-  ``### Contracts`` that lists every method as ``name(params) -> ret`` (parameter names without
-  ``self``, the return annotation as written in the code) and every attribute as ``name: type``;
+* each ``Protocol`` of :mod:`omnicore.components` (the required contract of each kind, its optional
+  and per-op parts, and what the core hands a parallel strategy) has a ``#### `Name` `` section
+  under ``### Contracts`` that lists every method as ``name(params) -> ret`` (parameter names
+  without ``self``, the return annotation as written in the code) and every attribute or property
+  as ``name: type``; ``tests/test_contract_reads.py`` checks that the core reads nothing else;
 * every kind has its hook and its contract.
 """
 
@@ -69,13 +71,20 @@ def _contract_members(cls: type) -> tuple[list[str], list[str]]:
     """``(methods as 'name(params) -> ret', attributes as 'name: type')`` declared on the Protocol."""
     methods = [_signature(f, drop_self=True) for n, f in vars(cls).items() if inspect.isfunction(f) and not n.startswith("_")]
     attrs = [f"{n}: {t if isinstance(t, str) else inspect.formatannotation(t)}" for n, t in vars(cls).get("__annotations__", {}).items()]
+    attrs += [f"{n}: {inspect.signature(p.fget).return_annotation}" for n, p in vars(cls).items() if isinstance(p, property)]
     return methods, attrs
 
 
 def test_found_what_to_check():
     """Guard against the checks below passing vacuously."""
     assert set(_hookspecs()) == set(hookspecs.HOOK_FOR_KIND.values()) and len(_hookspecs()) == 5
-    assert set(_protocols()) == {"Encoder", "Decoder", "Foundation", "ParallelStrategy", "Kernel"}
+    assert set(_protocols()) == {
+        "Encoder", "Decoder", "Foundation", "ParallelStrategy", "ParallelStrategyOptional", "SequenceParallel", "ParallelModel",
+        "ParallelStateView", "Kernel", "CrossEntropyKernel",
+    }
+    # every protocol belongs to a kind's contract, or describes what the core hands a strategy
+    in_contracts = {p.__name__ for protos in components.CONTRACTS.values() for p in protos}
+    assert set(_protocols()) - in_contracts == {"ParallelModel", "ParallelStateView"}
     methods, attrs = _contract_members(components.Encoder)
     assert "preprocess(media) -> dict[str, Any]" in methods and attrs == ["modality: str"]
 

@@ -40,14 +40,14 @@ def test_module_requirement_present_and_absent(tmp_path, monkeypatch):
 
 
 def test_cuda_requirement_heuristic(monkeypatch):
-    import omnicore.registry as registry
+    from omnicore.registry import resolve  # missing_requirements looks cuda_present up there
 
-    monkeypatch.setattr(registry, "cuda_present", lambda: False)
+    monkeypatch.setattr(resolve, "cuda_present", lambda: False)
     assert missing_requirements(["cuda", "omnicore_fake_absent_mod"]) == (
         "needs CUDA (no NVIDIA driver found) and the omnicore_fake_absent_mod package (pip install omnicore-fake-absent-mod on a CUDA machine)"
     )
     assert missing_requirements(["cuda", "json"]) == "needs CUDA (no NVIDIA driver found)"
-    monkeypatch.setattr(registry, "cuda_present", lambda: True)
+    monkeypatch.setattr(resolve, "cuda_present", lambda: True)
     assert missing_requirements(["cuda", "json"]) == ""
 
 

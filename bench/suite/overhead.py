@@ -111,7 +111,7 @@ def adamw(model: Any, train: dict[str, Any], total_steps: int) -> tuple[Any, Any
     ``train`` config section."""
     import torch
 
-    from omnicore.train.loop import warmup_cosine  # the schedule formula only (a pure function)
+    from omnicore.train.optim import warmup_cosine  # the schedule formula only (a pure function)
 
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": train["weight_decay"]},

@@ -53,6 +53,30 @@ def special_tokens(encoder_modalities: list[str], decoder_modalities: list[str])
     return toks
 
 
+def placeholder_ids(tokenizer: Any, encoder_modalities: list[str], decoder_modalities: list[str]) -> dict[str, dict[str, int]]:
+    """The one table of placeholder token ids, shared by the data side (:class:`ChatProcessor`)
+    and the model (:class:`omnicore.model.omni.OmniModel`'s ``token_ids``).
+
+    Returns:
+        ``{"encoder": {modality: id of <|m_pad|>}, "decoder": {modality: id of <|m_out|>},
+        "decoder_start": {modality: id of <|m_start|>}}``.
+
+    Raises:
+        ValueError: the tokenizer lacks one of :func:`special_tokens` (build it with
+            :func:`omnicore.model.build.prepare_tokenizer`).
+    """
+    ids = tokenizer.convert_tokens_to_ids
+    unk = tokenizer.unk_token_id
+    missing = [t for t in special_tokens(encoder_modalities, decoder_modalities) if ids(t) is None or (unk is not None and ids(t) == unk)]
+    if missing:
+        raise ValueError(f"tokenizer lacks the special tokens {missing}; build it with omnicore.model.build.prepare_tokenizer")
+    return {
+        "encoder": {m: ids(encoder_token(m)) for m in encoder_modalities},
+        "decoder": {m: ids(decoder_token(m)) for m in decoder_modalities},
+        "decoder_start": {m: ids(decoder_start_token(m)) for m in decoder_modalities},
+    }
+
+
 LOADERS = {"image": load_image, "audio": load_audio}
 
 
@@ -89,17 +113,10 @@ class ChatProcessor:
         self.encoders = encoders
         self.decoders = decoders
         self.system_prompt = system_prompt
-        ids = tokenizer.convert_tokens_to_ids
-        self.im_start, self.im_end = ids(IM_START), ids(IM_END)
-        self.enc_ids = {m: ids(encoder_token(m)) for m in encoders}
-        self.dec_start_ids = {m: ids(decoder_start_token(m)) for m in decoders}
-        self.dec_ids = {m: ids(decoder_token(m)) for m in decoders}
-        self.reserved = set(self.enc_ids.values()) | set(self.dec_ids.values()) | set(self.dec_start_ids.values())
-        unk = tokenizer.unk_token_id
-        needed = special_tokens(list(encoders), list(decoders))
-        missing = [t for t in needed if ids(t) is None or (unk is not None and ids(t) == unk)]
-        if missing:
-            raise ValueError(f"tokenizer lacks the special tokens {missing}; build it with omnicore.model.build.prepare_tokenizer")
+        self.token_ids = placeholder_ids(tokenizer, list(encoders), list(decoders))
+        self.im_start, self.im_end = tokenizer.convert_tokens_to_ids([IM_START, IM_END])
+        self.enc_ids, self.dec_ids, self.dec_start_ids = (self.token_ids[k] for k in ("encoder", "decoder", "decoder_start"))
+        self.reserved = {i for table in self.token_ids.values() for i in table.values()}
 
     def _text(self, text: str, where: str) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=False)

@@ -84,7 +84,9 @@ class MicroBatch:
     """One packed row, ready for :class:`omnicore.model.omni.OmniModel`.
 
     Tensors: ``input_ids``, ``labels``, ``position_ids``: LongTensor ``[1, T]``; ``cu_seqlens``:
-    int32 ``[num_samples + 1]``. ``encoder_inputs`` / ``decoder_inputs``: modality -> collated
+    int32 ``[num_samples + 1]`` (the samples' boundaries, FlashAttention's varlen convention) and
+    ``max_seqlen`` (int, the longest sample): built here once and handed by the model to the
+    attention kernels. ``encoder_inputs`` / ``decoder_inputs``: modality -> collated
     features of the media in this row, in order of appearance. ``n_targets``: text + code targets.
     """
 
@@ -92,6 +94,7 @@ class MicroBatch:
     labels: Any
     position_ids: Any
     cu_seqlens: Any
+    max_seqlen: int
     encoder_inputs: dict[str, Any]
     decoder_inputs: dict[str, Any]
     n_targets: int
@@ -124,6 +127,7 @@ def collate(samples: list[Encoded], encoders: dict[str, Any], decoders: dict[str
         labels=torch.tensor([labels], dtype=torch.long),
         position_ids=torch.tensor([pos], dtype=torch.long),
         cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+        max_seqlen=max((len(s) for s in samples), default=0),
         encoder_inputs={m: encoders[m].collate(v) for m, v in enc_items.items()},
         decoder_inputs={m: decoders[m].collate(v) for m, v in dec_items.items()},
         n_targets=sum(s.n_targets for s in samples),

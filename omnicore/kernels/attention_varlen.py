@@ -4,8 +4,8 @@ transformers' ``sdpa`` keeps packed samples apart with a dense block-diagonal ca
 ``[T, T]`` elements per row (built by ``masking_utils`` from restarting ``position_ids``): memory and
 time quadratic in the *row* length even when every sample is short, and on CPU the mask (boolean
 plus an additive float copy) is the largest attention term. ``sdpa_varlen`` instead cuts the row
-into its samples (:func:`omnicore.kernels.varlen.cu_seqlens_from_position_ids`, the FlashAttention
-varlen convention) and runs ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)``
+into its samples (the ``cu_seqlens`` built at collate and passed down by OmniModel, the
+FlashAttention varlen convention) and runs ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)``
 on each sample: no mask at all, cost quadratic in the *sample* lengths only. It runs wherever
 torch's SDPA does (CPU included).
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from omnicore.kernels.varlen import cu_seqlens_from_position_ids, mark_varlen, plan_varlen
+from omnicore.kernels.varlen import CU_SEQLENS_KWARGS, cu_seqlens_from_position_ids, mark_varlen, plan_varlen
 
 IMPLEMENTATION = "sdpa_varlen"
 """The name registered in transformers' ``AttentionInterface`` and ``AttentionMaskInterface``."""
@@ -39,24 +39,39 @@ the call it saves)."""
 _cache: dict[str, Any] = {}
 
 
-def _plan(position_ids: Any, b: int, t: int, device: Any, causal: bool) -> Any:
-    """The :class:`~omnicore.kernels.varlen.VarlenPlan` for ``position_ids`` (``[B, T]`` or None: one
-    sample per row), cached for the last tensor seen (every layer of a forward gets the same one)."""
+def _plan(kwargs: dict[str, Any], b: int, t: int, device: Any, causal: bool) -> Any:
+    """The :class:`~omnicore.kernels.varlen.VarlenPlan` of a ``[B, T]`` batch, from the attention
+    function's keyword arguments: the ``cu_seqlens`` OmniModel passes (built once, at collate;
+    :data:`~omnicore.kernels.varlen.CU_SEQLENS_KWARGS`), else the ``position_ids`` (restarting at 0
+    per sample), else one sample per row. Cached for the last tensor seen: every layer of a forward
+    gets the same one.
+
+    Raises:
+        ValueError: the boundaries do not cover the ``B * T`` rows.
+    """
     import torch
 
-    key = (b, t, str(device), causal, None if position_ids is None else position_ids._version)
+    src = kwargs.get(CU_SEQLENS_KWARGS[0])
+    from_cu = src is not None
+    if src is None:
+        src = kwargs.get("position_ids")
+    key = (b, t, str(device), causal, from_cu, None if src is None else src._version)
     ref = _cache.get("ref")
-    if position_ids is not None and ref is not None and ref() is position_ids and _cache.get("key") == key:
+    if src is not None and ref is not None and ref() is src and _cache.get("key") == key:
         return _cache["plan"]
-    if position_ids is None:
+    if src is None:
         cu = torch.arange(0, b * t + 1, t, dtype=torch.int32)
+    elif from_cu:
+        cu = src.detach().cpu()
+        if int(cu[-1]) != b * t:
+            raise ValueError(f"{IMPLEMENTATION}: cu_seqlens ends at {int(cu[-1])}, expected B*T = {b * t} rows")
     else:
-        if position_ids.numel() != b * t:
-            raise ValueError(f"{IMPLEMENTATION}: position_ids has {position_ids.numel()} elements, expected [B, T] = [{b}, {t}]")
-        cu, _ = cu_seqlens_from_position_ids(position_ids.detach().reshape(b, t).cpu())
+        if src.numel() != b * t:
+            raise ValueError(f"{IMPLEMENTATION}: position_ids has {src.numel()} elements, expected [B, T] = [{b}, {t}]")
+        cu, _ = cu_seqlens_from_position_ids(src.detach().reshape(b, t).cpu())
     plan = plan_varlen(cu, pad=causal, pad_below=PAD_BELOW, device=device)
-    if position_ids is not None:
-        _cache.update(ref=weakref.ref(position_ids), key=key, plan=plan)
+    if src is not None:
+        _cache.update(ref=weakref.ref(src), key=key, plan=plan)
     return plan
 
 
@@ -85,8 +100,9 @@ def sdpa_varlen_attention_forward(
         query: ``[B, Hq, T, D]``; key, value: ``[B, Hkv, T, D]`` with ``Hq % Hkv == 0`` (GQA through
             SDPA's ``enable_gqa``, no copies of the KV heads).
         attention_mask: ignored (the mask function returns None); samples come from
-            ``kwargs["position_ids"]`` (``[B, T]``, restarting at 0 at each sample start; None: one
-            sample per row).
+            ``kwargs["cu_seq_lens_q"]`` (int32 ``[n+1]``, passed by OmniModel from collate), else
+            ``kwargs["position_ids"]`` (``[B, T]``, restarting at 0 at each sample start), else one
+            sample per row.
         scaling: the softmax scale (None: ``1/sqrt(D)``); dropout: attention dropout probability
             (transformers passes 0.0 outside training).
 
@@ -106,7 +122,7 @@ def sdpa_varlen_attention_forward(
     hkv = key.shape[1]
     if key.shape[2] != t:
         return _decode_attention(query, key, value, scaling, dropout, causal), None
-    plan = _plan(kwargs.get("position_ids"), b, t, query.device, causal)
+    plan = _plan(kwargs, b, t, query.device, causal)
     # [B, H, T, D] -> [B*T, H, D]: a view when the projections were laid out as [B, T, H, D]
     q = query.transpose(1, 2).reshape(b * t, hq, d)
     k = key.transpose(1, 2).reshape(b * t, hkv, d)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from omnicore.config import Config, ModelConfig
-from omnicore.data.chat import decoder_start_token, decoder_token, encoder_token, special_tokens
+from omnicore.data.chat import placeholder_ids, special_tokens
 from omnicore.registry import Registry, RegistryError, registry_for
 
 
@@ -117,13 +117,7 @@ def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any
         _check_modality(decoders[key], "decoder", key, c.name)
     for kernel in kernels.values():
         kernel.activate(lm)
-    ids = tokenizer.convert_tokens_to_ids
-    token_ids = {
-        "encoder": {k: ids(encoder_token(k)) for k in encoders},
-        "decoder": {k: ids(decoder_token(k)) for k in decoders},
-        "decoder_start": {k: ids(decoder_start_token(k)) for k in decoders},
-    }
-    model = OmniModel(lm, encoders, decoders, token_ids)
+    model = OmniModel(lm, encoders, decoders, placeholder_ids(tokenizer, list(encoders), list(decoders)))
     if "cross_entropy" in kernels:
         model.cross_entropy = kernels["cross_entropy"]
     return model, tokenizer

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnicore.data.chat import IGNORE_INDEX
+from omnicore.kernels.varlen import CU_SEQLENS_KWARGS, cu_seqlens_from_position_ids
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,13 +73,10 @@ class OmniModel(nn.Module):
         """Call ``hook(model, seq) -> seq`` in :meth:`forward` after the media embeddings are merged
         and before the foundation runs: the sharding point of sequence parallelism.
 
-        ``seq`` holds, for the whole packed row: ``inputs_embeds`` ``[1, T, H]``, ``position_ids`` and
-        ``labels`` ``[1, T]`` (labels already shifted), ``decoder_labels`` (modality -> ``[1, T]``,
-        the code each position's hidden state predicts, ``-100`` elsewhere) and
-        ``foundation_kwargs`` (extra keyword arguments for the foundation's forward; transformers
-        passes them down to the attention functions). A hook returns the same keys, possibly
-        sliced to this rank's part of the sequence; the losses are then sums over that part.
-        Returns a handle whose ``remove()`` unregisters the hook.
+        The contract is :meth:`omnicore.components.ParallelModel.register_sequence_hook` (what
+        ``seq`` holds: ``inputs_embeds``, ``position_ids``, ``labels``, ``decoder_labels``,
+        ``cu_seqlens``, ``max_seqlen``, ``foundation_kwargs``). Returns a handle whose
+        ``remove()`` unregisters the hook.
         """
         from torch.utils.hooks import RemovableHandle
 
@@ -144,15 +142,30 @@ class OmniModel(nn.Module):
         decoder_inputs: dict[str, Any] | None = None,
         wheres: list[str] | None = None,
         return_logits: bool = False,
-        **_: Any,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
+        n_targets: int | None = None,
     ) -> ModelOutput:
-        """Summed losses of one packed micro-batch.
+        """Summed losses of one packed micro-batch (a :class:`~omnicore.data.packing.MicroBatch`'s
+        fields, as ``model(**vars(micro_batch))``).
 
         Args:
             input_ids, labels, position_ids: LongTensor ``[1, T]``; ``labels`` are already shifted
                 (``labels[i]`` is the target at position ``i``) with ``-100`` where not trained.
             encoder_inputs / decoder_inputs: modality -> collated features.
+            wheres: ``FILE:LINE`` of the packed samples, for error messages.
+            return_logits: also return the whole ``[1, T, V]`` fp32 logits (eval).
+            cu_seqlens: int32 ``[n+1]``, the packed samples' boundaries (from collate); None:
+                computed from ``position_ids``. Passed to the foundation as transformers'
+                varlen keyword arguments (:data:`omnicore.kernels.varlen.CU_SEQLENS_KWARGS`), so
+                varlen attention kernels never rebuild them per layer.
+            max_seqlen: the longest sample (int); None: computed from ``cu_seqlens``.
+            n_targets: ignored (the collated count; the model counts its own targets).
         """
+        if cu_seqlens is None:
+            cu_seqlens, max_seqlen = cu_seqlens_from_position_ids(position_ids.detach().cpu())
+        elif max_seqlen is None:
+            max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
         embeds, codes, dummy = self.embed(input_ids, encoder_inputs or {}, decoder_inputs or {}, wheres)
         dec_labels: dict[str, torch.Tensor] = {}
         for m, c in codes.items():
@@ -160,12 +173,20 @@ class OmniModel(nn.Module):
             pred = torch.zeros_like(mask)
             pred[:, :-1] = mask[:, 1:]  # the hidden state before each code position predicts that code
             dec_labels[m] = torch.full_like(input_ids, IGNORE_INDEX).masked_scatter(pred, c)
-        seq: dict[str, Any] = {"inputs_embeds": embeds, "position_ids": position_ids, "labels": labels, "decoder_labels": dec_labels, "foundation_kwargs": {}}
+        seq: dict[str, Any] = {
+            "inputs_embeds": embeds, "position_ids": position_ids, "labels": labels, "decoder_labels": dec_labels,
+            "cu_seqlens": cu_seqlens.to(position_ids.device), "max_seqlen": max_seqlen, "foundation_kwargs": {},
+        }
         for hook in list(self._sequence_hooks.values()):
             seq = hook(self, seq)
         labels = seq["labels"]
-        # No attention mask: transformers builds a block-diagonal causal mask from position_ids.
-        hidden = self.lm.base_model(inputs_embeds=seq["inputs_embeds"], position_ids=seq["position_ids"], use_cache=False, **seq["foundation_kwargs"]).last_hidden_state
+        # No attention mask: transformers builds a block-diagonal causal mask from position_ids for
+        # dense kernels; varlen kernels take the samples' boundaries from these keyword arguments.
+        cu, max_len = seq.get("cu_seqlens"), seq.get("max_seqlen")
+        varlen = dict(zip(CU_SEQLENS_KWARGS, (cu, cu, max_len, max_len))) if cu is not None else {}
+        hidden = self.lm.base_model(
+            inputs_embeds=seq["inputs_embeds"], position_ids=seq["position_ids"], use_cache=False, **varlen, **seq["foundation_kwargs"]
+        ).last_hidden_state
         head = self.lm.get_output_embeddings()
         logits = None
         if return_logits:  # eval: the whole logits, and the plain loss from them (= torch_cross_entropy)

@@ -315,6 +315,19 @@ def plan_problems(model: nn.Module, ep_size: int, plan: dict[str, Any] | None = 
     return out
 
 
+def _distribute_expert_weights(m: nn.Module, mod_name: str, ep_mesh: Any, placements: dict[str, Any]) -> None:
+    """Replace ``gate_up_proj`` and ``down_proj`` of the experts module ``m`` (named ``mod_name``)
+    by DTensor parameters over ``ep_mesh``, placed as the first plan wildcard that matches says."""
+    from torch.distributed.tensor import distribute_tensor
+
+    for leaf in ("gate_up_proj", "down_proj"):
+        p = getattr(m, leaf)
+        full = f"{mod_name}.{leaf}"
+        pl = next(v for pat, v in placements.items() if fnmatch.fnmatchcase(full, pat))
+        dt = distribute_tensor(p.detach(), ep_mesh, [pl])
+        m.register_parameter(leaf, nn.Parameter(dt, requires_grad=p.requires_grad))
+
+
 def apply_expert_parallel(
     model: nn.Module,
     ep_mesh: Any,
@@ -345,8 +358,6 @@ def apply_expert_parallel(
         ValueError: the plan matches nothing, an experts module is unsupported, or the experts do
             not divide over ``ep`` (every problem listed).
     """
-    from torch.distributed.tensor import distribute_tensor
-
     size = ep_mesh.size()
     plan = plan or DEFAULT_PLAN
     problems = plan_problems(model, size, plan)
@@ -356,18 +367,13 @@ def apply_expert_parallel(
     register_experts_implementation()
     group = ep_mesh.get_group()
     rank = ep_mesh.get_local_rank()
+    scale = 1.0
+    if fsdp_mesh is not None and gradient_divide_factor is not None:
+        scale = fsdp_mesh.size() / float(gradient_divide_factor)
     names = list(match_plan(model, plan))
     for mod_name in names:
         m = model.get_submodule(mod_name)
-        for leaf in ("gate_up_proj", "down_proj"):
-            p = getattr(m, leaf)
-            full = f"{mod_name}.{leaf}"
-            pl = next(v for pat, v in placements.items() if fnmatch.fnmatchcase(full, pat))
-            dt = distribute_tensor(p.detach(), ep_mesh, [pl])
-            m.register_parameter(leaf, nn.Parameter(dt, requires_grad=p.requires_grad))
-        scale = 1.0
-        if fsdp_mesh is not None and gradient_divide_factor is not None:
-            scale = fsdp_mesh.size() / float(gradient_divide_factor)
+        _distribute_expert_weights(m, mod_name, ep_mesh, placements)
         m._omnicore_ep = EPContext(group, size, rank, m.num_experts, chunks, dispatcher or all_to_all_dispatcher, scale)
         cfg = m.config
         if cfg._experts_implementation != IMPL_NAME:

@@ -147,7 +147,7 @@ class ComponentContract:
     def registry(self) -> Any:
         """The registry the component is built from (see :attr:`plugin`)."""
         from omnicore.registry import Registry
-        from omnicore.testing import isolated_registry
+        from omnicore.testing.fakes import isolated_registry
 
         if self.plugin is None:
             return Registry.discover()

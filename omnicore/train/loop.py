@@ -4,6 +4,11 @@ config -> components from the registry -> model -> data (read, tokenise, pack) -
 -> AdamW + warm-up/cosine LR -> steps (forward, loss over the global target count, backward, clip,
 step) -> metrics -> checkpoints -> export.
 
+The parts, in the order they run: :func:`setup` builds a :class:`Run` (model, data, strategies,
+optimizer and schedule from :mod:`omnicore.train.optim`, outputs); :func:`train_step` is one
+optimizer step over the micro-batches of :func:`forward_backward_step` and returns the step's
+metrics row; :func:`log_step` writes it; :func:`save` checkpoints; :func:`train` is the loop.
+
 Loss normalisation: each micro-batch returns the *sum* of its target losses. Every rank adds up the
 target counts of its micro-batches, one all-reduce gives the global count ``N`` of the step, and
 each micro-batch backpropagates ``loss_sum * dp / N`` (FSDP2 averages gradients over ``dp`` ranks).
@@ -23,10 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -34,23 +39,318 @@ from omnicore.config import Config
 from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError, read_jsonl
 from omnicore.data.packing import PackedStream, collate
+from omnicore.parallel.parallelize import build_strategies, data_split, parallelize
 from omnicore.parallel.state import ParallelState, init_parallel_state
-from omnicore.parallel.parallelize import build_strategies, parallelize
 from omnicore.registry import Registry, registry_for
-from omnicore.train.metrics import flops_model, padding_waste, peak_memory_mib, peak_tflops
+from omnicore.train.metrics import FlopsModel, flops_model, padding_waste, peak_memory_mib, peak_tflops
+from omnicore.train.optim import build_optimizer, clip_grad_norm_, warmup_cosine
 
 
-def warmup_cosine(warmup: int, total: int, min_ratio: float):
-    """LR multiplier: linear from 0 to 1 over ``warmup`` steps, then cosine down to ``min_ratio``
-    at ``total`` (Loshchilov & Hutter 2017, SGDR, without restarts)."""
+# ---------------------------------------------------------------------------------------------
+# set-up
+# ---------------------------------------------------------------------------------------------
 
-    def fn(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    return fn
+@dataclass
+class Run:
+    """Everything one training run holds from set-up to its last step (built by :func:`setup`)."""
+
+    cfg: Config
+    state: ParallelState
+    model: torch.nn.Module
+    tokenizer: Any
+    processor: ChatProcessor
+    stream: PackedStream
+    strategies: list[tuple[str, Any]]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    data_rank: int  # this rank's data group: which micro-batches it reads
+    data_size: int  # how many data groups (shards of the data) there are
+    replicas: int  # ranks that see each micro-batch (> 1 with sequence parallelism)
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+    peak_tflops: float | None  # the device's peak for MFU; None where unknown
+    flops: FlopsModel  # counted on the unsharded model
+    out_dir: Path
+    ckpt_root: Path
+    metrics_path: Path
+    log: Callable[..., None]  # print on rank 0, silent elsewhere
+    start: int = 0  # steps already done (resume)
+    bar: Any = None  # tqdm progress bar on rank 0 with train.progress, else None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def setup(cfg: Config, *, resume: bool = False, registry: Registry | None = None, state: ParallelState | None = None) -> Run:
+    """Build everything a run needs: model and data, parallelism, optimizer and LR schedule (restored
+    from the latest checkpoint with ``resume``), output files and progress bar. Raises as
+    :func:`train` does."""
+    from omnicore.checkpoint.dcp import CheckpointError, latest_checkpoint, load_checkpoint
+
+    registry = registry or registry_for(cfg)
+    state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
+    out_dir = Path(cfg.run.output_dir)
+    log = print if state.is_main else (lambda *a, **k: None)
+    ckpt_root = out_dir / "checkpoints"
+    # checked before the (slow) build: a fresh run must not mix its checkpoints into an older run's
+    if not resume and (ckpt_root / "latest").is_file():
+        raise CheckpointError(
+            f"{ckpt_root} already holds a run (latest: {(ckpt_root / 'latest').read_text().strip()}); "
+            "continue it with --resume, or pick another --run.output_dir"
+        )
+
+    model, tokenizer, processor, stream = _build_model_and_data(cfg, registry, log)
+    flops = flops_model(model.lm)  # counted before sharding turns parameters into shards
+    model, strategies, (data_rank, data_size, replicas) = _parallelize_model(model, cfg, registry, state, log)
+
+    optimizer = build_optimizer(model, cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.min_lr_ratio))
+    start = 0
+    if resume:
+        meta = load_checkpoint(latest_checkpoint(ckpt_root), model, optimizer, scheduler, state)
+        start = meta["step"]
+        log(f"resumed from step {start} ({ckpt_root / ('step-%08d' % start)})")
+
+    metrics_path, bar = _open_outputs(cfg, state, out_dir, resume, start)
+    model.train()
+    autocast, peak = _precision(cfg, state)
+    return Run(
+        cfg, state, model, tokenizer, processor, stream, strategies, optimizer, scheduler,
+        data_rank, data_size, replicas, autocast, peak, flops, out_dir, ckpt_root, metrics_path, log, start, bar,
+    )  # fmt: skip
+
+
+def _build_model_and_data(cfg: Config, registry: Registry, log: Callable[..., None]) -> tuple[Any, Any, ChatProcessor, PackedStream]:
+    """The model and tokenizer from the registry's components, their processor, and the packed
+    stream of training samples."""
+    from omnicore.model.build import build_omni_model
+
+    model, tokenizer = build_omni_model(cfg, registry)
+    processor = ChatProcessor(tokenizer, dict(model.encoders), dict(model.decoders), cfg.data.system_prompt)
+    samples, errors = load_samples(cfg.resolve_path(cfg.data.train), processor, cfg.data.on_error, cfg.data.max_samples)
+    if errors:
+        log(f"skipped {len(errors)} bad samples (data.on_error=skip); first: {errors[0]}")
+    stream = PackedStream(samples, cfg.data.max_tokens, cfg.run.seed, cfg.data.shuffle, cfg.data.packing, cfg.data.packing_window)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params / 1e6:.2f} M parameters; data: {len(samples)} samples from {cfg.data.train}")
+    return model, tokenizer, processor, stream
+
+
+def _parallelize_model(model: Any, cfg: Config, registry: Registry, state: ParallelState, log: Callable[..., None]) -> tuple[Any, list[tuple[str, Any]], tuple[int, int, int]]:
+    """Move ``model`` to the device and let the strategies wrap it from outside; returns the model,
+    the strategies and ``(data_rank, data_size, replicas)``."""
+    model = model.to(state.device)
+    state.mixed_precision = cfg.train.mixed_precision
+    # parallel.strategies, or parallel.strategy with auto resolved; applied in phase order (see
+    # omnicore.parallel.parallelize)
+    strategies = build_strategies(cfg.parallel, registry, state.distributed)
+    model = parallelize(model, state, strategies)
+    # A strategy that splits each micro-batch over several ranks (sequence parallelism) decides which
+    # micro-batches this rank reads; by default every rank reads its own. `replicas` ranks see each
+    # micro-batch, so counts from the data are divided by it.
+    data_rank, data_size = data_split(strategies, state)
+    replicas = state.world_size // data_size
+    names = [n for n, _ in strategies if n.split(":")[-1] != "none"] or ["none"]
+    log(f"parallel: {state.layout.describe()}; strategies: {', '.join(names)}; data split into {data_size} shard(s), one per data-parallel group")
+    kernels = {op: c.name for op, c in cfg.model.kernel_choices().items()}
+    kernels.setdefault("cross_entropy", "torch_cross_entropy")
+    precision = "bf16 mixed (fp32 parameters)" if cfg.train.mixed_precision == "bf16" else cfg.run.dtype
+    log(f"kernels: {', '.join(f'{op}={k}' for op, k in kernels.items())} (other ops: the foundation's own code); precision: {precision}")
+    return model, strategies, (data_rank, data_size, replicas)
+
+
+def _open_outputs(cfg: Config, state: ParallelState, out_dir: Path, resume: bool, start: int) -> tuple[Path, Any]:
+    """The metrics file (emptied for a fresh run) and the progress bar; both on rank 0 only."""
+    metrics_path = out_dir / "metrics.jsonl"
+    if state.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh metrics file
+    bar = None
+    if state.is_main and cfg.train.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.train.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    return metrics_path, bar
+
+
+def _precision(cfg: Config, state: ParallelState) -> tuple[Callable[[], contextlib.AbstractContextManager[Any]], float | None]:
+    """The autocast context factory of the forward pass, and the device's peak TFLOP/s for MFU."""
+    # bf16 mixed precision: parameters, optimizer state and gradient reductions stay fp32; matmuls run
+    # in bf16 under autocast (FSDP2 also gathers bf16 parameters); the loss is computed from fp32
+    # logits and accumulated in fp64 (_StepTotals).
+    bf16 = cfg.train.mixed_precision == "bf16"
+    autocast = (lambda: torch.autocast(state.device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    compute_dtype = "bf16" if bf16 or cfg.run.dtype == "bfloat16" else "fp32"
+    return autocast, peak_tflops(state.device, compute_dtype, cfg.train.peak_tflops)
+
+
+# ---------------------------------------------------------------------------------------------
+# one step
+# ---------------------------------------------------------------------------------------------
+
+
+def forward_backward_step(run: Run, mb: Any, scale: float) -> Any:
+    """Forward and backward of one collated micro-batch; returns the model's output (loss sums and
+    target counts of this rank's part of it). ``scale`` is ``dp / N`` (module docstring)."""
+    with run.autocast():
+        out = run.model(**_to_device(vars(mb), run.state.device))
+    (out.loss_sum * scale).backward()
+    return out
+
+
+@dataclass
+class _StepTotals:
+    """What one rank adds up over a step's micro-batches, for the metrics only."""
+
+    loss_sum: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
+    tokens: float = 0
+    flops: float = 0.0
+    part_sums: dict[str, float] = field(default_factory=dict)  # per part: "text", "decoder.<m>"
+    part_counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, out: Any) -> None:
+        self.loss_sum += out.loss_sum.detach().double().cpu()
+        n_text = out.n_targets - sum(out.decoder_targets.values())  # this rank's part of the micro-batch
+        parts = {"text": (float(out.text_loss_sum), n_text)}
+        parts.update({f"decoder.{m}": (float(v), out.decoder_targets[m]) for m, v in out.decoder_loss_sums.items()})
+        for k, (v, c) in parts.items():
+            self.part_sums[k] = self.part_sums.get(k, 0.0) + v
+            self.part_counts[k] = self.part_counts.get(k, 0) + c
+
+
+def train_step(run: Run, step: int) -> dict[str, Any]:
+    """One optimizer step (0-based ``step``) over ``train.grad_accum`` micro-batches; returns its
+    metrics row, the same on every rank."""
+    cfg, state = run.cfg, run.state
+    t0 = time.perf_counter()
+    batches = list(run.stream.iter_step(step, cfg.train.grad_accum, run.data_rank, run.data_size))
+    micro = [collate(mb, run.processor.encoders, run.processor.decoders) for mb in batches]
+    # one all-reduce gives the step's global target count (the loss denominator)
+    n_global = state.all_reduce_sum(sum(mb.n_targets for mb in micro)) / run.replicas
+    # dp = world size: the ranks gradients are averaged over (FSDP2's group, or a strategy's own all-reduce)
+    scale = state.world_size / max(n_global, 1.0)
+    totals = _StepTotals()
+    for mb, samples in zip(micro, batches):
+        totals.flops += run.flops.step_flops([len(x.input_ids) for x in samples]) / run.replicas
+        totals.add(forward_backward_step(run, mb, scale))
+        totals.tokens += mb.num_tokens / run.replicas
+    grad_norm = clip_grad_norm_(run.model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
+    lr = run.scheduler.get_last_lr()[0]  # the rate this step uses
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+
+    # one all-reduce for every figure of the step's metrics
+    keys = sorted({"text", *(f"decoder.{m}" for m in run.processor.decoders)})
+    sums = state.all_reduce_sums(
+        [float(totals.loss_sum), totals.tokens, totals.flops]
+        + [totals.part_sums.get(k, 0.0) for k in keys]
+        + [totals.part_counts.get(k, 0) for k in keys]
+    )
+    loss, tokens_global, flops_global = sums[0] / max(n_global, 1.0), sums[1], sums[2]
+    part_loss = {k: sums[3 + i] / max(sums[3 + len(keys) + i], 1.0) for i, k in enumerate(keys)}
+    dt = time.perf_counter() - t0
+    row = _metrics_row(run, step, loss=loss, lr=lr, grad_norm=float(grad_norm), n_global=n_global, tokens_global=tokens_global, flops_global=flops_global, dt=dt)
+    row.update({f"loss/{k}": v for k, v in part_loss.items()})
+    return row
+
+
+def _metrics_row(run: Run, step: int, *, loss: float, lr: float, grad_norm: float, n_global: float, tokens_global: float, flops_global: float, dt: float) -> dict[str, Any]:
+    """The metrics row of step ``step`` (0-based) from its all-reduced figures and its time ``dt``."""
+    cfg, accum = run.cfg, run.cfg.train.grad_accum
+    tflops = flops_global / dt / run.state.world_size / 1e12  # achieved, per device
+    return {
+        "step": step + 1,
+        "loss": loss,
+        "lr": lr,
+        "grad_norm": grad_norm,
+        "targets": int(round(n_global)),
+        "tokens": int(round(tokens_global)),
+        "tokens_per_s": tokens_global / dt,
+        "step_time_s": dt,
+        "tflops": tflops,
+        "mfu": tflops / run.peak_tflops if run.peak_tflops else None,
+        "padding_waste": padding_waste(int(round(tokens_global)), accum * run.data_size, cfg.data.max_tokens),
+        "peak_mem_mib": peak_memory_mib(run.state.device),
+        "epoch": run.stream.epoch_of((step + 1) * accum * run.data_size),
+    }
+
+
+def log_step(run: Run, row: dict[str, Any]) -> None:
+    """Append ``row`` to ``metrics.jsonl`` every ``train.log_every`` steps and at the last one, and
+    advance the progress bar; rank 0 only."""
+    if not run.state.is_main:
+        return
+    done = row["step"]
+    if done % run.cfg.train.log_every == 0 or done == run.cfg.train.max_steps:
+        with run.metrics_path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+    if run.bar is not None:
+        post = {"loss": f"{row['loss']:.4f}", "tok_s": f"{row['tokens_per_s']:.0f}"}
+        if row["mfu"] is not None:
+            post["mfu"] = f"{100 * row['mfu']:.1f}%"
+        run.bar.set_postfix(post)
+        run.bar.update(1)
+
+
+def save(run: Run, done: int) -> None:
+    """Checkpoint the run after ``done`` steps (model, optimizer, LR schedule and the data position)."""
+    from omnicore.checkpoint.dcp import save_checkpoint
+
+    cfg = run.cfg
+    # the data position in micro-batches read by all data groups: resume continues the stream there
+    extra = {"micro_batches": done * cfg.train.grad_accum * run.data_size, "seed": cfg.run.seed}
+    save_checkpoint(run.ckpt_root, done, run.model, run.optimizer, run.scheduler, extra, run.state, cfg.train.keep_checkpoints)
+
+
+# ---------------------------------------------------------------------------------------------
+# the recipe
+# ---------------------------------------------------------------------------------------------
+
+
+def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None, state: ParallelState | None = None) -> list[dict[str, Any]]:
+    """Run training as configured; returns the per-step metrics (on every rank).
+
+    Raises:
+        SampleError: a bad training sample (``FILE:LINE: ...``) when ``data.on_error`` is ``raise``.
+        RegistryError: a component or strategy cannot be resolved.
+        CheckpointError: ``resume`` with no usable checkpoint, or a fresh run into an output folder
+            that already holds one.
+    """
+    from omnicore.checkpoint.export import export_model
+
+    # ---- set-up: model and data, parallelism, optimizer (restored on resume), outputs ----------
+    run = setup(cfg, resume=resume, registry=registry, state=state)
+
+    # ---- the loop ------------------------------------------------------------------------------
+    for step in range(run.start, cfg.train.max_steps):
+        row = train_step(run, step)
+        run.history.append(row)
+        log_step(run, row)
+        done = step + 1
+        last = done == cfg.train.max_steps
+        # stop_after ends this process early (a time-limited job); its checkpoint lets --resume go on
+        stop = cfg.train.stop_after is not None and done >= cfg.train.stop_after
+        if last or stop or (cfg.train.save_every and done % cfg.train.save_every == 0):
+            save(run, done)
+        if stop and not last:
+            run.log(f"stopped after step {done} (train.stop_after); continue with --resume")
+            break
+
+    # ---- wrap-up: throughput summary, then export of a finished run ----------------------------
+    if run.bar is not None:
+        run.bar.close()
+    if run.history:
+        run.log(summarize(run.history))
+    finished = bool(run.history) and run.history[-1]["step"] == cfg.train.max_steps
+    if cfg.train.export and finished:
+        path = export_model(run.model, run.tokenizer, cfg, run.out_dir / "export", run.state)
+        run.log(f"exported to {path}")
+    return run.history
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
 
 
 def load_samples(path: Path, processor: ChatProcessor, on_error: str, max_samples: int | None = None, *, prompt_only: bool = False) -> tuple[list[Encoded], list[str]]:
@@ -69,41 +369,6 @@ def load_samples(path: Path, processor: ChatProcessor, on_error: str, max_sample
                 raise
             errors.append(str(exc))
     return encoded, errors
-
-
-def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Optimizer:
-    """AdamW (Loshchilov & Hutter 2019); weight decay only on matrices (>= 2-D), as in GPT-2/nanoGPT."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=cfg.train.betas, foreach=False)
-
-
-def clip_grad_norm_(parameters: Any, max_norm: float) -> torch.Tensor:
-    """Clip the gradients of ``parameters`` in place to a global L2 norm of ``max_norm``; returns the
-    norm before clipping (a plain scalar tensor, the same on every rank).
-
-    Gradients may be DTensors on *different* meshes: with expert parallelism the experts live on
-    ``(dp_shard_sp, ep)`` and the dense weights on ``fsdp``, and
-    ``torch.nn.utils.clip_grad_norm_`` refuses to stack their norms. So the norm is taken per mesh
-    (each DTensor norm made whole with ``full_tensor()``), combined as ``sqrt(sum of squares)``, and
-    each group is scaled by the same coefficient (torchtitan clips EP models the same way).
-    """
-    by_mesh: dict[Any, list[torch.Tensor]] = {}
-    for p in parameters:
-        if p.grad is not None:
-            by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
-    total_sq = torch.zeros((), dtype=torch.float32)
-    for group in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        total_sq = total_sq + norm.float().cpu() ** 2
-    total = total_sq.sqrt()
-    for group in by_mesh.values():
-        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total.to(group[0].grad.device))
-    return total
 
 
 def summarize(history: list[dict[str, Any]]) -> str:
@@ -129,175 +394,3 @@ def _to_device(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, list):
         return [_to_device(v, device) for v in obj]
     return obj
-
-
-def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None, state: ParallelState | None = None) -> list[dict[str, Any]]:
-    """Run training as configured; returns the per-step metrics (on every rank).
-
-    Raises:
-        SampleError: a bad training sample (``FILE:LINE: ...``) when ``data.on_error`` is ``raise``.
-        RegistryError: a component or strategy cannot be resolved.
-        CheckpointError: ``resume`` with no usable checkpoint, or a fresh run into an output folder
-            that already holds one.
-    """
-    from omnicore.checkpoint.dcp import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-    from omnicore.checkpoint.export import export_model
-    from omnicore.model.build import build_omni_model
-
-    registry = registry or registry_for(cfg)
-    state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
-    out_dir = Path(cfg.run.output_dir)
-    log = print if state.is_main else (lambda *a, **k: None)
-    ckpt_root = out_dir / "checkpoints"
-    if not resume and (ckpt_root / "latest").is_file():
-        raise CheckpointError(
-            f"{ckpt_root} already holds a run (latest: {(ckpt_root / 'latest').read_text().strip()}); "
-            "continue it with --resume, or pick another --run.output_dir"
-        )
-
-    # ---- model and data ------------------------------------------------------------------------
-    model, tokenizer = build_omni_model(cfg, registry)
-    processor = ChatProcessor(tokenizer, dict(model.encoders), dict(model.decoders), cfg.data.system_prompt)
-    samples, errors = load_samples(cfg.resolve_path(cfg.data.train), processor, cfg.data.on_error, cfg.data.max_samples)
-    if errors:
-        log(f"skipped {len(errors)} bad samples (data.on_error=skip); first: {errors[0]}")
-    stream = PackedStream(samples, cfg.data.max_tokens, cfg.run.seed, cfg.data.shuffle, cfg.data.packing, cfg.data.packing_window)
-    n_params = sum(p.numel() for p in model.parameters())
-    log(f"model: {n_params / 1e6:.2f} M parameters; data: {len(samples)} samples from {cfg.data.train}")
-
-    # ---- parallelism: the strategy wraps the model from outside --------------------------------
-    # (parallel.strategies, or parallel.strategy with auto resolved; applied in phase order, see
-    # omnicore.parallel.parallelize)
-    flops = flops_model(model.lm)  # counted before sharding turns parameters into shards
-    model = model.to(state.device)
-    state.mixed_precision = cfg.train.mixed_precision
-    strategies = build_strategies(cfg.parallel, registry, state.distributed)
-    model = parallelize(model, state, strategies)
-    strategy = next((s for _, s in strategies if hasattr(s, "data_split")), None)
-    # Which micro-batches this rank reads: a strategy that splits each micro-batch over several ranks
-    # (sequence parallelism) answers data_split(state) -> (index, count) of this rank's data group;
-    # by default every rank reads its own. `replicas` ranks see each micro-batch.
-    data_split = getattr(strategy, "data_split", None)
-    data_rank, data_size = data_split(state) if data_split is not None else (state.dp_rank, state.dp_size)
-    replicas = state.world_size // data_size
-    names = [n for n, _ in strategies if n.split(":")[-1] != "none"] or ["none"]
-    log(f"parallel: {state.layout.describe()}; strategies: {', '.join(names)}; data split into {data_size} shard(s), one per data-parallel group")
-    kernels = {op: c.name for op, c in cfg.model.kernel_choices().items()}
-    kernels.setdefault("cross_entropy", "torch_cross_entropy")
-    precision = "bf16 mixed (fp32 parameters)" if cfg.train.mixed_precision == "bf16" else cfg.run.dtype
-    log(f"kernels: {', '.join(f'{op}={k}' for op, k in kernels.items())} (other ops: the foundation's own code); precision: {precision}")
-
-    optimizer = build_optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.min_lr_ratio))
-    start = 0
-    if resume:
-        meta = load_checkpoint(latest_checkpoint(ckpt_root), model, optimizer, scheduler, state)
-        start = meta["step"]
-        log(f"resumed from step {start} ({ckpt_root / ('step-%08d' % start)})")
-
-    metrics_path = out_dir / "metrics.jsonl"
-    if state.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if not resume:
-            metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh metrics file
-    history: list[dict[str, Any]] = []
-    bar = None
-    if state.is_main and cfg.train.progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=cfg.train.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
-
-    # ---- the loop ------------------------------------------------------------------------------
-    model.train()
-    # bf16 mixed precision: parameters, optimizer state and gradient reductions stay fp32; matmuls run
-    # in bf16 under autocast (FSDP2 also gathers bf16 parameters); the loss is computed from fp32
-    # logits and accumulated in fp64 below.
-    bf16 = cfg.train.mixed_precision == "bf16"
-    autocast = (lambda: torch.autocast(state.device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
-    compute_dtype = "bf16" if bf16 or cfg.run.dtype == "bfloat16" else "fp32"
-    peak = peak_tflops(state.device, compute_dtype, cfg.train.peak_tflops)
-    # dp: the ranks gradients are averaged over (FSDP2's group, or a strategy's own all-reduce)
-    accum, dp = cfg.train.grad_accum, state.world_size
-    for step in range(start, cfg.train.max_steps):
-        t0 = time.perf_counter()
-        batches = list(stream.iter_step(step, accum, data_rank, data_size))
-        micro = [collate(mb, processor.encoders, processor.decoders) for mb in batches]
-        # one all-reduce gives the step's global target count (the loss denominator)
-        n_global = state.all_reduce_sum(sum(mb.n_targets for mb in micro)) / replicas
-        scale = dp / max(n_global, 1.0)
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        part_sums: dict[str, float] = {}  # per-part loss sums, for the metrics only
-        part_counts: dict[str, int] = {}
-        tokens = 0
-        step_flops = 0.0
-        for mb, samples in zip(micro, batches):
-            step_flops += flops.step_flops([len(x.input_ids) for x in samples]) / replicas
-            with autocast():
-                out = model(**_to_device(vars(mb), state.device))
-            (out.loss_sum * scale).backward()
-            loss_sum += out.loss_sum.detach().double().cpu()
-            n_text = out.n_targets - sum(out.decoder_targets.values())  # this rank's part of the micro-batch
-            parts = {"text": (float(out.text_loss_sum), n_text)}
-            parts.update({f"decoder.{m}": (float(v), out.decoder_targets[m]) for m, v in out.decoder_loss_sums.items()})
-            for k, (v, c) in parts.items():
-                part_sums[k] = part_sums.get(k, 0.0) + v
-                part_counts[k] = part_counts.get(k, 0) + c
-            tokens += mb.num_tokens / replicas
-        grad_norm = clip_grad_norm_(model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
-        lr = scheduler.get_last_lr()[0]  # the rate this step uses
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-
-        # one all-reduce for every figure of the step's metrics
-        keys = sorted({"text", *(f"decoder.{m}" for m in processor.decoders)})
-        sums = state.all_reduce_sums(
-            [float(loss_sum), tokens, step_flops] + [part_sums.get(k, 0.0) for k in keys] + [part_counts.get(k, 0) for k in keys]
-        )
-        loss, tokens_global, flops_global = sums[0] / max(n_global, 1.0), sums[1], sums[2]
-        part_loss = {k: sums[3 + i] / max(sums[3 + len(keys) + i], 1.0) for i, k in enumerate(keys)}
-        dt = time.perf_counter() - t0
-        tflops = flops_global / dt / state.world_size / 1e12  # achieved, per device
-        row = {
-            "step": step + 1,
-            "loss": loss,
-            "lr": lr,
-            "grad_norm": float(grad_norm),
-            "targets": int(round(n_global)),
-            "tokens": int(round(tokens_global)),
-            "tokens_per_s": tokens_global / dt,
-            "step_time_s": dt,
-            "tflops": tflops,
-            "mfu": tflops / peak if peak else None,
-            "padding_waste": padding_waste(int(round(tokens_global)), accum * data_size, cfg.data.max_tokens),
-            "peak_mem_mib": peak_memory_mib(state.device),
-            "epoch": stream.epoch_of((step + 1) * accum * data_size),
-        }
-        row.update({f"loss/{k}": v for k, v in part_loss.items()})
-        history.append(row)
-        if state.is_main:
-            if (step + 1) % cfg.train.log_every == 0 or step + 1 == cfg.train.max_steps:
-                with metrics_path.open("a") as fh:
-                    fh.write(json.dumps(row) + "\n")
-            if bar is not None:
-                post = {"loss": f"{loss:.4f}", "tok_s": f"{row['tokens_per_s']:.0f}"}
-                if row["mfu"] is not None:
-                    post["mfu"] = f"{100 * row['mfu']:.1f}%"
-                bar.set_postfix(post)
-                bar.update(1)
-        last = step + 1 == cfg.train.max_steps
-        stop = cfg.train.stop_after is not None and step + 1 >= cfg.train.stop_after
-        if last or stop or (cfg.train.save_every and (step + 1) % cfg.train.save_every == 0):
-            save_checkpoint(ckpt_root, step + 1, model, optimizer, scheduler, {"micro_batches": (step + 1) * accum * data_size, "seed": cfg.run.seed}, state, cfg.train.keep_checkpoints)
-        if stop and not last:
-            log(f"stopped after step {step + 1} (train.stop_after); continue with --resume")
-            break
-    if bar is not None:
-        bar.close()
-    if history:
-        log(summarize(history))
-    finished = bool(history) and history[-1]["step"] == cfg.train.max_steps
-    if cfg.train.export and finished:
-        path = export_model(model, tokenizer, cfg, out_dir / "export", state)
-        log(f"exported to {path}")
-    return history

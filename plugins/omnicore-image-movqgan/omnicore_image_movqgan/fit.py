@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from omnicore.api import warmup_cosine
+
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
@@ -101,9 +103,7 @@ def fit_vq(
     vq.requires_grad_(True)
     vq.train()
     opt = torch.optim.Adam(vq.parameters(), lr=lr, betas=(0.9, 0.99))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * s / max(1, steps))).item())
-    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(0, steps, 0.1))  # cosine to 10%, no warm-up
     codebook = vq.quantize.embedding.weight
     usage = torch.zeros(codebook.shape[0], dtype=torch.long, device=codebook.device)
     losses: list[float] = []

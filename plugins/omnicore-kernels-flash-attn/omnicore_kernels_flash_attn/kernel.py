@@ -1,10 +1,11 @@
 """Varlen FlashAttention for packed sequences, installed through transformers' attention registry.
 
 Packed micro-batches carry several samples in one row; their ``position_ids`` restart at 0 at each
-sample start. :func:`omnicore.kernels.varlen.cu_seqlens_from_position_ids` (core, shared with the
-CPU kernel ``sdpa_varlen``) turns that into the cumulative sequence lengths
-``flash_attn_varlen_func`` wants, so samples never attend to each other and no ``[T, T]`` mask is
-ever built. ``flash_attn`` is imported lazily (only when the kernel is activated or called): this
+sample start. omnicore builds the cumulative sequence lengths (``cu_seqlens``) that
+``flash_attn_varlen_func`` wants once, at collate, and passes them to the attention function as
+transformers' ``cu_seq_lens_q``/``max_length_q`` keyword arguments; :func:`omnicore.api.varlen_from_kwargs`
+reads them (or derives them from ``position_ids`` when a caller passed none). Samples never attend
+to each other and no ``[T, T]`` mask is ever built. ``flash_attn`` is imported lazily (only when the kernel is activated or called): this
 module imports on machines without it.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnicore.api import cu_seqlens_from_position_ids, mark_varlen
+from omnicore.api import cu_seqlens_from_position_ids, mark_varlen, varlen_from_kwargs
 
 __all__ = ["IMPLEMENTATION", "FlashAttnVarlen", "cu_seqlens_from_position_ids", "register", "varlen_attention_forward"]
 
@@ -24,15 +25,14 @@ def varlen_attention_forward(
     module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None, dropout: float = 0.0, **kwargs: Any
 ) -> tuple[Any, None]:
     """transformers attention function: ``query`` ``[B, Hq, T, D]``, ``key``/``value`` ``[B, Hkv, T, D]``;
-    returns ``([B, T, Hq, D], None)``. Uses ``kwargs["position_ids"]`` (else one sample per row)."""
+    returns ``([B, T, Hq, D], None)``. Samples from ``kwargs["cu_seq_lens_q"]`` (passed by OmniModel),
+    else ``kwargs["position_ids"]``, else one sample per row."""
     import torch
     from flash_attn import flash_attn_varlen_func
 
     b, hq, t, d = query.shape
-    position_ids = kwargs.get("position_ids")
-    if position_ids is None:
-        position_ids = torch.arange(t, device=query.device).expand(b, t)
-    cu, max_len = cu_seqlens_from_position_ids(position_ids)
+    default = None if kwargs.get("position_ids") is not None else torch.arange(t, device=query.device).expand(b, t)
+    cu, max_len = varlen_from_kwargs(kwargs, default)
     cu = cu.to(query.device)
     q = query.transpose(1, 2).reshape(b * t, hq, d)
     k = key.transpose(1, 2).reshape(b * t, key.shape[1], d)
@@ -46,7 +46,7 @@ def varlen_attention_forward(
     return out.reshape(b, t, hq, d), None
 
 
-mark_varlen(varlen_attention_forward)  # takes the samples from position_ids: Ulysses passes the global ones
+mark_varlen(varlen_attention_forward)  # takes the samples from cu_seqlens / position_ids: under Ulysses, the global ones
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:

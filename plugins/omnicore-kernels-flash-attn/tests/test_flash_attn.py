@@ -19,10 +19,10 @@ def test_cu_seqlens_from_restarting_position_ids():
 
 
 def test_cu_seqlens_is_the_core_function_and_forward_is_marked_varlen():
-    from omnicore.model import varlen
+    from omnicore import api
 
-    assert cu_seqlens_from_position_ids is varlen.cu_seqlens_from_position_ids  # one implementation, in core
-    assert varlen.is_varlen(varlen_attention_forward)  # Ulysses hands it the global position_ids
+    assert cu_seqlens_from_position_ids is api.cu_seqlens_from_position_ids  # one implementation, in core
+    assert api.is_varlen(varlen_attention_forward)  # Ulysses hands it the global position_ids and cu_seqlens
 
 
 def test_varlen_forward_matches_per_sample_sdpa(monkeypatch):
@@ -42,6 +42,19 @@ def test_varlen_forward_matches_per_sample_sdpa(monkeypatch):
     assert out.shape == (1, 5, 2, 4)
     first = torch.nn.functional.scaled_dot_product_attention(q[:, :, :3], k[:, :, :3], v[:, :, :3], is_causal=True, scale=0.5)
     torch.testing.assert_close(out[:, :3], first.transpose(1, 2))
+    # cu_seqlens passed by OmniModel (transformers' varlen keyword arguments) win over position_ids
+    whole = torch.tensor([0, 5], dtype=torch.int32)
+    kw = dict(zip(api_kwargs(), (whole, whole, 5, 5)))
+    out2, _ = varlen_attention_forward(types.SimpleNamespace(is_causal=True, training=False), q, k, v, None, scaling=0.5, position_ids=pos, **kw)
+    all5 = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
+    torch.testing.assert_close(out2, all5.transpose(1, 2))
+    assert not torch.allclose(out2[:, 3:], out[:, 3:])
+
+
+def api_kwargs():
+    from omnicore.api import CU_SEQLENS_KWARGS
+
+    return CU_SEQLENS_KWARGS
 
 
 def test_available_says_why_without_cuda():

@@ -85,14 +85,16 @@ def inner_attention(lm: Any) -> Any:
 
 
 def core_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_ids: torch.Tensor, dropout: float, scaling: float | None, module: Any = None, inner: Any = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_ids: torch.Tensor, dropout: float, scaling: float | None, module: Any = None, inner: Any = None,
+    varlen: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """Attention on head-sharded, full-sequence q ``[B, h/sp, T, D]`` and k/v ``[B, kv/sp, T, D]``
     (``position_ids``: the global ``[B, T]``); returns ``[B, h/sp, T, D]``. With ``inner`` (a varlen
-    attention function) that function does it, given the global position_ids and no mask; else
-    sdpa with a dense packed causal mask, KV heads repeated for the local q heads."""
+    attention function) that function does it, given the global position_ids, the whole row's
+    ``cu_seqlens`` keyword arguments (``varlen``, from OmniModel through transformers) and no mask;
+    else sdpa with a dense packed causal mask, KV heads repeated for the local q heads."""
     if inner is not None:
-        out, _ = inner(module, q, k, v, None, dropout=dropout, scaling=scaling, position_ids=position_ids)
+        out, _ = inner(module, q, k, v, None, dropout=dropout, scaling=scaling, position_ids=position_ids, **(varlen or {}))
         return out.transpose(1, 2)
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
@@ -116,8 +118,15 @@ def ulysses_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     q = state.to_heads(query)
     k = state.to_heads(state.expand_kv(key))
     v = state.to_heads(state.expand_kv(value))
-    out = core_attention(q, k, v, position_ids, dropout, scaling, module, state.inner)
+    out = core_attention(q, k, v, position_ids, dropout, scaling, module, state.inner, varlen_kwargs(kwargs))
     return state.to_sequence(out).transpose(1, 2).contiguous(), None
+
+
+def varlen_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The whole row's ``cu_seqlens`` keyword arguments among an attention call's ``kwargs``."""
+    from omnicore.api import CU_SEQLENS_KWARGS
+
+    return {k: kwargs[k] for k in CU_SEQLENS_KWARGS if kwargs.get(k) is not None}
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
@@ -169,7 +178,7 @@ def async_attention_forward(self: Any, hidden_states: torch.Tensor, position_emb
     v_pending = start_all_to_all(v, state.group, 1, 2, async_op=True)
     qh, kh, vh = state.to_heads(q, q_pending), state.to_heads(k, k_pending), state.to_heads(v, v_pending)
     dropout = 0.0 if not self.training else getattr(self, "attention_dropout", 0.0)
-    out = core_attention(qh, kh, vh, position_ids, dropout, self.scaling, self, state.inner)
+    out = core_attention(qh, kh, vh, position_ids, dropout, self.scaling, self, state.inner, varlen_kwargs(kwargs))
     out = state.to_sequence(out).transpose(1, 2).reshape(*input_shape, -1).contiguous()
     return self.o_proj(out), None
 

@@ -150,6 +150,7 @@ class SequenceShard:
         sp, r = self.state.size, self.state.rank
         embeds, pos, labels = seq["inputs_embeds"], seq["position_ids"], seq["labels"]
         dec = dict(seq["decoder_labels"])
+        cu, max_len = seq.get("cu_seqlens"), seq.get("max_seqlen")
         t = embeds.shape[1]
         pad = -t % sp
         if pad:
@@ -158,6 +159,9 @@ class SequenceShard:
             pos = torch.cat([pos, torch.arange(pad, device=pos.device).expand(pos.shape[0], pad)], dim=1)
             labels = F.pad(labels, (0, pad), value=IGNORE_INDEX)
             dec = {m: F.pad(x, (0, pad), value=IGNORE_INDEX) for m, x in dec.items()}
+            if cu is not None:  # cu_seqlens keep describing the whole (padded) row
+                cu = torch.cat([cu, cu[-1:] + pad])
+                max_len = max(max_len or 0, pad)
         n = (t + pad) // sp
         part = slice(r * n, (r + 1) * n)
         return {
@@ -165,6 +169,8 @@ class SequenceShard:
             "position_ids": pos[:, part],
             "labels": labels[:, part],
             "decoder_labels": {m: x[:, part] for m, x in dec.items()},
+            "cu_seqlens": cu,
+            "max_seqlen": max_len,
             "foundation_kwargs": {**seq["foundation_kwargs"], POSITION_IDS_KWARG: pos},
         }
 

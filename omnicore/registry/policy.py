@@ -1,0 +1,200 @@
+"""Which plugins may load, decided from metadata alone, before anything of a plugin is imported.
+
+An entry point of the group ``omnicore`` becomes ``disabled`` (named in a disable list, or missing
+from an allow-list) or ``incompatible`` (its declared core API range excludes
+:data:`omnicore.CORE_API_VERSION`); otherwise it would be loaded (:func:`entry_points_info`).
+
+Core API range: a distribution declares which core API versions its plugins support with one
+keyword in its core metadata (``Keywords``), read through :mod:`importlib.metadata` without importing
+anything of the plugin::
+
+    [project]
+    keywords = ["omnicore-api >=1.0,<2"]
+
+The text after ``omnicore-api`` is a PEP 440 specifier set (:class:`packaging.specifiers.SpecifierSet`)
+that must contain :data:`omnicore.CORE_API_VERSION`. A distribution without the keyword is assumed
+compatible; an unparsable range makes its entry points ``failed``. (An entry-point group such as
+``omnicore.api`` cannot carry the range: setuptools only accepts ``module:attr`` values there.)
+
+Environment (merged with the arguments of :meth:`~omnicore.registry.Registry.discover`, i.e. with
+the config's ``plugins`` section through :func:`~omnicore.registry.registry_for`):
+    ``OMNICORE_DISABLE_PLUGINS``: comma-separated entry-point or distribution names not to load.
+    ``OMNICORE_ALLOW_PLUGINS``: comma-separated entry-point or distribution names; when set, only
+    these plugins load (built-ins stay on).
+    ``OMNICORE_STRICT``: ``1`` turns every ``failed`` or ``incompatible`` plugin into an error (for CI).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Iterable
+
+from omnicore import CORE_API_VERSION
+
+ENTRY_POINT_GROUP = "omnicore"
+API_KEYWORD = "omnicore-api"
+"""The ``Keywords`` entry that declares a distribution's supported core API range."""
+ENV_DISABLE, ENV_ALLOW, ENV_STRICT = "OMNICORE_DISABLE_PLUGINS", "OMNICORE_ALLOW_PLUGINS", "OMNICORE_STRICT"
+
+
+@dataclass
+class EntryPointInfo:
+    """What metadata alone says about one ``omnicore`` entry point (nothing is imported).
+
+    ``status`` is ``""`` (would be loaded), ``disabled``, ``incompatible`` or ``failed`` (the
+    declared API range does not parse); ``reason`` says why, in one line.
+    """
+
+    name: str
+    value: str
+    provider: str
+    version: str
+    api: str
+    status: str = ""
+    reason: str = ""
+    entry_point: metadata.EntryPoint | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def where(self) -> str:
+        """The entry point as reasons name it: ``entry point 'name = value' of dist version``."""
+        return f"entry point '{self.name} = {self.value}' of {self.provider} {self.version}"
+
+    def as_dict(self) -> dict[str, str]:
+        """JSON-ready strings (``omnicore plugins --no-load --json``)."""
+        return {
+            "name": self.name,
+            "provider": self.provider,
+            "version": self.version,
+            "value": self.value,
+            "api": self.api,
+            "status": self.status or "not loaded",
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class PluginPolicy:
+    """Which plugins may load: the ``disable``/``allow``/``strict`` arguments merged with the env.
+
+    Each name is an entry-point name or a distribution name. ``allow`` is None when no allow-list is
+    set; otherwise only the plugins it names load (built-ins always do). ``sources`` maps
+    ``"disable"``/``"allow"`` to where each name came from, for reasons.
+    """
+
+    disable: dict[str, str]
+    allow: dict[str, str] | None
+    strict: bool
+
+    @classmethod
+    def make(cls, disable: Iterable[str] | None = None, allow: Iterable[str] | None = None, strict: bool | None = None) -> "PluginPolicy":
+        """Merge arguments (the config's ``plugins`` section) with the environment.
+
+        ``disable`` and ``allow`` are unions of both sources; ``strict`` is on when either asks.
+        """
+        dis = {_canon(n): "config plugins.disable" for n in disable or ()}
+        dis.update({_canon(n): ENV_DISABLE for n in _env_list(ENV_DISABLE)})
+        allowed: dict[str, str] | None = None
+        env_allow = _env_list(ENV_ALLOW)
+        if allow is not None or env_allow:
+            allowed = {_canon(n): "config plugins.allow" for n in allow or ()}
+            allowed.update({_canon(n): ENV_ALLOW for n in env_allow})
+        return cls(dis, allowed, bool(strict) or os.environ.get(ENV_STRICT) == "1")
+
+    def blocked(self, ep_name: str, provider: str) -> str:
+        """Why this plugin must not load (``"disabled by ..."``), or ``""`` when it may."""
+        for n in (ep_name, provider):
+            if _canon(n) in self.disable:
+                return f"disabled by {self.disable[_canon(n)]}"
+        if self.allow is not None and _canon(ep_name) not in self.allow and _canon(provider) not in self.allow:
+            sources = " and ".join(sorted(set(self.allow.values()))) or "config plugins.allow"
+            listed = ", ".join(sorted(self.allow)) or "nothing"
+            return f"not in the allow-list ({sources}: {listed})"
+        return ""
+
+
+def _canon(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name.strip()).lower()
+
+
+def _env_list(var: str) -> list[str]:
+    return [x.strip() for x in os.environ.get(var, "").split(",") if x.strip()]
+
+
+def api_range(dist: Any) -> str:
+    """The core API range a distribution declares (``">=1.0,<2"``), or ``""``; reads metadata only.
+
+    The declaration is the keyword ``omnicore-api <specifiers>``. Core metadata joins keywords with
+    commas, so the clauses after it that start with an operator belong to the range.
+    """
+    if dist is None:
+        return ""
+    keywords = ",".join(dist.metadata.get_all("Keywords") or [])
+    parts = [p.strip() for p in keywords.split(",")]
+    for i, part in enumerate(parts):
+        if part == API_KEYWORD or part.startswith(API_KEYWORD + " "):
+            clauses = [part[len(API_KEYWORD) :].strip()]
+            for p in parts[i + 1 :]:
+                if not p or p[0] not in "<>=!~":
+                    break
+                clauses.append(p)
+            return ",".join(c for c in clauses if c)
+    return ""
+
+
+def api_compatible(spec: str) -> bool:
+    """Whether :data:`omnicore.CORE_API_VERSION` lies in ``spec`` (an empty range allows all).
+
+    Raises:
+        ValueError: if ``spec`` is not a valid PEP 440 specifier set.
+    """
+    if not spec:
+        return True
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        return SpecifierSet(spec).contains(CORE_API_VERSION, prereleases=True)
+    except InvalidSpecifier as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def entry_points_info(entry_points: Iterable[metadata.EntryPoint] | None = None, policy: PluginPolicy | None = None) -> list[EntryPointInfo]:
+    """Every ``omnicore`` entry point with what metadata says about it, in the fixed load order.
+
+    Imports no plugin code (this is what ``omnicore plugins --no-load`` prints). ``policy`` defaults
+    to the environment's.
+    """
+    policy = policy or PluginPolicy.make()
+    eps = list(entry_points) if entry_points is not None else list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    out = []
+    for ep in eps:
+        dist = getattr(ep, "dist", None)
+        md = dist.metadata if dist is not None else None
+        provider = md["Name"] if md is not None else "unknown"
+        version = md["Version"] if md is not None else "?"
+        info = EntryPointInfo(ep.name, ep.value, provider, version, api_range(dist), entry_point=ep)
+        blocked = policy.blocked(ep.name, provider)
+        if blocked:
+            info.status, info.reason = "disabled", f"{info.where}: {blocked}"
+        else:
+            _check_api(info)
+        out.append(info)
+    out.sort(key=lambda i: (i.provider, i.name, i.value))
+    return out
+
+
+def _check_api(info: EntryPointInfo) -> None:
+    """Mark ``info`` ``failed`` (unparsable range) or ``incompatible`` (range excludes the core API)."""
+    try:
+        ok = api_compatible(info.api)
+    except ValueError as exc:
+        info.status = "failed"
+        info.reason = f"{info.where} declares an invalid core API range {info.api!r} ({API_KEYWORD} keyword): {exc}"
+        return
+    if not ok:
+        from omnicore import __version__
+
+        info.status = "incompatible"
+        info.reason = f"{info.where} requires omnicore API {info.api}; omnicore {__version__} provides API {CORE_API_VERSION}"

@@ -1,0 +1,73 @@
+"""The optimizer, the learning-rate schedule and gradient clipping of the training recipe.
+
+* :func:`build_optimizer`: AdamW, weight decay on matrices only.
+* :func:`warmup_cosine`: linear warm-up, then cosine decay to a floor (a ``LambdaLR`` multiplier;
+  also the schedule of plugins' own fits, through :mod:`omnicore.api`).
+* :func:`clip_grad_norm_`: global-norm clipping that works across DTensor meshes (expert parallelism).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from omnicore.config import Config
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Optimizer:
+    """AdamW (Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization") over the trainable
+    parameters of ``model``, with ``train.lr`` and ``train.betas``; weight decay
+    (``train.weight_decay``) only on matrices (>= 2-D), not on biases and norm gains, as in
+    GPT-2/nanoGPT (karpathy/nanoGPT ``model.py``, ``configure_optimizers``)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=cfg.train.betas, foreach=False)
+
+
+def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
+    """LR multiplier for ``torch.optim.lr_scheduler.LambdaLR``: linear from 0 to 1 over ``warmup``
+    steps, then cosine down to ``min_ratio`` at ``total`` (Loshchilov & Hutter 2017, SGDR, without
+    restarts); it stays at ``min_ratio`` after ``total``.
+
+    With ``warmup=0`` it is plain cosine decay: ``min_ratio + (1 - min_ratio) * 0.5 * (1 +
+    cos(pi * step / total))``.
+    """
+
+    def fn(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return fn
+
+
+def clip_grad_norm_(parameters: Any, max_norm: float) -> torch.Tensor:
+    """Clip the gradients of ``parameters`` in place to a global L2 norm of ``max_norm``; returns the
+    norm before clipping (a plain scalar tensor, the same on every rank).
+
+    Gradients may be DTensors on *different* meshes: with expert parallelism the experts live on
+    ``(dp_shard_sp, ep)`` and the dense weights on ``fsdp``, and
+    ``torch.nn.utils.clip_grad_norm_`` refuses to stack their norms. So the norm is taken per mesh
+    (each DTensor norm made whole with ``full_tensor()``), combined as ``sqrt(sum of squares)``, and
+    each group is scaled by the same coefficient (torchtitan clips EP models the same way:
+    ``torchtitan/distributed/utils.py``, ``_clip_grad_norm_with_ep``).
+    """
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    for p in parameters:
+        if p.grad is not None:
+            by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+    total_sq = torch.zeros((), dtype=torch.float32)
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        total_sq = total_sq + norm.float().cpu() ** 2
+    total = total_sq.sqrt()
+    for group in by_mesh.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total.to(group[0].grad.device))
+    return total
