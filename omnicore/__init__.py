@@ -8,7 +8,9 @@ from omnicore.components import KINDS, ComponentSpec
 from omnicore.hookspecs import hookimpl
 
 __version__ = "0.1.0"
-CORE_API_VERSION = "1.0"
-"""Version of the plugin-facing API (hook specs and contracts), separate from the package version."""
+CORE_API_VERSION = "1.1"
+"""Version of the plugin-facing API (hook specs, contracts and :mod:`omnicore.api`), separate from the
+package version. 1.1 added omnicore.api and the complete parallel-strategy and kernel contracts
+(all additions: plugins written for 1.0 keep working)."""
 
 __all__ = ["KINDS", "ComponentSpec", "hookimpl", "__version__", "CORE_API_VERSION"]

@@ -10,7 +10,9 @@ use (PEP 562 module ``__getattr__``), so a hook module may import it too.
 
 What is here, by topic:
 
-* **Registration**: :data:`hookimpl`, :class:`ComponentSpec`, :data:`CORE_API_VERSION`.
+* **Registration**: :data:`hookimpl`, :class:`ComponentSpec`, :data:`CORE_API_VERSION`;
+  :class:`Registry` (``Registry.discover().build(kind, name, options)`` builds any installed
+  component, as a run does) and :class:`RegistryError`.
 * **Data**: :data:`IGNORE_INDEX` (the label of positions that are not trained), :class:`Audio`,
   :func:`load_audio`, :func:`load_image`, :func:`resample`.
 * **Varlen (packed samples)**: :func:`cu_seqlens_from_position_ids`, :func:`plan_varlen`,
@@ -38,6 +40,8 @@ _EXPORTS: dict[str, str] = {
     "hookimpl": "omnicore.hookspecs",
     "ComponentSpec": "omnicore.components",
     "CORE_API_VERSION": "omnicore",
+    "Registry": "omnicore.registry",
+    "RegistryError": "omnicore.registry",
     # data
     "IGNORE_INDEX": "omnicore.data.chat",
     "Audio": "omnicore.data.media",

@@ -191,7 +191,7 @@ def test_row_as_dict_keys():
         "description": d["description"],
         "entry_point": "builtin",
         "target": "omnicore.parallel.fsdp:FSDP2",
-        "api": "==1.0",
+        "api": "==1.1",
     }
     assert "FSDP2" in d["description"]
 
@@ -624,7 +624,7 @@ def test_first_party_plugins_declare_their_api_range():
     reg = Registry.discover()
     api = {r.provider: r.api for r in reg.rows if r.provider in EXPECTED_INSTALLED.values()}
     assert api == {
-        "omnicore": "==1.0",
+        "omnicore": "==1.1",
         "omnicore-image-siglip": ">=1.0,<2",
         "omnicore-audio-whisper": ">=1.0,<2",
         "omnicore-image-movqgan": ">=1.0,<2",
@@ -638,7 +638,7 @@ def test_incompatible_plugin_is_not_imported(site):
     assert (row.kind, row.name, row.version, row.status, row.api, row.spec) == ("-", "future", "3.1.0", "incompatible", ">=2.0,<3", None)
     assert row.reason == (
         f"entry point 'future = {module}' of omnicore-future 3.1.0 requires omnicore API >=2.0,<3; "
-        "omnicore 0.1.0 provides API 1.0"
+        "omnicore 0.1.0 provides API 1.1"
     )
     assert module not in sys.modules  # checked from metadata alone
     assert not [r for r in reg.components() if r.name in ("fastattn", "fakeenc")]
@@ -675,7 +675,7 @@ def test_strict_mode_raises_on_incompatible(site, monkeypatch):
     monkeypatch.setenv("OMNICORE_STRICT", "1")
     with pytest.raises(RegistryError) as ei:
         Registry.discover()
-    assert str(ei.value).endswith("requires omnicore API >=2; omnicore 0.1.0 provides API 1.0 (strict mode: OMNICORE_STRICT=1)")
+    assert str(ei.value).endswith("requires omnicore API >=2; omnicore 0.1.0 provides API 1.1 (strict mode: OMNICORE_STRICT=1)")
 
 
 def test_api_range_is_read_among_other_keywords(tmp_path):
