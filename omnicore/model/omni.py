@@ -167,19 +167,12 @@ class OmniModel(nn.Module):
         elif max_seqlen is None:
             max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
         embeds, codes, dummy = self.embed(input_ids, encoder_inputs or {}, decoder_inputs or {}, wheres)
-        dec_labels: dict[str, torch.Tensor] = {}
-        for m, c in codes.items():
-            mask = input_ids == self.token_ids["decoder"][m]
-            pred = torch.zeros_like(mask)
-            pred[:, :-1] = mask[:, 1:]  # the hidden state before each code position predicts that code
-            dec_labels[m] = torch.full_like(input_ids, IGNORE_INDEX).masked_scatter(pred, c)
         seq: dict[str, Any] = {
-            "inputs_embeds": embeds, "position_ids": position_ids, "labels": labels, "decoder_labels": dec_labels,
+            "inputs_embeds": embeds, "position_ids": position_ids, "labels": labels, "decoder_labels": self.decoder_labels(input_ids, codes),
             "cu_seqlens": cu_seqlens.to(position_ids.device), "max_seqlen": max_seqlen, "foundation_kwargs": {},
         }
         for hook in list(self._sequence_hooks.values()):
             seq = hook(self, seq)
-        labels = seq["labels"]
         # No attention mask: transformers builds a block-diagonal causal mask from position_ids for
         # dense kernels; varlen kernels take the samples' boundaries from these keyword arguments.
         cu, max_len = seq.get("cu_seqlens"), seq.get("max_seqlen")
@@ -187,6 +180,22 @@ class OmniModel(nn.Module):
         hidden = self.lm.base_model(
             inputs_embeds=seq["inputs_embeds"], position_ids=seq["position_ids"], use_cache=False, **varlen, **seq["foundation_kwargs"]
         ).last_hidden_state
+        return self.losses(hidden, seq["labels"], seq["decoder_labels"], dummy, return_logits)
+
+    def decoder_labels(self, input_ids: torch.Tensor, codes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per decoder modality, ``[1, T]``: the code that each position's hidden state predicts (the
+        position *before* each code placeholder), ``-100`` elsewhere."""
+        out: dict[str, torch.Tensor] = {}
+        for m, c in codes.items():
+            mask = input_ids == self.token_ids["decoder"][m]
+            pred = torch.zeros_like(mask)
+            pred[:, :-1] = mask[:, 1:]
+            out[m] = torch.full_like(input_ids, IGNORE_INDEX).masked_scatter(pred, c)
+        return out
+
+    def losses(self, hidden: torch.Tensor, labels: torch.Tensor, dec_labels: dict[str, torch.Tensor], dummy: torch.Tensor, return_logits: bool) -> ModelOutput:
+        """Summed text and decoder losses from the final hidden states ``[1, T, H]`` (this rank's
+        part of the row under sequence parallelism)."""
         head = self.lm.get_output_embeddings()
         logits = None
         if return_logits:  # eval: the whole logits, and the plain loss from them (= torch_cross_entropy)
@@ -199,7 +208,7 @@ class OmniModel(nn.Module):
         n = int((labels != IGNORE_INDEX).sum())
         dec_sums: dict[str, torch.Tensor] = {}
         dec_counts: dict[str, int] = {}
-        for m, lab in seq["decoder_labels"].items():
+        for m, lab in dec_labels.items():
             sel = lab != IGNORE_INDEX
             dec_logits = self.decoders[m].head(hidden[sel]).float()
             dec_sums[m] = F.cross_entropy(dec_logits, lab[sel], reduction="sum")
