@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development environment in .venv: the CPU build of torch, omnicore and the first-party
-# plugins (editable), pytest, and accelerate (the bench extra). Safe to run again: it re-installs
-# only when a pyproject changed.
+# plugins (editable), pytest, ruff (lint and format, run by the tests), and accelerate (the bench
+# extra). Safe to run again: it re-installs only when a pyproject or this script changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -21,6 +21,6 @@ pip_install() { "$VENV/bin/python" -m pip install --quiet --disable-pip-version-
 pip_install "torch==2.13.0"
 editable=(-e ".[bench]")  # the bench extra: accelerate, for the Trainer baseline of bench/run.py
 for p in "${PLUGINS[@]}"; do editable+=(-e "$p"); done
-pip_install "torch==2.13.0" "${editable[@]}" "pytest>=8" "copier==9.19.1"
+pip_install "torch==2.13.0" "${editable[@]}" "pytest>=8" "copier==9.19.1" "ruff==0.14.14"
 echo "$want" > "$stamp"
 echo "environment ready: $VENV ($("$VENV/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

@@ -620,14 +620,14 @@ def test_registries_are_independent(site):
 def test_first_party_plugins_declare_their_api_range():
     from omnicore import CORE_API_VERSION
 
-    assert CORE_API_VERSION == "1.0"
+    assert CORE_API_VERSION == "1.1"
     reg = Registry.discover()
     api = {r.provider: r.api for r in reg.rows if r.provider in EXPECTED_INSTALLED.values()}
     assert api == {
         "omnicore": "==1.1",
-        "omnicore-image-siglip": ">=1.0,<2",
-        "omnicore-audio-whisper": ">=1.0,<2",
-        "omnicore-image-movqgan": ">=1.0,<2",
+        "omnicore-image-siglip": ">=1.1,<2",
+        "omnicore-audio-whisper": ">=1.1,<2",
+        "omnicore-image-movqgan": ">=1.1,<2",
     }
 
 
@@ -814,7 +814,7 @@ def test_entry_points_info_imports_nothing(site, monkeypatch):
         "reason": "",
     }
     assert (infos["future"].status, infos["whisper"].status, infos["exits"].status) == ("incompatible", "disabled", "")
-    assert infos["siglip"].api == ">=1.0,<2"
+    assert infos["siglip"].api == ">=1.1,<2"
 
 
 def test_check_import_reports_time_torch_and_crashes(tmp_path):

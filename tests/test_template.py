@@ -59,7 +59,7 @@ def test_generated_files(generated):
     enc = dirs[0]
     pyproject = (enc / "pyproject.toml").read_text()
     assert '[project.entry-points.omnicore]\npatchconv = "omnicore_encoder_patchconv.plugin"' in pyproject
-    assert "omnicore-api >=1.0,<2" in pyproject
+    assert "omnicore-api >=1.1,<2" in pyproject
     names = {p.relative_to(enc).as_posix() for p in enc.rglob("*") if p.is_file() and "egg-info" not in p.as_posix() and "build" not in p.parts}
     assert {"README.md", "pyproject.toml", "omnicore_encoder_patchconv/plugin.py", "omnicore_encoder_patchconv/encoder.py", "tests/test_contract.py"} <= names
     # one component file per kind: the other kinds' files are not generated

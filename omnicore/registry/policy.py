@@ -9,7 +9,7 @@ keyword in its core metadata (``Keywords``), read through :mod:`importlib.metada
 anything of the plugin::
 
     [project]
-    keywords = ["omnicore-api >=1.0,<2"]
+    keywords = ["omnicore-api >=1.1,<2"]
 
 The text after ``omnicore-api`` is a PEP 440 specifier set (:class:`packaging.specifiers.SpecifierSet`)
 that must contain :data:`omnicore.CORE_API_VERSION`. A distribution without the keyword is assumed

@@ -32,7 +32,6 @@ Recognition via Large-Scale Weak Supervision" (2022), arXiv:2212.04356; the impl
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import warnings
@@ -47,14 +46,22 @@ from torch import nn
 from transformers import WhisperConfig, WhisperFeatureExtractor
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-from omnicore.api import Audio, resample
+from omnicore.api import Audio, load_extra_weights, load_hf_pretrained, resample, save_extra_weights
 
-PROJECTOR_FILE = "projector.safetensors"
-"""File name of the projector weights (``weight`` ``[hidden_size, d_model]``, ``bias`` ``[hidden_size]``)."""
-META_FILE = "omnicore_encoder.json"
-"""File name of omnicore's small description of a saved encoder (chunk_seconds, pool, hidden_size)."""
+COMPONENT = "encoder/whisper"
+"""The component name recorded with the projector in ``omnicore_extra.safetensors``."""
+LEGACY_FILES = ("projector.safetensors", "omnicore_encoder.json")
+"""What versions before the shared extra-weights format wrote instead (no longer read)."""
+ENCODER_PREFIXES = ("model.encoder.", "encoder.")
+"""Where published checkpoints keep the encoder: ``WhisperForConditionalGeneration`` under
+``model.encoder.``, ``WhisperModel`` under ``encoder.``; a ``WhisperEncoder`` folder has no prefix."""
 
 _SHAPE_KEYS = ("d_model", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim", "num_mel_bins")
+_WHAT_TO_PUT = (
+    "point options.checkpoint at a folder written by WhisperAudioEncoder.save_pretrained, or a Hugging Face Whisper "
+    "checkpoint (config.json with model_type 'whisper' plus model.safetensors) as WhisperModel, "
+    "WhisperForConditionalGeneration or WhisperEncoder save_pretrained writes it"
+)
 
 
 class WhisperEncoderOptions(BaseModel):
@@ -275,25 +282,23 @@ class WhisperAudioEncoder(nn.Module):
 
         Files: ``config.json`` + ``model.safetensors`` (the ``WhisperEncoder`` in transformers'
         format, ``WhisperEncoder.from_pretrained`` loads it), ``preprocessor_config.json`` (the
-        feature extractor), ``projector.safetensors`` (``weight`` ``[H, d_model]``, ``bias`` ``[H]``)
-        and ``omnicore_encoder.json`` (``chunk_seconds``, ``pool``, ``hidden_size``).
+        feature extractor) and ``omnicore_extra.safetensors`` (:func:`omnicore.api.save_extra_weights`:
+        the projector's ``weight`` ``[H, d_model]`` and ``bias`` ``[H]``, with ``chunk_seconds``,
+        ``pool``, ``hidden_size`` and ``d_model`` recorded). Call it on an unsharded module.
         """
-        from safetensors.torch import save_file
-
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         self.whisper.save_pretrained(str(out))
         self.feature_extractor.save_pretrained(str(out))
-        save_file({k: v.detach().cpu().contiguous() for k, v in self.projector.state_dict().items()}, str(out / PROJECTOR_FILE))
-        meta = {
-            "format": "omnicore-audio-whisper",
-            "format_version": 1,
-            "chunk_seconds": self.chunk_seconds,
-            "pool": self.pool,
-            "hidden_size": self.hidden_size,
-            "d_model": int(self.whisper.config.d_model),
-        }
-        (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        save_extra_weights(
+            out,
+            self.projector,
+            component=COMPONENT,
+            chunk_seconds=self.chunk_seconds,
+            pool=self.pool,
+            hidden_size=self.hidden_size,
+            d_model=int(self.whisper.config.d_model),
+        )
 
 
 # ---- factory ---------------------------------------------------------------------------------
@@ -302,85 +307,91 @@ class WhisperAudioEncoder(nn.Module):
 def build(options: dict[str, Any], *, hidden_size: int) -> WhisperAudioEncoder:
     """The registry's factory: ``build(options, hidden_size=H)`` -> :class:`WhisperAudioEncoder`.
 
+    With a checkpoint, the encoder is read by :func:`omnicore.api.load_hf_pretrained`
+    (``WhisperEncoder.from_pretrained``, strict, the ``model.encoder.`` / ``encoder.`` prefix of a
+    full model stripped), its position embeddings cut to ``chunk_seconds``, and the projector read
+    from ``omnicore_extra.safetensors`` (:func:`omnicore.api.load_extra_weights`) when the folder has it.
+
     Args:
         options: a mapping valid for :class:`WhisperEncoderOptions` (validated again here).
         hidden_size: ``H``, the foundation's hidden size (width of the output rows).
 
+    Returns:
+        the encoder on CPU, float32, in training mode.
+
     Raises:
         ValueError: if the checkpoint folder does not exist, holds no Whisper ``config.json`` or no
-            Whisper encoder weights; if ``chunk_seconds`` does not give an even whole number of mel
-            frames or needs more positions than the checkpoint has; if ``config`` contradicts the
-            checkpoint's shapes; if a saved projector does not fit ``hidden_size``.
+            weights, or its weights lack an encoder tensor (named); if ``chunk_seconds`` does not give
+            an even whole number of mel frames or needs more positions than the checkpoint has; if
+            ``config`` contradicts the checkpoint's shapes; if a saved projector does not fit
+            ``hidden_size`` (file and shapes named) or only an old ``projector.safetensors`` is there.
         pydantic.ValidationError: if ``options`` has unknown keys or bad values.
     """
     opts = WhisperEncoderOptions.model_validate(dict(options or {}))
     if int(hidden_size) <= 0:
         raise ValueError(f"whisper encoder: hidden_size must be positive, got {hidden_size}")
+    if "max_source_positions" in opts.config:
+        raise ValueError("whisper encoder: max_source_positions is set from chunk_seconds; remove it from options.config")
     ckpt = Path(opts.checkpoint).expanduser() if opts.checkpoint else None
-    if ckpt is not None:
-        _check_checkpoint_dir(ckpt)
-        fe_base = WhisperFeatureExtractor.from_pretrained(str(ckpt)) if (ckpt / "preprocessor_config.json").is_file() else None
-    else:
-        fe_base = None
 
-    # Configuration of the backbone.
     if ckpt is not None:
-        config = WhisperConfig.from_pretrained(str(ckpt))
-        ckpt_positions = int(config.max_source_positions)
-        for key, value in opts.config.items():
-            if key == "max_source_positions":
-                raise ValueError("whisper encoder: max_source_positions is set from chunk_seconds; remove it from options.config")
-            if key in _SHAPE_KEYS and getattr(config, key) != value:
+        overrides = {k: v for k, v in opts.config.items() if k not in _SHAPE_KEYS}
+        whisper = load_hf_pretrained(
+            WhisperEncoder, ckpt, config_overrides=overrides, prefixes=ENCODER_PREFIXES, what="whisper encoder", hint=_WHAT_TO_PUT
+        )
+        config = whisper.config
+        for key in _SHAPE_KEYS:
+            if key in opts.config and getattr(config, key) != opts.config[key]:
                 raise ValueError(
-                    f"whisper encoder: options.config[{key!r}] = {value!r} contradicts checkpoint {ckpt} "
+                    f"whisper encoder: options.config[{key!r}] = {opts.config[key]!r} contradicts checkpoint {ckpt} "
                     f"({key} = {getattr(config, key)!r}); drop it or use a matching checkpoint"
                 )
-            setattr(config, key, value)
+        fe_base = WhisperFeatureExtractor.from_pretrained(str(ckpt)) if (ckpt / "preprocessor_config.json").is_file() else None
     else:
-        if "max_source_positions" in opts.config:
-            raise ValueError("whisper encoder: max_source_positions is set from chunk_seconds; remove it from options.config")
         config = WhisperConfig(**opts.config)
-        ckpt_positions = None
+        fe_base = None
 
     feature_extractor = _make_feature_extractor(fe_base, num_mel_bins=int(config.num_mel_bins), chunk_seconds=opts.chunk_seconds)
     positions = feature_extractor.nb_max_frames // 2
-    if ckpt_positions is not None and positions > ckpt_positions:
-        max_s = ckpt_positions * 2 * feature_extractor.hop_length / feature_extractor.sampling_rate
-        raise ValueError(
-            f"whisper encoder: chunk_seconds={opts.chunk_seconds} needs {positions} encoder positions but checkpoint "
-            f"{ckpt} has {ckpt_positions} (at most {max_s:g} s); lower chunk_seconds"
-        )
-    config.max_source_positions = positions
-
-    whisper = WhisperEncoder(config)
     if ckpt is not None:
-        _load_encoder_weights(whisper, ckpt)
+        if positions > config.max_source_positions:
+            max_s = config.max_source_positions * 2 * feature_extractor.hop_length / feature_extractor.sampling_rate
+            raise ValueError(
+                f"whisper encoder: chunk_seconds={opts.chunk_seconds} needs {positions} encoder positions but checkpoint "
+                f"{ckpt} has {config.max_source_positions} (at most {max_s:g} s); lower chunk_seconds"
+            )
+        _keep_first_positions(whisper, positions)
+    else:
+        config.max_source_positions = positions
+        whisper = WhisperEncoder(config)
+
     encoder = WhisperAudioEncoder(
         whisper, feature_extractor, hidden_size=int(hidden_size), chunk_seconds=opts.chunk_seconds, pool=opts.pool, freeze=opts.freeze
     )
     if ckpt is not None:
-        _load_omnicore_extras(encoder, ckpt, opts)
-    return encoder
+        meta = load_extra_weights(ckpt, encoder.projector, component=COMPONENT, required=False, legacy_files=LEGACY_FILES)
+        for key, value in (("chunk_seconds", opts.chunk_seconds), ("pool", opts.pool)):
+            if meta and key in meta and meta[key] != value:
+                warnings.warn(
+                    f"whisper encoder: {ckpt} was saved with {key}={meta[key]!r} but options give {value!r}; "
+                    "the options win (token counts and pooled rows differ from training)",
+                    stacklevel=2,
+                )
+    return encoder.train()  # from_pretrained leaves a loaded encoder in eval mode
 
 
-def _check_checkpoint_dir(ckpt: Path) -> None:
-    what = (
-        "a folder written by WhisperAudioEncoder.save_pretrained, or a Hugging Face Whisper checkpoint "
-        "(config.json with model_type 'whisper' plus model.safetensors) as WhisperModel.save_pretrained writes it"
-    )
-    if not ckpt.is_dir():
-        raise ValueError(f"whisper encoder: checkpoint folder {ckpt} does not exist; point options.checkpoint at {what}")
-    cfg_file = ckpt / "config.json"
-    if not cfg_file.is_file():
-        raise ValueError(f"whisper encoder: checkpoint folder {ckpt} has no config.json; it must hold {what}")
-    try:
-        model_type = json.loads(cfg_file.read_text()).get("model_type")
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"whisper encoder: cannot read {cfg_file}: {exc}; the folder must hold {what}") from exc
-    if model_type != "whisper":
-        raise ValueError(
-            f"whisper encoder: {cfg_file} is not a Whisper config (model_type={model_type!r}); the folder must hold {what}"
-        )
+def _keep_first_positions(whisper: WhisperEncoder, positions: int) -> None:
+    """Cut the (fixed, sinusoidal) position embeddings to the first ``positions`` rows.
+
+    A checkpoint made for 30 s chunks (1500 positions) serves shorter chunks this way; Whisper's
+    encoder requires exactly ``2 * max_source_positions`` mel frames, so the config follows.
+    """
+    if whisper.config.max_source_positions == positions:
+        return
+    rows = whisper.embed_positions.weight.detach()[:positions].clone()
+    whisper.embed_positions = nn.Embedding.from_pretrained(rows, freeze=True)
+    whisper.config.max_source_positions = positions
+    whisper.max_source_positions = positions
 
 
 def _make_feature_extractor(base: WhisperFeatureExtractor | None, *, num_mel_bins: int, chunk_seconds: float) -> WhisperFeatureExtractor:
@@ -414,78 +425,3 @@ def _make_feature_extractor(base: WhisperFeatureExtractor | None, *, num_mel_bin
     fe.n_samples = frames * hop
     fe.nb_max_frames = frames
     return fe
-
-
-def _read_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint folder: model.safetensors, sharded safetensors, or pytorch_model.bin."""
-    from safetensors.torch import load_file
-
-    single = ckpt / "model.safetensors"
-    index = ckpt / "model.safetensors.index.json"
-    binary = ckpt / "pytorch_model.bin"
-    if single.is_file():
-        return load_file(str(single))
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        state: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            state.update(load_file(str(ckpt / shard)))
-        return state
-    if binary.is_file():
-        return torch.load(str(binary), map_location="cpu", weights_only=True)
-    raise ValueError(
-        f"whisper encoder: checkpoint folder {ckpt} has config.json but no weights "
-        "(model.safetensors, model.safetensors.index.json + shards, or pytorch_model.bin)"
-    )
-
-
-def _load_encoder_weights(whisper: WhisperEncoder, ckpt: Path) -> None:
-    """Load the encoder part of any Whisper checkpoint into ``whisper`` (strict).
-
-    ``WhisperEncoder.from_pretrained`` on a ``WhisperModel`` folder (keys ``encoder.*``) or a
-    ``WhisperForConditionalGeneration`` folder (keys ``model.encoder.*``) finds none of its keys and
-    leaves a randomly initialised encoder with only a warning, so the prefix is found here from the
-    key of the first convolution (only the encoder has ``conv1``). Position embeddings longer than
-    ``max_source_positions`` (a 30 s checkpoint used with shorter chunks) are cut to the first rows.
-    """
-    state = _read_state_dict(ckpt)
-    conv_keys = [k for k in state if k == "conv1.weight" or k.endswith(".conv1.weight")]
-    if len(conv_keys) != 1:
-        raise ValueError(f"whisper encoder: no (or several) Whisper encoders in the weights of {ckpt} (keys ending in conv1.weight: {conv_keys})")
-    prefix = conv_keys[0][: -len("conv1.weight")]
-    enc_state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-    pos_key = "embed_positions.weight"
-    if pos_key in enc_state:
-        enc_state[pos_key] = enc_state[pos_key][: whisper.config.max_source_positions]
-    missing, unexpected = whisper.load_state_dict(enc_state, strict=False)
-    if missing or unexpected:
-        raise ValueError(
-            f"whisper encoder: the encoder weights in {ckpt} (prefix {prefix!r}) do not match its config: "
-            f"missing {sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}"
-        )
-
-
-def _load_omnicore_extras(encoder: WhisperAudioEncoder, ckpt: Path, opts: WhisperEncoderOptions) -> None:
-    """Restore the projector of a folder written by save_pretrained; check its chunk/pool settings."""
-    from safetensors.torch import load_file
-
-    meta_file = ckpt / META_FILE
-    if meta_file.is_file():
-        meta = json.loads(meta_file.read_text())
-        for key, value in (("chunk_seconds", opts.chunk_seconds), ("pool", opts.pool)):
-            if key in meta and meta[key] != value:
-                warnings.warn(
-                    f"whisper encoder: {ckpt} was saved with {key}={meta[key]!r} but options give {value!r}; "
-                    "the options win (token counts and pooled rows differ from training)",
-                    stacklevel=3,
-                )
-    proj_file = ckpt / PROJECTOR_FILE
-    if proj_file.is_file():
-        proj = load_file(str(proj_file))
-        expected = tuple(encoder.projector.weight.shape)
-        if tuple(proj.get("weight", torch.empty(0)).shape) != expected:
-            raise ValueError(
-                f"whisper encoder: {proj_file} holds a projector of shape {tuple(proj['weight'].shape)} but "
-                f"hidden_size={encoder.hidden_size} needs {expected}; remove the file to start a fresh projector"
-            )
-        encoder.projector.load_state_dict(proj)

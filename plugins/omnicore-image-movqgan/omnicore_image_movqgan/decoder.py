@@ -28,7 +28,6 @@ but the last).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +36,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
-ADAPTER_FILE = "lm_adapter.safetensors"
-"""omnicore's own weights in a saved folder: ``code_embed.weight`` [C, H], ``lm_head.weight`` [C, H], ``lm_head.bias`` [C]."""
-META_FILE = "omnicore_decoder.json"
-"""Small JSON written next to the diffusers files: ``{"image_size": S, "hidden_size": H, ...}``."""
+from omnicore.api import load_extra_weights, load_hf_pretrained, save_extra_weights
+
+COMPONENT = "decoder/movqgan"
+"""The component name recorded with the LM adapter in ``omnicore_extra.safetensors``."""
+LEGACY_FILES = ("lm_adapter.safetensors", "omnicore_decoder.json")
+"""What versions before the shared extra-weights format wrote instead (no longer read)."""
 VQ_CONFIG_FILE = "config.json"
 DEFAULT_IMAGE_SIZE = 32
 
@@ -92,7 +93,8 @@ class MoVQGANOptions(BaseModel):
         ge=1,
         description=(
             "Side S in pixels of the square RGB image targets are resized to; must be a multiple of the "
-            "downsample factor. None: the value saved in omnicore_decoder.json of the checkpoint, else 32."
+            "downsample factor. None: the value saved with the checkpoint's LM adapter (omnicore_extra.safetensors), "
+            "else the checkpoint VQModel's sample_size, else 32."
         ),
     )
     freeze_vq: bool = Field(
@@ -340,54 +342,31 @@ class MoVQGANDecoder(nn.Module):
         """Write ``path`` loadable by ``build({"checkpoint": path}, hidden_size=H)``.
 
         Files: ``config.json`` + ``diffusion_pytorch_model.safetensors`` (``VQModel.save_pretrained``,
-        so ``VQModel.from_pretrained(path)`` works on it too), ``lm_adapter.safetensors`` (embedding
-        and head) and ``omnicore_decoder.json`` (image_size, hidden_size).
+        so ``VQModel.from_pretrained(path)`` works on it too) and ``omnicore_extra.safetensors``
+        (:func:`omnicore.api.save_extra_weights`: the LM adapter's ``code_embed.weight`` ``[C, H]``,
+        ``lm_head.weight`` ``[C, H]`` and ``lm_head.bias`` ``[C]``, with ``image_size``,
+        ``hidden_size`` and ``codebook_size`` recorded). Call it on an unsharded module.
         """
-        from safetensors.torch import save_file
-
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.vq.save_pretrained(str(path), safe_serialization=True)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self._adapter_state().items()}
-        save_file(tensors, str(path / ADAPTER_FILE), metadata={"format": "pt"})
-        meta = {
-            "format": "omnicore-image-movqgan",
-            "version": 1,
-            "image_size": self.image_size,
-            "hidden_size": self.hidden_size,
-            "codebook_size": self.codebook_size,
-        }
-        (path / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        save_extra_weights(
+            path,
+            self.adapter_state(),
+            component=COMPONENT,
+            image_size=self.image_size,
+            hidden_size=self.hidden_size,
+            codebook_size=self.codebook_size,
+        )
 
-    def _adapter_state(self) -> dict[str, torch.Tensor]:
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """The LM adapter's parameters by name: ``code_embed.weight`` ``[C, H]``, ``lm_head.weight``
+        ``[C, H]``, ``lm_head.bias`` ``[C]`` (the tensors themselves, for saving and loading in place)."""
         return {
             "code_embed.weight": self.code_embed.weight,
             "lm_head.weight": self.lm_head.weight,
             "lm_head.bias": self.lm_head.bias,
         }
-
-    def load_adapter(self, file: str | Path) -> None:
-        """Load ``lm_adapter.safetensors`` into ``code_embed`` and ``lm_head``.
-
-        Raises:
-            ValueError: naming the file, if a tensor is missing or its shape differs (another hidden
-                or codebook size).
-        """
-        from safetensors.torch import load_file
-
-        state = load_file(str(file))
-        own = self._adapter_state()
-        for k, p in own.items():
-            if k not in state:
-                raise ValueError(f"{file}: missing tensor {k!r}")
-            if tuple(state[k].shape) != tuple(p.shape):
-                raise ValueError(
-                    f"{file}: {k} has shape {tuple(state[k].shape)}, expected {tuple(p.shape)} "
-                    f"(hidden_size={self.hidden_size}, codebook_size={self.codebook_size})"
-                )
-        with torch.no_grad():
-            for k, p in own.items():
-                p.copy_(state[k].to(p.dtype))
 
 
 def to_uint8(pixels: torch.Tensor) -> np.ndarray:
@@ -397,68 +376,61 @@ def to_uint8(pixels: torch.Tensor) -> np.ndarray:
 
 
 def load_vq(folder: str | Path) -> Any:
-    """Load a diffusers MoVQ ``VQModel`` from a local folder (no download).
+    """Load a diffusers MoVQ ``VQModel`` from a local folder (no download), strictly, with
+    :func:`omnicore.api.load_hf_pretrained` (``VQModel.from_pretrained``).
 
     Raises:
         ValueError: naming the folder and what it must hold, if it is missing, has no ``config.json``
-            of a ``VQModel``, or the model is not a spatial-norm (MoVQ) one.
+            of a ``VQModel`` or no weights, lacks a tensor of the model (named), or the model is not
+            a spatial-norm (MoVQ) one.
     """
     from diffusers import VQModel
 
-    folder = Path(folder)
+    folder = Path(folder).expanduser()
     what = (
-        "a diffusers VQModel folder (config.json + diffusion_pytorch_model.safetensors, e.g. the 'movq' "
-        "subfolder of kandinsky-2-2-decoder, or a folder written by MoVQGANDecoder.save_pretrained / "
+        "options.checkpoint must be a diffusers VQModel folder (config.json + diffusion_pytorch_model.safetensors, "
+        "e.g. the 'movq' subfolder of kandinsky-2-2-decoder, or a folder written by MoVQGANDecoder.save_pretrained / "
         "`python -m omnicore_image_movqgan.fit`)"
     )
-    if not folder.is_dir():
-        raise ValueError(f"MoVQGAN checkpoint folder {folder} does not exist; options.checkpoint must be {what}")
-    cfg_file = folder / VQ_CONFIG_FILE
-    if not cfg_file.is_file():
-        hint = f"; did you mean {folder / 'movq'}?" if (folder / "movq" / VQ_CONFIG_FILE).is_file() else ""
-        raise ValueError(f"MoVQGAN checkpoint folder {folder} has no {VQ_CONFIG_FILE}; put {what} there{hint}")
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{cfg_file} is not valid JSON ({exc}); the folder must be {what}") from exc
-    cls_name = cfg.get("_class_name")
-    if cls_name not in (None, "VQModel"):
-        raise ValueError(f"{cfg_file} describes a {cls_name}, not a VQModel; options.checkpoint must be {what}")
-    if cfg.get("norm_type", "group") != "spatial":
-        raise ValueError(
-            f"{folder} holds a VQModel with norm_type={cfg.get('norm_type', 'group')!r}; MoVQGAN needs norm_type='spatial' (MoVQ)"
-        )
-    return VQModel.from_pretrained(str(folder), low_cpu_mem_usage=False)  # no accelerate needed
+    if (folder / "movq" / VQ_CONFIG_FILE).is_file() and not (folder / VQ_CONFIG_FILE).is_file():
+        what += f"; did you mean {folder / 'movq'}?"
+    vq = load_hf_pretrained(VQModel, folder, what="MoVQGAN", hint=what)
+    if vq.config.norm_type != "spatial":
+        raise ValueError(f"{folder} holds a VQModel with norm_type={vq.config.norm_type!r}; MoVQGAN needs norm_type='spatial' (MoVQ)")
+    return vq
 
 
 def build(options: dict[str, Any] | MoVQGANOptions, *, hidden_size: int) -> MoVQGANDecoder:
     """Factory of ``decoder/movqgan``: ``build(options, hidden_size=H) -> MoVQGANDecoder``.
 
     With ``checkpoint``: loads the VQModel from that local folder (:func:`load_vq`); when the folder
-    was written by :meth:`MoVQGANDecoder.save_pretrained` the LM adapter and image size are restored,
-    otherwise the adapter is freshly initialised. Without: a from-scratch MoVQ from
-    :func:`make_vq_config` (``options.config``), initialised by torch's current RNG.
+    was written by :meth:`MoVQGANDecoder.save_pretrained` (it has ``omnicore_extra.safetensors``) the
+    LM adapter and image size are restored, otherwise the adapter is freshly initialised and the
+    image size defaults to the VQModel's ``sample_size`` (which :mod:`omnicore_image_movqgan.fit`
+    sets to the size it fitted at). Without: a from-scratch MoVQ from :func:`make_vq_config`
+    (``options.config``), initialised by torch's current RNG.
 
     Raises:
-        ValueError: on a bad checkpoint folder or config (see :func:`load_vq`, :func:`make_vq_config`)
-            or an adapter saved for another hidden size.
+        ValueError: on a bad checkpoint folder or config (see :func:`load_vq`, :func:`make_vq_config`),
+            an adapter saved for another hidden or codebook size (file and shapes named), or a folder
+            holding only the old ``lm_adapter.safetensors`` / ``omnicore_decoder.json``.
         pydantic.ValidationError: on invalid options.
     """
     opts = options if isinstance(options, MoVQGANOptions) else MoVQGANOptions.model_validate(dict(options or {}))
     image_size = opts.image_size
-    adapter = None
+    meta = None
     if opts.checkpoint is not None:
-        vq = load_vq(opts.checkpoint)
-        folder = Path(opts.checkpoint)
-        if (folder / META_FILE).is_file() and image_size is None:
-            image_size = int(json.loads((folder / META_FILE).read_text()).get("image_size", DEFAULT_IMAGE_SIZE))
-        if (folder / ADAPTER_FILE).is_file():
-            adapter = folder / ADAPTER_FILE
+        folder = Path(opts.checkpoint).expanduser()
+        vq = load_vq(folder)
+        meta = load_extra_weights(folder, None, component=COMPONENT, required=False, legacy_files=LEGACY_FILES)
+        if image_size is None:
+            sample_size = vq.config.sample_size
+            image_size = (meta or {}).get("image_size") or (sample_size if isinstance(sample_size, int) else None)
     else:
         from diffusers import VQModel
 
         vq = VQModel(**make_vq_config(opts.config))
     dec = MoVQGANDecoder(vq, hidden_size=hidden_size, image_size=image_size or DEFAULT_IMAGE_SIZE, freeze_vq=opts.freeze_vq)
-    if adapter is not None:
-        dec.load_adapter(adapter)
-    return dec
+    if meta is not None:
+        load_extra_weights(folder, dec.adapter_state(), component=COMPONENT)
+    return dec.train()  # from_pretrained leaves the VQModel in eval mode; a frozen one stays so

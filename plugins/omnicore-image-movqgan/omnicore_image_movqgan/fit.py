@@ -14,8 +14,10 @@ CLI::
 
     python -m omnicore_image_movqgan.fit --images DIR_OR_GLOB --out DIR --steps N [--config JSON]
 
-writes a diffusers ``VQModel`` folder (plus ``omnicore_decoder.json``) to ``DIR.tmp`` and renames it
-to ``DIR`` when done; ``build({"checkpoint": DIR}, hidden_size=H)`` loads it.
+writes a plain diffusers ``VQModel`` folder to ``DIR.tmp`` and renames it to ``DIR`` when done; its
+config's ``sample_size`` is set to the image size it was fitted at, which
+``build({"checkpoint": DIR}, hidden_size=H)`` takes as its default ``image_size``. No LM adapter is
+written (it does not exist yet: the LM is trained later).
 """
 
 from __future__ import annotations
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from omnicore.api import load_image
 
-    from omnicore_image_movqgan.decoder import META_FILE, build
+    from omnicore_image_movqgan.decoder import build
 
     out = Path(args.out)
     if out.exists() and not args.overwrite:
@@ -213,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
+    dec.vq.register_to_config(sample_size=dec.image_size)  # the size build() defaults to for this folder
     dec.vq.save_pretrained(str(tmp), safe_serialization=True)
-    (tmp / META_FILE).write_text(json.dumps({"format": "omnicore-image-movqgan", "version": 1, "image_size": dec.image_size}) + "\n")
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

@@ -20,12 +20,14 @@ Data flow (shapes; ``B`` images in a batch, ``C = 3`` channels, ``S`` = ``image_
 
 Checkpoint folders (``options["checkpoint"]``) may be:
     * a folder written by :meth:`SiglipImageEncoder.save_pretrained` (tower, image processor config
-      and ``projector.safetensors``; the projector is restored);
+      and ``omnicore_extra.safetensors`` with the projector; the projector is restored);
     * a folder written by ``SiglipVisionModel.save_pretrained`` (tower only);
     * a folder written by ``SiglipModel.save_pretrained`` (a full SigLIP with text and vision towers:
       its vision tower is taken, weights named ``vision_model.*``; the text tower is never loaded).
-    Without ``projector.safetensors`` the projector is freshly initialised (PyTorch's default
-    ``nn.Linear`` initialisation, as LLaVA's stage-1 pre-training starts from).
+    The tower is read by :func:`omnicore.api.load_hf_pretrained` (transformers' own
+    ``SiglipVisionModel.from_pretrained``, strict). Without ``omnicore_extra.safetensors`` the
+    projector is freshly initialised (PyTorch's default ``nn.Linear`` initialisation, as LLaVA's
+    stage-1 pre-training starts from).
 
 The tower is always built without SigLIP's attention-pooling head (``vision_use_head=False``): the
 encoder uses every patch token, and an unused head would hold parameters that never get a gradient
@@ -36,7 +38,6 @@ ignored.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -45,20 +46,21 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import nn
 
+from omnicore.api import load_extra_weights, load_hf_pretrained, save_extra_weights
+
 logger = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
-TORCH_WEIGHTS_FILE = "pytorch_model.bin"
+COMPONENT = "encoder/siglip"
+"""The component name recorded with the projector in ``omnicore_extra.safetensors``."""
 PREPROCESSOR_FILE = "preprocessor_config.json"
-PROJECTOR_FILE = "projector.safetensors"
+LEGACY_PROJECTOR_FILE = "projector.safetensors"
+"""Where versions before the shared extra-weights format kept the projector (no longer read)."""
 
 _WHAT_TO_PUT = (
     "point `checkpoint` at a folder written by this encoder's save_pretrained, by "
     "transformers' SiglipVisionModel.save_pretrained or by SiglipModel.save_pretrained "
-    f"(it must hold {CONFIG_FILE} of model_type 'siglip' or 'siglip_vision_model' and "
-    f"{WEIGHTS_FILE}), or leave `checkpoint` unset and give `config` to build a tower from scratch"
+    "(it must hold config.json of model_type 'siglip' or 'siglip_vision_model' and "
+    "model.safetensors), or leave `checkpoint` unset and give `config` to build a tower from scratch"
 )
 
 
@@ -157,15 +159,14 @@ def build(options: dict[str, Any] | SiglipEncoderOptions, *, hidden_size: int) -
     Raises:
         pydantic.ValidationError (a ValueError): if the options are invalid.
         ValueError: if ``checkpoint`` is not a folder, lacks a SigLIP ``config.json`` or weights, its
-            weights lack tensors of the tower, or its ``projector.safetensors`` does not map to
-            ``hidden_size``. The message names the folder and what to put there.
+            weights lack tensors of the tower (named), or its ``omnicore_extra.safetensors`` holds a
+            projector of other shapes than ``hidden_size`` needs (file and shapes named), or it holds
+            only an old ``projector.safetensors``. The message says what to do.
     """
     opts = options if isinstance(options, SiglipEncoderOptions) else SiglipEncoderOptions.model_validate(dict(options))
     if opts.checkpoint:
         return SiglipImageEncoder.from_checkpoint(opts.checkpoint, hidden_size=hidden_size, freeze=opts.freeze)
-    from transformers import SiglipVisionConfig
-
-    return SiglipImageEncoder(SiglipVisionConfig(**opts.config), hidden_size=hidden_size, freeze=opts.freeze)
+    return SiglipImageEncoder.from_config(opts.config, hidden_size=hidden_size, freeze=opts.freeze)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,11 +189,12 @@ class SiglipImageEncoder(nn.Module):
 
     modality = "image"
 
-    def __init__(self, vision_config: Any, *, hidden_size: int, image_processor: Any = None, freeze: bool = False) -> None:
-        """Build a randomly initialised tower from ``vision_config`` (a ``SiglipVisionConfig``).
+    def __init__(self, tower: Any, *, hidden_size: int, image_processor: Any = None, freeze: bool = False) -> None:
+        """Wrap a SigLIP vision tower and add a freshly initialised projector.
 
         Args:
-            vision_config: copied, with ``vision_use_head`` forced to False.
+            tower: a ``transformers.SiglipVisionModel`` built without its pooling head
+                (``config.vision_use_head=False``); see :meth:`from_config` and :meth:`from_checkpoint`.
             hidden_size: ``H`` (> 0).
             image_processor: a ``SiglipImageProcessorPil`` to reuse (its mean, std, resampling); its
                 target size is always set to ``image_size``. None: SigLIP's defaults (bicubic,
@@ -200,15 +202,17 @@ class SiglipImageEncoder(nn.Module):
             freeze: freeze the tower.
 
         Raises:
-            ValueError: if ``hidden_size`` < 1, ``num_channels`` != 3 or ``patch_size`` > ``image_size``.
+            ValueError: if ``hidden_size`` < 1, the tower has a pooling head, ``num_channels`` != 3
+                or ``patch_size`` > ``image_size``.
         """
         super().__init__()
-        from transformers import SiglipImageProcessorPil, SiglipVisionModel
+        from transformers import SiglipImageProcessorPil
 
         if int(hidden_size) < 1:
             raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
-        config = copy.deepcopy(vision_config)
-        config.vision_use_head = False
+        config = tower.config
+        if config.vision_use_head:
+            raise ValueError("the SigLIP tower must be built with vision_use_head=False (the encoder uses every patch token)")
         if config.num_channels != 3:
             raise ValueError(f"num_channels must be 3 (the SigLIP image processor yields RGB), got {config.num_channels}")
         if config.patch_size > config.image_size:
@@ -217,7 +221,7 @@ class SiglipImageEncoder(nn.Module):
         self.patch_size = int(config.patch_size)
         self.hidden_size = int(hidden_size)
         self.tokens_per_image = (self.image_size // self.patch_size) ** 2
-        self.tower = SiglipVisionModel(config)
+        self.tower = tower
         width = config.hidden_size
         self.projector = nn.Sequential(nn.Linear(width, self.hidden_size), nn.GELU(), nn.Linear(self.hidden_size, self.hidden_size))
         size = {"height": self.image_size, "width": self.image_size}
@@ -232,53 +236,44 @@ class SiglipImageEncoder(nn.Module):
         if freeze:
             self.freeze_tower()
 
-    # ---- loading ----------------------------------------------------------------------------
+    # ---- building and loading ---------------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, vision_config: Any, *, hidden_size: int, freeze: bool = False) -> "SiglipImageEncoder":
+        """A randomly initialised tower from ``vision_config`` (a ``SiglipVisionConfig`` or its kwargs).
+
+        The config is copied and ``vision_use_head`` forced to False. Raises ValueError as :meth:`__init__`.
+        """
+        from transformers import SiglipVisionConfig, SiglipVisionModel
+
+        config = SiglipVisionConfig(**vision_config) if isinstance(vision_config, dict) else copy.deepcopy(vision_config)
+        config.vision_use_head = False
+        return cls(SiglipVisionModel(config), hidden_size=hidden_size, freeze=freeze)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, hidden_size: int, freeze: bool = False) -> "SiglipImageEncoder":
         """Load the tower (and, if present, the projector and image processor config) from a folder.
 
-        See the module docstring for the three accepted folder layouts. Tower weights may be named
-        as in ``SiglipVisionModel`` (``embeddings.*``), or carry a ``vision_model.`` prefix (as in
-        ``SiglipModel`` and transformers 4.x ``SiglipVisionModel``) or any prefix ending in
-        ``vision_model.``; every tensor of the tower must be found, or ValueError is raised.
+        See the module docstring for the three accepted folder layouts. The tower comes from
+        :func:`omnicore.api.load_hf_pretrained` (``SiglipVisionModel.from_pretrained``, which takes the
+        ``vision_model.*`` tensors of a full ``SiglipModel`` by itself), strictly: a tower tensor the
+        checkpoint lacks is an error naming it. The projector comes from ``omnicore_extra.safetensors``
+        (:func:`omnicore.api.load_extra_weights`) if the folder has it, and starts fresh otherwise.
 
         Raises:
-            ValueError: naming the folder and what to put there (see :func:`build`).
+            ValueError: naming the folder (or file) and what to put there (see :func:`build`).
         """
-        folder = Path(path)
-        if not folder.is_dir():
-            raise ValueError(f"SigLIP checkpoint folder {str(folder)!r} does not exist or is not a folder; {_WHAT_TO_PUT}")
-        vision_config = _read_vision_config(folder)
+        from transformers import SiglipImageProcessorPil, SiglipVisionModel
+
+        folder = Path(path).expanduser()
+        tower = load_hf_pretrained(SiglipVisionModel, folder, config_overrides={"vision_use_head": False}, what="SigLIP", hint=_WHAT_TO_PUT)
         processor = None
         if (folder / PREPROCESSOR_FILE).is_file():
-            from transformers import SiglipImageProcessorPil
-
             processor = SiglipImageProcessorPil.from_pretrained(str(folder))
-        enc = cls(vision_config, hidden_size=hidden_size, image_processor=processor, freeze=False)
-        expected = set(enc.tower.state_dict())
-        tensors = _read_tower_tensors(folder, expected)
-        try:
-            enc.tower.load_state_dict(tensors, strict=True)
-        except RuntimeError as exc:
-            raise ValueError(f"SigLIP checkpoint {str(folder)!r}: tower weights do not fit its config.json: {exc}") from exc
-        projector_file = folder / PROJECTOR_FILE
-        if projector_file.is_file():
-            from safetensors.torch import load_file
-
-            state = load_file(str(projector_file))
-            want = {k: tuple(v.shape) for k, v in enc.projector.state_dict().items()}
-            got = {k: tuple(v.shape) for k, v in state.items()}
-            if want != got:
-                raise ValueError(
-                    f"{projector_file} holds a projector of shapes {got}, but this encoder needs {want} "
-                    f"(tower width {vision_config.hidden_size} -> hidden_size {hidden_size}); pass the hidden_size it was "
-                    f"saved with, or delete {PROJECTOR_FILE} to start the projector afresh"
-                )
-            enc.projector.load_state_dict(state, strict=True)
-            logger.info("siglip: loaded tower (%d tensors) and projector from %s", len(tensors), folder)
-        else:
-            logger.info("siglip: loaded tower (%d tensors) from %s; projector freshly initialised", len(tensors), folder)
+        enc = cls(tower, hidden_size=hidden_size, image_processor=processor, freeze=False)
+        meta = load_extra_weights(folder, enc.projector, component=COMPONENT, required=False, legacy_files=(LEGACY_PROJECTOR_FILE,))
+        logger.info("siglip: loaded tower from %s; projector %s", folder, "restored" if meta is not None else "freshly initialised")
+        enc.train()  # from_pretrained leaves the tower in eval mode; build() returns training mode
         if freeze:
             enc.freeze_tower()
         return enc
@@ -368,107 +363,13 @@ class SiglipImageEncoder(nn.Module):
 
         Files: ``config.json`` + ``model.safetensors`` (the tower, as ``SiglipVisionModel.save_pretrained``
         writes it, so transformers loads it directly), ``preprocessor_config.json`` (the image
-        processor) and ``projector.safetensors`` (keys ``0.weight``, ``0.bias``, ``2.weight``,
-        ``2.bias`` of the projector). Call it on an unsharded module (e.g. gathered on rank 0).
+        processor) and ``omnicore_extra.safetensors`` (:func:`omnicore.api.save_extra_weights`: the
+        projector's ``0.weight`` ``[H, D]``, ``0.bias`` ``[H]``, ``2.weight`` ``[H, H]``, ``2.bias``
+        ``[H]``, with ``hidden_size`` and ``tower_width`` recorded). Call it on an unsharded module
+        (e.g. gathered on rank 0).
         """
-        from safetensors.torch import save_file
-
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         self.tower.save_pretrained(str(folder))
         self.image_processor.save_pretrained(str(folder))
-        state = {k: v.detach().to("cpu").contiguous() for k, v in self.projector.state_dict().items()}
-        save_file(
-            state,
-            str(folder / PROJECTOR_FILE),
-            metadata={"format": "pt", "omnicore_encoder": "siglip", "in_features": str(self.projector[0].in_features), "hidden_size": str(self.hidden_size)},
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# Checkpoint reading helpers
-# ---------------------------------------------------------------------------------------------
-
-
-def _read_vision_config(folder: Path) -> Any:
-    """The ``SiglipVisionConfig`` of a checkpoint folder (a vision config, or the ``vision_config``
-    of a full SigLIP or of any model whose vision_config is a SigLIP vision model)."""
-    from transformers import SiglipVisionConfig
-
-    cfg_file = folder / CONFIG_FILE
-    if not cfg_file.is_file():
-        raise ValueError(f"SigLIP checkpoint folder {str(folder)!r} has no {CONFIG_FILE}; {_WHAT_TO_PUT}")
-    try:
-        data = json.loads(cfg_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read {cfg_file}: {exc}; {_WHAT_TO_PUT}") from exc
-    model_type = data.get("model_type") if isinstance(data, dict) else None
-    vision = None
-    if model_type == "siglip_vision_model":
-        vision = data
-    elif isinstance(data, dict) and isinstance(data.get("vision_config"), dict):
-        default = "siglip_vision_model" if model_type == "siglip" else None
-        if data["vision_config"].get("model_type", default) == "siglip_vision_model":
-            vision = data["vision_config"]
-    if vision is None:
-        raise ValueError(
-            f"{cfg_file} is not a SigLIP config (model_type {model_type!r}, expected 'siglip' or "
-            f"'siglip_vision_model'); {_WHAT_TO_PUT}"
-        )
-    vision = {k: v for k, v in vision.items() if k not in ("architectures", "transformers_version", "model_type", "_name_or_path")}
-    return SiglipVisionConfig(**vision)
-
-
-def _tower_key(key: str, expected: set[str]) -> str | None:
-    """Map a checkpoint tensor name to the tower's, or None if it is not a tower tensor."""
-    if key in expected:
-        return key
-    marker = "vision_model."
-    if marker in key:
-        rest = key.split(marker, 1)[1]
-        if rest in expected:
-            return rest
-    return None
-
-
-def _read_tower_tensors(folder: Path, expected: set[str]) -> dict[str, torch.Tensor]:
-    """Read exactly the tower's tensors from a folder's weights, renamed to the tower's names."""
-    single, index, legacy = folder / WEIGHTS_FILE, folder / WEIGHTS_INDEX_FILE, folder / TORCH_WEIGHTS_FILE
-    out: dict[str, torch.Tensor] = {}
-    source: dict[str, str] = {}
-
-    def take(name: str, get: Any) -> None:
-        target = _tower_key(name, expected)
-        if target is None:
-            return
-        if target in out:
-            raise ValueError(f"SigLIP checkpoint {str(folder)!r}: tensors {source[target]!r} and {name!r} both map to tower tensor {target!r}")
-        out[target] = get()
-        source[target] = name
-
-    if single.is_file() or index.is_file():
-        from safetensors import safe_open
-
-        if single.is_file():
-            files = [single]
-        else:
-            weight_map = json.loads(index.read_text()).get("weight_map", {})
-            files = [folder / f for f in sorted(set(weight_map.values()))]
-        for file in files:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    take(name, lambda f=f, name=name: f.get_tensor(name))
-    elif legacy.is_file():
-        state = torch.load(str(legacy), map_location="cpu", weights_only=True)
-        for name, tensor in state.items():
-            take(name, lambda tensor=tensor: tensor)
-    else:
-        raise ValueError(f"SigLIP checkpoint folder {str(folder)!r} has no {WEIGHTS_FILE} (or {WEIGHTS_INDEX_FILE}, {TORCH_WEIGHTS_FILE}); {_WHAT_TO_PUT}")
-    missing = sorted(expected - set(out))
-    if missing:
-        raise ValueError(
-            f"SigLIP checkpoint {str(folder)!r} lacks {len(missing)} of the vision tower's {len(expected)} tensors "
-            f"(e.g. {missing[:3]}); expected names like 'embeddings.patch_embedding.weight' or "
-            f"'vision_model.embeddings.patch_embedding.weight'; {_WHAT_TO_PUT}"
-        )
-    return out
+        save_extra_weights(folder, self.projector, component=COMPONENT, hidden_size=self.hidden_size, tower_width=int(self.projector[0].in_features))
