@@ -334,12 +334,17 @@ class SequenceParallel(Protocol):
     The training loop reads ``data_split`` of the first strategy that has one: the ranks of one
     data group read the same micro-batches, and the loop divides the target and token counts by the
     replication (``world_size / count``) so that the loss stays normalised by the global count.
+    That holds only if the ranks of a data group **split the targets** between them, each computing
+    the loss of its own part (Ulysses slices the sequence in a sequence hook; masking the labels of
+    the other ranks' part works too): every step the loop checks that the targets the model counted
+    on all ranks add up to the micro-batches' count, and stops with an error otherwise.
     """
 
     def data_split(self, state: Any) -> tuple[int, int]:
-        """``(index, count)``: this rank's data group and the number of data groups (after
-        ``apply``; before it, the strategy may answer the data-parallel default
-        ``(state.dp_rank, state.dp_size)``)."""
+        """``(index, count)``: this rank's data group and the number of data groups. A function of
+        ``state`` alone (``omnicore plan`` asks it for every rank of a planned layout, before
+        ``apply``); ``count`` divides the world size and every group has ``world_size / count``
+        ranks."""
 
 
 @runtime_checkable

@@ -120,6 +120,33 @@ def load_hf_pretrained(
     folder = Path(path).expanduser()
     label = what or model_cls.__name__
     tail = f"; {hint}" if hint else ""
+    _check_folder(model_cls, library, folder, label, tail)
+    kwargs: dict[str, Any] = {"local_files_only": True, "output_loading_info": True, "ignore_mismatched_sizes": True}
+    if library == "transformers":
+        config = _config_with(model_cls, folder, config, config_overrides)
+        if config is not None:
+            kwargs["config"] = config
+        if prefixes:
+            alternatives = "|".join(re.escape(p) for p in sorted(prefixes, key=len, reverse=True))
+            kwargs["key_mapping"] = {f"^(?:{alternatives})": ""}
+        kwargs["dtype"] = dtype
+    else:
+        if config is not None or config_overrides or prefixes:
+            raise ValueError(
+                f"load_hf_pretrained: config, config_overrides and prefixes are for transformers models, not {model_cls.__name__}"
+            )
+        kwargs.update(torch_dtype=dtype, low_cpu_mem_usage=False)  # no accelerate needed
+
+    if torch.get_default_device().type == "meta":
+        return _build_on_meta(model_cls, library, folder, kwargs.get("config"), dtype)
+    with _quiet_library(library):
+        model, info = model_cls.from_pretrained(str(folder), **kwargs)
+    _check_loading_info(model, info, folder, label, prefixes, tail)
+    return model
+
+
+def _check_folder(model_cls: type, library: str, folder: Path, label: str, tail: str) -> None:
+    """Raise ValueError unless ``folder`` holds a ``config.json`` of ``model_cls`` and the library's weights."""
     if not folder.is_dir():
         raise ValueError(f"{label} checkpoint folder {str(folder)!r} does not exist or is not a folder{tail}")
     cfg_file = folder / CONFIG_FILE
@@ -138,33 +165,17 @@ def load_hf_pretrained(
             f"(expected one of {', '.join(_WEIGHT_FILES[library])}){tail}"
         )
 
-    kwargs: dict[str, Any] = {"local_files_only": True, "output_loading_info": True, "ignore_mismatched_sizes": True}
-    if library == "transformers":
-        if config_overrides:
-            config = copy.deepcopy(config) if config is not None else model_cls.config_class.from_pretrained(str(folder), local_files_only=True)
-            for key, value in config_overrides.items():
-                if not hasattr(config, key):
-                    raise ValueError(f"config_overrides: {type(config).__name__} has no attribute {key!r}")
-                setattr(config, key, value)
-        elif config is not None:
-            config = copy.deepcopy(config)
-        if config is not None:
-            kwargs["config"] = config
-        if prefixes:
-            alternatives = "|".join(re.escape(p) for p in sorted(prefixes, key=len, reverse=True))
-            kwargs["key_mapping"] = {f"^(?:{alternatives})": ""}
-        kwargs["dtype"] = dtype
-    else:
-        if config is not None or config_overrides or prefixes:
-            raise ValueError(f"load_hf_pretrained: config, config_overrides and prefixes are for transformers models, not {model_cls.__name__}")
-        kwargs.update(torch_dtype=dtype, low_cpu_mem_usage=False)  # no accelerate needed
 
-    if torch.get_default_device().type == "meta":
-        return _build_on_meta(model_cls, library, folder, kwargs.get("config"), dtype)
-    with _quiet_library(library):
-        model, info = model_cls.from_pretrained(str(folder), **kwargs)
-    _check_loading_info(model, info, folder, label, prefixes, tail)
-    return model
+def _config_with(model_cls: type, folder: Path, config: Any, overrides: Mapping[str, Any] | None) -> Any:
+    """A copy of ``config`` (or the folder's, if there are overrides) with ``overrides`` set; None if neither."""
+    if not overrides:
+        return copy.deepcopy(config) if config is not None else None
+    config = copy.deepcopy(config) if config is not None else model_cls.config_class.from_pretrained(str(folder), local_files_only=True)
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            raise ValueError(f"config_overrides: {type(config).__name__} has no attribute {key!r}")
+        setattr(config, key, value)
+    return config
 
 
 def _build_on_meta(model_cls: type, library: str, folder: Path, config: Any, dtype: torch.dtype) -> Any:
@@ -176,7 +187,9 @@ def _build_on_meta(model_cls: type, library: str, folder: Path, config: Any, dty
             model = model_cls(config)
         else:
             model = model_cls.from_config(model_cls.load_config(str(folder), local_files_only=True))
-    return model.to(dtype).eval()
+    if any(p.is_floating_point() and p.dtype != dtype for p in model.parameters()):
+        model = model.to(dtype)
+    return model.eval()
 
 
 def _library_of(model_cls: type) -> str:
@@ -195,7 +208,9 @@ def _check_architecture(model_cls: type, library: str, data: dict[str, Any], cfg
     if library == "diffusers":
         found = data.get("_class_name")
         if found is None and "model_type" in data:
-            raise ValueError(f"{cfg_file} is a transformers config (model_type {data['model_type']!r}), not a diffusers {model_cls.__name__}{tail}")
+            raise ValueError(
+                f"{cfg_file} is a transformers config (model_type {data['model_type']!r}), not a diffusers {model_cls.__name__}{tail}"
+            )
         if found not in (None, model_cls.__name__):
             raise ValueError(f"{cfg_file} describes a {found}, not a {model_cls.__name__}{tail}")
         return
@@ -246,7 +261,9 @@ def _check_loading_info(model: Any, info: dict[str, Any], folder: Path, label: s
     own = list(model.state_dict())
     clash = [p for p in prefixes if any(k.startswith(p) for k in own)]
     if clash:
-        raise ValueError(f"prefixes {clash} also start tensor names of {type(model).__name__} itself (e.g. {own[0]!r}); strip only names the model lacks")
+        raise ValueError(
+            f"prefixes {clash} also start tensor names of {type(model).__name__} itself (e.g. {own[0]!r}); strip only names the model lacks"
+        )
     missing = sorted(info.get("missing_keys") or ())
     if missing:
         stripped = f" after stripping the prefixes {list(prefixes)}" if prefixes else ""
@@ -262,8 +279,14 @@ def _check_loading_info(model: Any, info: dict[str, Any], folder: Path, label: s
     if errors:
         raise ValueError(f"{label} checkpoint {str(folder)!r} failed to load: {'; '.join(map(str, errors))}{tail}")
     skipped = sorted(info.get("unexpected_keys") or ())
-    logger.info("loaded %s from %s (%d tensors); skipped %d checkpoint tensors it lacks%s", type(model).__name__, folder, len(own),
-                len(skipped), f" ({_names(skipped)})" if skipped else "")
+    logger.info(
+        "loaded %s from %s (%d tensors); skipped %d checkpoint tensors it lacks%s",
+        type(model).__name__,
+        folder,
+        len(own),
+        len(skipped),
+        f" ({_names(skipped)})" if skipped else "",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,7 +294,9 @@ def _check_loading_info(model: Any, info: dict[str, Any], folder: Path, label: s
 # ---------------------------------------------------------------------------------------------
 
 
-def save_extra_weights(path: str | os.PathLike, module_or_state_dict: nn.Module | Mapping[str, torch.Tensor], *, component: str, **meta: Any) -> Path:
+def save_extra_weights(
+    path: str | os.PathLike, module_or_state_dict: nn.Module | Mapping[str, torch.Tensor], *, component: str, **meta: Any
+) -> Path:
     """Write ``path/omnicore_extra.safetensors``: one module's tensors plus ``component`` and ``meta``.
 
     Args:
@@ -301,10 +326,12 @@ def save_extra_weights(path: str | os.PathLike, module_or_state_dict: nn.Module 
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"save_extra_weights({component!r}): {name!r} is a {type(tensor).__name__}, not a tensor")
         if type(tensor).__name__ == "DTensor":
-            raise ValueError(f"save_extra_weights({component!r}): {name!r} is a sharded DTensor; save an unsharded copy (e.g. gathered on rank 0)")
+            raise ValueError(
+                f"save_extra_weights({component!r}): {name!r} is a sharded DTensor; save an unsharded copy (e.g. gathered on rank 0)"
+            )
         tensors[name] = tensor.detach().to("cpu").clone().contiguous()  # clone: no shared storage for safetensors
     try:
-        meta_json = json.dumps(meta, sort_keys=True)
+        meta_json = json.dumps(meta)
     except TypeError as exc:
         raise ValueError(f"save_extra_weights({component!r}): meta must be JSON-serialisable: {exc}") from exc
     metadata = {
@@ -368,20 +395,44 @@ def load_extra_weights(
                 f"wrote it and call save_pretrained with this one), or delete {', '.join(old)} to start these weights afresh"
             )
         if required:
-            raise ValueError(f"{folder} has no {EXTRA_WEIGHTS_FILE} (omnicore's extra weights of {component}); save the component there with save_pretrained")
+            raise ValueError(
+                f"{folder} has no {EXTRA_WEIGHTS_FILE} (omnicore's extra weights of {component}); save the component there with save_pretrained"
+            )
         return None
+    shapes, meta = _read_extra_header(file, component)
+    if module is None:
+        return meta
+    targets = dict(module.state_dict()) if isinstance(module, nn.Module) else dict(module)
+    _check_fit(file, component, shapes, targets, meta)
+    with safe_open(str(file), framework="pt") as f, torch.no_grad():
+        for name, target in targets.items():
+            target.copy_(f.get_tensor(name).to(target.dtype))
+    return meta
+
+
+def _read_extra_header(file: Path, component: str) -> tuple[dict[str, tuple[int, ...]], dict[str, Any]]:
+    """``(shapes by tensor name, meta)`` of an extra-weights file, after checking its format and component."""
+    from safetensors import safe_open
+
     with safe_open(str(file), framework="pt") as f:
         header = f.metadata() or {}
         shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     version = header.get("omnicore_extra_format")
     if version != EXTRA_FORMAT_VERSION:
-        raise ValueError(f"{file} is not omnicore extra weights of format {EXTRA_FORMAT_VERSION} (omnicore_extra_format={version!r}); re-save it with save_pretrained")
+        raise ValueError(
+            f"{file} is not omnicore extra weights of format {EXTRA_FORMAT_VERSION} (omnicore_extra_format={version!r}); re-save it with save_pretrained"
+        )
     if header.get("component") != component:
-        raise ValueError(f"{file} holds extra weights of {header.get('component')!r}, not of {component!r}; point the checkpoint at a folder saved by {component}")
-    meta = json.loads(header.get("meta") or "{}")
-    if module is None:
-        return meta
-    targets = dict(module.state_dict()) if isinstance(module, nn.Module) else dict(module)
+        raise ValueError(
+            f"{file} holds extra weights of {header.get('component')!r}, not of {component!r}; point the checkpoint at a folder saved by {component}"
+        )
+    return shapes, json.loads(header.get("meta") or "{}")
+
+
+def _check_fit(
+    file: Path, component: str, shapes: dict[str, tuple[int, ...]], targets: dict[str, torch.Tensor], meta: dict[str, Any]
+) -> None:
+    """Raise ValueError listing every name and shape by which the file and the module differ."""
     problems = []
     missing = sorted(set(targets) - set(shapes))
     unexpected = sorted(set(shapes) - set(targets))
@@ -398,7 +449,3 @@ def load_extra_weights(
             f"{file} (extra weights of {component}) does not fit this module: {'; '.join(problems)}. It was saved with "
             f"{saved}: build {component} with those settings, or delete {file.name} to start these weights afresh"
         )
-    with safe_open(str(file), framework="pt") as f, torch.no_grad():
-        for name, target in targets.items():
-            target.copy_(f.get_tensor(name).to(target.dtype))
-    return meta

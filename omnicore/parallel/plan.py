@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnicore.parallel.mesh import FLAT_DIMS, MESH_DIMS, MeshLayout, layout_errors
-from omnicore.parallel.parallelize import StrategyPlan, Violation, build_strategies, phase_of, validate
+from omnicore.parallel.parallelize import StrategyPlan, Violation, build_strategies, data_split, phase_of, validate
 
 ADAMW_STATE_BYTES = 8
 """AdamW keeps two fp32 states (exp_avg, exp_avg_sq) per parameter element."""
@@ -37,6 +37,9 @@ class PlanReport:
     optimizer_bytes_per_rank: int = 0
     total_param_bytes: int = 0
     violations: list[Violation] = field(default_factory=list)
+    data: list[tuple[int, int]] = field(default_factory=list)
+    """Per rank (up to :data:`MAX_GROUP_LISTING` ranks): ``(index, count)`` of the data group it
+    reads, from the strategies' ``data_split`` (:func:`omnicore.parallel.parallelize.data_split`)."""
     kernels: dict[str, str] = field(default_factory=dict)
     """op -> kernel name (the ops a config sets, plus the attention and cross_entropy defaults)."""
     precision: str = "float32"
@@ -70,8 +73,9 @@ class PlanReport:
                 if self.world_size <= MAX_GROUP_LISTING:
                     line += "  groups " + " ".join("[" + ",".join(map(str, g)) + "]" for g in L.groups(d))
                 out.append(line)
-            if self.world_size <= MAX_GROUP_LISTING:
-                out.append("  data: " + ", ".join(f"rank {r} reads shard {L.dp_rank(r)}" for r in range(self.world_size)))
+            if self.data:
+                count = self.data[0][1]
+                out.append(f"  data: {count} shard(s); " + ", ".join(f"rank {r} reads shard {i}" for r, (i, _) in enumerate(self.data)))
         out.append("strategies (in the order applied):")
         for name, phase, p in self.strategies:
             if p is None:
@@ -144,6 +148,9 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
         warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter.*")
         model, _ = build_omni_model(cfg, registry)
     report.violations += validate(model, state, strategies)
+    if not errors and world_size <= MAX_GROUP_LISTING:
+        # data_split is a function of the state: ask it for every rank of the planned layout
+        report.data = [data_split(strategies, ParallelState(r, world_size, 0, torch.device("meta"), None, layout)) for r in range(world_size)]
 
     prior: dict[str, list[tuple[str, int]]] = {}
     for name, s in strategies:

@@ -233,25 +233,49 @@ def train_step(run: Run, step: int) -> dict[str, Any]:
         totals.flops += run.flops.step_flops([len(x.input_ids) for x in samples]) / run.replicas
         totals.add(forward_backward_step(run, mb, scale))
         totals.tokens += mb.num_tokens / run.replicas
-    grad_norm = clip_grad_norm_(run.model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
-    lr = run.scheduler.get_last_lr()[0]  # the rate this step uses
-    run.optimizer.step()
-    run.scheduler.step()
-    run.optimizer.zero_grad(set_to_none=True)
-
-    # one all-reduce for every figure of the step's metrics
+    # one all-reduce for every figure of the step's metrics (before the update: the target check
+    # below must stop a wrong run before its first optimizer step)
     keys = sorted({"text", *(f"decoder.{m}" for m in run.processor.decoders)})
     sums = state.all_reduce_sums(
         [float(totals.loss_sum), totals.tokens, totals.flops]
         + [totals.part_sums.get(k, 0.0) for k in keys]
         + [totals.part_counts.get(k, 0) for k in keys]
     )
+    check_target_split(run, n_global, sum(sums[3 + len(keys) :]))
+    grad_norm = clip_grad_norm_(run.model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
+    lr = run.scheduler.get_last_lr()[0]  # the rate this step uses
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
     loss, tokens_global, flops_global = sums[0] / max(n_global, 1.0), sums[1], sums[2]
     part_loss = {k: sums[3 + i] / max(sums[3 + len(keys) + i], 1.0) for i, k in enumerate(keys)}
     dt = time.perf_counter() - t0
     row = _metrics_row(run, step, loss=loss, lr=lr, grad_norm=float(grad_norm), n_global=n_global, tokens_global=tokens_global, flops_global=flops_global, dt=dt)
     row.update({f"loss/{k}": v for k, v in part_loss.items()})
     return row
+
+
+def check_target_split(run: Run, n_global: float, model_targets: float) -> None:
+    """The targets the model computed losses over, summed over every rank, must be the step's global
+    target count: ranks that read the same micro-batches (a strategy's ``data_split``) must each
+    take their own part of the targets (Ulysses slices the sequence), and hooks must not drop any.
+
+    Raises:
+        ParallelizeError: the counts differ (the loss and gradients would be scaled by their ratio,
+            silently, since AdamW hides a constant factor); the message names the strategies and the
+            replication.
+    """
+    if abs(model_targets - n_global) < 0.5:
+        return
+    from omnicore.parallel.parallelize import ParallelizeError
+
+    names = ", ".join(n for n, _ in run.strategies)
+    raise ParallelizeError(
+        f"the model computed losses over {model_targets:.0f} targets on all ranks together, but the step's micro-batches hold "
+        f"{n_global:.0f} (strategies: {names}; {run.data_size} data group(s) for {run.state.world_size} rank(s), each micro-batch read "
+        f"by {run.replicas} rank(s)); ranks that read the same micro-batches must each compute the loss of their own part of the "
+        "targets (for example in a sequence hook, as Ulysses slices the sequence), or the loss and gradients are scaled by the ratio"
+    )
 
 
 def _metrics_row(run: Run, step: int, *, loss: float, lr: float, grad_norm: float, n_global: float, tokens_global: float, flops_global: float, dt: float) -> dict[str, Any]:

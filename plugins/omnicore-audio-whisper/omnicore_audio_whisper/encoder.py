@@ -32,7 +32,6 @@ Recognition via Large-Scale Weak Supervision" (2022), arXiv:2212.04356; the impl
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from pathlib import Path
@@ -212,7 +211,9 @@ class WhisperAudioEncoder(nn.Module):
             return_tensors="np",
         )["input_features"][0]
         if feats.shape != (self.feature_extractor.feature_size, self.chunk_frames):  # pragma: no cover - guards transformers changes
-            raise RuntimeError(f"unexpected log-mel shape {feats.shape}; expected ({self.feature_extractor.feature_size}, {self.chunk_frames})")
+            raise RuntimeError(
+                f"unexpected log-mel shape {feats.shape}; expected ({self.feature_extractor.feature_size}, {self.chunk_frames})"
+            )
         return {
             "input_features": torch.from_numpy(np.ascontiguousarray(feats, dtype=np.float32)),
             "valid_frames": torch.tensor(valid, dtype=torch.long),
@@ -235,7 +236,9 @@ class WhisperAudioEncoder(nn.Module):
             raise ValueError("whisper encoder: collate() needs at least one item")
         shapes = {tuple(it["input_features"].shape) for it in items}
         if len(shapes) != 1:
-            raise ValueError(f"whisper encoder: items have different feature shapes {sorted(shapes)}; preprocess them with the same encoder")
+            raise ValueError(
+                f"whisper encoder: items have different feature shapes {sorted(shapes)}; preprocess them with the same encoder"
+            )
         return {
             "input_features": torch.stack([torch.as_tensor(it["input_features"]) for it in items]),
             "valid_frames": torch.stack([torch.as_tensor(it["valid_frames"], dtype=torch.long).reshape(()) for it in items]),

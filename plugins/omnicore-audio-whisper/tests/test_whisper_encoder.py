@@ -17,8 +17,6 @@ import torch.nn.functional as F
 
 from omnicore.data.media import Audio, resample
 from omnicore_audio_whisper.encoder import (
-    META_FILE,
-    PROJECTOR_FILE,
     WhisperAudioEncoder,
     WhisperEncoderOptions,
     build,
@@ -165,12 +163,21 @@ def test_save_pretrained_roundtrip_identical(enc, tmp_path):
     torch.manual_seed(1)
     model = build({"config": TINY, "pool": 2}, hidden_size=H).eval()
     model.save_pretrained(tmp_path)
-    for name in ("config.json", "model.safetensors", "preprocessor_config.json", PROJECTOR_FILE, META_FILE):
-        assert (tmp_path / name).is_file(), name
-    meta = json.loads((tmp_path / META_FILE).read_text())
-    assert meta["chunk_seconds"] == 3.0 and meta["pool"] == 2 and meta["hidden_size"] == H
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {"config.json", "model.safetensors", "preprocessor_config.json", "omnicore_extra.safetensors"}
+    from safetensors import safe_open
 
-    loaded = build({"checkpoint": str(tmp_path), "pool": 2}, hidden_size=H).eval()
+    with safe_open(str(tmp_path / "omnicore_extra.safetensors"), "pt") as f:
+        header = f.metadata()
+        assert sorted(f.keys()) == ["bias", "weight"]
+        assert torch.equal(f.get_tensor("weight"), model.projector.weight)
+    assert header["component"] == "encoder/whisper"
+    assert json.loads(header["meta"]) == {"chunk_seconds": 3.0, "pool": 2, "hidden_size": H, "d_model": 32}
+
+    torch.manual_seed(99)  # nothing may come from fresh initialisation
+    loaded = build({"checkpoint": str(tmp_path), "pool": 2}, hidden_size=H)
+    assert loaded.training
+    loaded.eval()
     batch = model.collate([model.preprocess(noise(1.3, seed=5)), model.preprocess(tone(300, 2.2, 22050))])
     batch2 = loaded.collate([loaded.preprocess(noise(1.3, seed=5)), loaded.preprocess(tone(300, 2.2, 22050))])
     assert torch.equal(batch["input_features"], batch2["input_features"])
@@ -194,9 +201,17 @@ def test_load_published_style_checkpoint(tmp_path, cls_name, prefix):
     from transformers import WhisperConfig
 
     cfg = WhisperConfig(
-        **TINY, decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=64, vocab_size=64,
-        max_target_positions=16, max_source_positions=300,  # a 6 s model, used with 3 s chunks
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=3,
+        **TINY,
+        decoder_layers=1,
+        decoder_attention_heads=2,
+        decoder_ffn_dim=64,
+        vocab_size=64,
+        max_target_positions=16,
+        max_source_positions=300,  # a 6 s model, used with 3 s chunks
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=3,
     )
     torch.manual_seed(2)
     full = getattr(transformers, cls_name)(cfg)
@@ -216,10 +231,81 @@ def test_load_published_style_checkpoint(tmp_path, cls_name, prefix):
     with torch.no_grad():
         assert model(model.dummy_batch()).shape == (7, H)
 
+    # the cut encoder equals a 3 s WhisperEncoder holding the same weights and the first 150 positions
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    ref_cfg = WhisperConfig(**TINY, max_source_positions=150)
+    ref = WhisperEncoder(ref_cfg).eval()
+    ref.load_state_dict({k: (v[:150] if k == "embed_positions.weight" else v) for k, v in src.items()})
+    feats = model.collate([model.preprocess(noise(1.0, seed=4))])["input_features"]
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model.whisper(input_features=feats).last_hidden_state, ref(input_features=feats).last_hidden_state)
+    assert not any(p.requires_grad for p in model.whisper.embed_positions.parameters())
+
     with pytest.raises(ValueError, match="300"):
         build({"checkpoint": str(tmp_path), "chunk_seconds": 8.0}, hidden_size=H)
     with pytest.raises(ValueError, match="contradicts"):
         build({"checkpoint": str(tmp_path), "config": {"d_model": 64}}, hidden_size=H)
+    # non-shape keys override the checkpoint's config
+    assert build({"checkpoint": str(tmp_path), "config": {"dropout": 0.5}}, hidden_size=H).whisper.config.dropout == 0.5
+
+
+def test_checkpoint_missing_an_encoder_tensor_raises_naming_it(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from transformers import WhisperConfig, WhisperModel
+
+    cfg = WhisperConfig(
+        **TINY,
+        decoder_layers=1,
+        decoder_attention_heads=2,
+        decoder_ffn_dim=64,
+        vocab_size=64,
+        max_target_positions=16,
+        max_source_positions=150,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=3,
+    )
+    WhisperModel(cfg).save_pretrained(str(tmp_path))
+    state = load_file(str(tmp_path / "model.safetensors"))
+    del state["encoder.layers.0.fc2.weight"]
+    del state["decoder.layers.0.fc2.weight"]  # the decoder is never loaded: only the encoder's tensor is named
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(
+        ValueError,
+        match=r"whisper encoder checkpoint .* lacks 1 of the .* tensors of WhisperEncoder after stripping the prefixes \['model.encoder.', 'encoder.'\]: 'layers\.0\.fc2\.weight'",
+    ):
+        build({"checkpoint": str(tmp_path)}, hidden_size=H)
+
+
+def test_projector_of_another_hidden_size_raises_naming_file_and_shapes(tmp_path):
+    torch.manual_seed(0)
+    build({"config": TINY}, hidden_size=H).save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as err:
+        build({"checkpoint": str(tmp_path)}, hidden_size=H + 8)
+    msg = str(err.value)
+    assert str(tmp_path / "omnicore_extra.safetensors") in msg
+    assert f"'weight' has shape ({H}, 32) in the file, ({H + 8}, 32) in this module" in msg
+    assert f"'bias' has shape ({H},) in the file, ({H + 8},) in this module" in msg
+    assert "build encoder/whisper with those settings, or delete omnicore_extra.safetensors" in msg
+
+
+def test_saved_settings_differing_from_options_warn(tmp_path):
+    torch.manual_seed(0)
+    build({"config": TINY, "pool": 2}, hidden_size=H).save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="saved with pool=2 but options give 4"):
+        build({"checkpoint": str(tmp_path), "pool": 4}, hidden_size=H)
+
+
+def test_old_projector_files_are_not_silently_ignored(tmp_path):
+    torch.manual_seed(0)
+    model = build({"config": TINY}, hidden_size=H)
+    model.whisper.save_pretrained(str(tmp_path))
+    (tmp_path / "omnicore_encoder.json").write_text(json.dumps({"pool": 4}))
+    with pytest.raises(ValueError, match="holds omnicore_encoder.json from an older version of encoder/whisper .*Re-save"):
+        build({"checkpoint": str(tmp_path)}, hidden_size=H)
 
 
 def test_bad_checkpoint_folders(tmp_path):
@@ -228,7 +314,7 @@ def test_bad_checkpoint_folders(tmp_path):
     with pytest.raises(ValueError, match=r"no config\.json"):
         build({"checkpoint": str(tmp_path)}, hidden_size=H)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
-    with pytest.raises(ValueError, match="not a Whisper config"):
+    with pytest.raises(ValueError, match="has model_type 'qwen2', but WhisperEncoder needs model_type 'whisper'"):
         build({"checkpoint": str(tmp_path)}, hidden_size=H)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "whisper", **TINY}))
     with pytest.raises(ValueError, match="no weights"):

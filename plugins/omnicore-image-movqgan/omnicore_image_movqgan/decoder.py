@@ -99,14 +99,11 @@ class MoVQGANOptions(BaseModel):
     )
     freeze_vq: bool = Field(
         True,
-        description=(
-            "Keep the VQ autoencoder frozen (a fixed tokenizer during LM training); only the code embedding "
-            "and the head train."
-        ),
+        description=("Keep the VQ autoencoder frozen (a fixed tokenizer during LM training); only the code embedding and the head train."),
     )
 
     @model_validator(mode="after")
-    def _one_source(self) -> "MoVQGANOptions":
+    def _one_source(self) -> MoVQGANOptions:
         if self.checkpoint is not None and self.config:
             raise ValueError("give either 'checkpoint' (a folder to load) or 'config' (a model to build), not both")
         return self
@@ -149,9 +146,7 @@ def make_vq_config(config: dict[str, Any] | None = None) -> dict[str, Any]:
         if c % 32 or c % groups:
             raise ValueError(f"block_out_channels {boc}: every entry must be a multiple of 32 and of norm_num_groups={groups}")
     if cfg.get("vq_embed_dim") not in (None, cfg["latent_channels"]):
-        raise ValueError(
-            f"vq_embed_dim={cfg['vq_embed_dim']} must equal latent_channels={cfg['latent_channels']} with norm_type='spatial'"
-        )
+        raise ValueError(f"vq_embed_dim={cfg['vq_embed_dim']} must equal latent_channels={cfg['latent_channels']} with norm_type='spatial'")
     if cfg["in_channels"] != 3 or cfg["out_channels"] != 3:
         raise ValueError(f"MoVQGAN works on RGB: in_channels and out_channels must be 3, got {cfg['in_channels']}, {cfg['out_channels']}")
     return cfg
@@ -211,7 +206,7 @@ class MoVQGANDecoder(nn.Module):
             self.vq.requires_grad_(False)
             self.vq.eval()
 
-    def train(self, mode: bool = True) -> "MoVQGANDecoder":
+    def train(self, mode: bool = True) -> MoVQGANDecoder:
         """As ``nn.Module.train``, but a frozen VQ autoencoder stays in eval mode."""
         super().train(mode)
         if self.freeze_vq:

@@ -134,7 +134,10 @@ def fit_vq(
             sched.step()
             losses.append(float(rec.detach()))
             if log_every and (step % log_every == 0 or step == steps - 1):
-                print(f"step {step:5d}  rec {losses[-1]:.4f}  vq {float(out.commit_loss.detach().mean()):.4f}  {time.perf_counter() - t0:.1f}s", flush=True)
+                print(
+                    f"step {step:5d}  rec {losses[-1]:.4f}  vq {float(out.commit_loss.detach().mean()):.4f}  {time.perf_counter() - t0:.1f}s",
+                    flush=True,
+                )
     finally:
         for n, p in vq.named_parameters():
             p.requires_grad_(old_grad[n])
@@ -166,7 +169,11 @@ def reconstruction_mse(decoder: Any, images: list, batch_size: int = 256) -> flo
 
 def _list_images(spec: str) -> list[Path]:
     p = Path(spec)
-    files = sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES) if p.is_dir() else sorted(Path(f) for f in glob.glob(spec, recursive=True))
+    files = (
+        sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+        if p.is_dir()
+        else sorted(Path(f) for f in glob.glob(spec, recursive=True))
+    )
     files = [f for f in files if f.is_file()]
     if not files:
         raise ValueError(f"no images found at {spec!r} (give a folder of image files or a glob such as 'digits/*.png')")
@@ -189,7 +196,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from omnicore.api import load_image
-
     from omnicore_image_movqgan.decoder import build
 
     out = Path(args.out)

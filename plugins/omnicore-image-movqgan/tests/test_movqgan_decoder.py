@@ -11,8 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from omnicore_image_movqgan.decoder import ADAPTER_FILE, META_FILE, MoVQGANOptions, build, make_vq_config
+from omnicore_image_movqgan.decoder import MoVQGANOptions, build, make_vq_config
 from omnicore_image_movqgan.fit import fit_vq
+from omnicore_image_movqgan.fit import main as fit_main
 
 # 16x16 images, 2 levels -> f = 2, 8x8 = 64 codes of a 64-entry codebook.
 TINY = {"block_out_channels": [32, 32], "latent_channels": 4, "num_vq_embeddings": 64, "sample_size": 16}
@@ -143,9 +144,17 @@ def test_save_pretrained_roundtrip(dec, tmp_path):
         dec.code_embed.weight.add_(1.0)  # make the adapter differ from any fresh init
     dec.save_pretrained(tmp_path / "ck")
     names = {p.name for p in (tmp_path / "ck").iterdir()}
-    assert {"config.json", "diffusion_pytorch_model.safetensors", ADAPTER_FILE, META_FILE} <= names
-    assert json.loads((tmp_path / "ck" / META_FILE).read_text())["image_size"] == 16
+    assert names == {"config.json", "diffusion_pytorch_model.safetensors", "omnicore_extra.safetensors"}
+    from safetensors import safe_open
 
+    with safe_open(str(tmp_path / "ck" / "omnicore_extra.safetensors"), "pt") as f:
+        header = f.metadata()
+        assert sorted(f.keys()) == ["code_embed.weight", "lm_head.bias", "lm_head.weight"]
+        assert torch.equal(f.get_tensor("code_embed.weight"), dec.code_embed.weight)
+    assert header["component"] == "decoder/movqgan"
+    assert json.loads(header["meta"]) == {"image_size": 16, "hidden_size": H, "codebook_size": 64}
+
+    torch.manual_seed(77)  # nothing may come from fresh initialisation
     back = build({"checkpoint": str(tmp_path / "ck")}, hidden_size=H)
     assert back.image_size == 16 and back.codebook_size == 64
     batch = _batch(dec, _images(2, seed=2))
@@ -154,8 +163,66 @@ def test_save_pretrained_roundtrip(dec, tmp_path):
     torch.testing.assert_close(back.decode_pixels(c2.reshape(2, -1)), dec.decode_pixels(c1.reshape(2, -1)), atol=0, rtol=0)
     for name in ("code_embed.weight", "lm_head.weight", "lm_head.bias"):
         assert torch.equal(back.state_dict()[name], dec.state_dict()[name]), name
-    with pytest.raises(ValueError, match="hidden_size"):
+    for k, v in dec.vq.state_dict().items():
+        assert torch.equal(back.vq.state_dict()[k], v), k
+    with pytest.raises(ValueError) as err:
         build({"checkpoint": str(tmp_path / "ck")}, hidden_size=H + 1)
+    msg = str(err.value)
+    assert str(tmp_path / "ck" / "omnicore_extra.safetensors") in msg
+    assert f"'code_embed.weight' has shape (64, {H}) in the file, (64, {H + 1}) in this module" in msg
+    assert f"'lm_head.weight' has shape (64, {H}) in the file, (64, {H + 1}) in this module" in msg
+    assert f"saved with image_size=16, hidden_size={H}, codebook_size=64: build decoder/movqgan with those settings" in msg
+
+
+def test_checkpoint_missing_a_vq_tensor_raises_naming_it(tmp_path):
+    from diffusers import VQModel
+    from safetensors.torch import load_file, save_file
+
+    VQModel(**make_vq_config(TINY)).save_pretrained(str(tmp_path))
+    file = tmp_path / "diffusion_pytorch_model.safetensors"
+    state = load_file(str(file))
+    del state["quantize.embedding.weight"]
+    save_file(state, str(file))
+    with pytest.raises(ValueError, match=r"MoVQGAN checkpoint .* lacks 1 of the .* tensors of VQModel: 'quantize\.embedding\.weight'"):
+        build({"checkpoint": str(tmp_path)}, hidden_size=8)
+
+
+def test_old_adapter_files_are_not_silently_ignored(dec, tmp_path):
+    dec.vq.save_pretrained(str(tmp_path))
+    (tmp_path / "omnicore_decoder.json").write_text(json.dumps({"image_size": 16}))
+    with pytest.raises(ValueError, match="holds omnicore_decoder.json from an older version of decoder/movqgan .*Re-save"):
+        build({"checkpoint": str(tmp_path)}, hidden_size=H)
+
+
+def test_fit_cli_folder_loads_with_its_image_size(tmp_path):
+    for i, im in enumerate(_images(4, seed=5)):
+        im.save(tmp_path / f"{i}.png")
+    cfg = json.dumps({**TINY, "sample_size": 32})  # the fitted size (16), not the config's 32, must win
+    assert (
+        fit_main(
+            [
+                "--images",
+                str(tmp_path / "*.png"),
+                "--out",
+                str(tmp_path / "movq"),
+                "--steps",
+                "2",
+                "--batch-size",
+                "2",
+                "--image-size",
+                "16",
+                "--config",
+                cfg,
+            ]
+        )
+        == 0
+    )
+    names = {p.name for p in (tmp_path / "movq").iterdir()}
+    assert names == {"config.json", "diffusion_pytorch_model.safetensors"}  # a plain diffusers folder, no adapter yet
+    assert json.loads((tmp_path / "movq" / "config.json").read_text())["sample_size"] == 16
+    d = build({"checkpoint": str(tmp_path / "movq")}, hidden_size=8)
+    assert d.image_size == 16 and d.num_image_tokens == 64
+    assert build({"checkpoint": str(tmp_path / "movq"), "image_size": 32}, hidden_size=8).image_size == 32
 
 
 def test_plain_diffusers_folder_loads(tmp_path):
@@ -179,7 +246,7 @@ def test_bad_checkpoint_folders(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         build({"checkpoint": str(tmp_path / "nope")}, hidden_size=8)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match=r"empty has no config\.json.*VQModel"):
+    with pytest.raises(ValueError, match=r"empty' has no config\.json.*VQModel"):
         build({"checkpoint": str(tmp_path / "empty")}, hidden_size=8)
     with pytest.raises(ValueError, match="not both"):
         MoVQGANOptions(checkpoint="x", config={"latent_channels": 4})

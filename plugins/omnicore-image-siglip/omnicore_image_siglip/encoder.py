@@ -104,9 +104,7 @@ class SiglipEncoderOptions(BaseModel):
     )
     freeze: bool = Field(
         default=False,
-        description=(
-            "Freeze the vision tower (requires_grad=False, run without autograd); the projector always trains."
-        ),
+        description=("Freeze the vision tower (requires_grad=False, run without autograd); the projector always trains."),
     )
 
     @field_validator("config")
@@ -127,7 +125,7 @@ class SiglipEncoderOptions(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _one_source(self) -> "SiglipEncoderOptions":
+    def _one_source(self) -> SiglipEncoderOptions:
         if self.checkpoint and self.config:
             raise ValueError(
                 "set either `checkpoint` (load a tower) or `config` (build one from scratch), not both; "
@@ -146,7 +144,7 @@ class SiglipEncoderOptions(BaseModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def build(options: dict[str, Any] | SiglipEncoderOptions, *, hidden_size: int) -> "SiglipImageEncoder":
+def build(options: dict[str, Any] | SiglipEncoderOptions, *, hidden_size: int) -> SiglipImageEncoder:
     """Factory of encoder ``siglip`` (``target`` of its ComponentSpec).
 
     Args:
@@ -229,7 +227,11 @@ class SiglipImageEncoder(nn.Module):
             image_processor = SiglipImageProcessorPil(size=size)
         else:
             kwargs = image_processor.to_dict()
-            kwargs = {k: v for k, v in kwargs.items() if k not in ("image_processor_type", "processor_class", "size", "do_resize", "do_convert_rgb")}
+            kwargs = {
+                k: v
+                for k, v in kwargs.items()
+                if k not in ("image_processor_type", "processor_class", "size", "do_resize", "do_convert_rgb")
+            }
             image_processor = SiglipImageProcessorPil(**kwargs, size=size, do_resize=True, do_convert_rgb=True)
         self.image_processor = image_processor
         self.frozen = False
@@ -239,7 +241,7 @@ class SiglipImageEncoder(nn.Module):
     # ---- building and loading ---------------------------------------------------------------
 
     @classmethod
-    def from_config(cls, vision_config: Any, *, hidden_size: int, freeze: bool = False) -> "SiglipImageEncoder":
+    def from_config(cls, vision_config: Any, *, hidden_size: int, freeze: bool = False) -> SiglipImageEncoder:
         """A randomly initialised tower from ``vision_config`` (a ``SiglipVisionConfig`` or its kwargs).
 
         The config is copied and ``vision_use_head`` forced to False. Raises ValueError as :meth:`__init__`.
@@ -251,7 +253,7 @@ class SiglipImageEncoder(nn.Module):
         return cls(SiglipVisionModel(config), hidden_size=hidden_size, freeze=freeze)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, *, hidden_size: int, freeze: bool = False) -> "SiglipImageEncoder":
+    def from_checkpoint(cls, path: str | Path, *, hidden_size: int, freeze: bool = False) -> SiglipImageEncoder:
         """Load the tower (and, if present, the projector and image processor config) from a folder.
 
         See the module docstring for the three accepted folder layouts. The tower comes from
@@ -372,4 +374,6 @@ class SiglipImageEncoder(nn.Module):
         folder.mkdir(parents=True, exist_ok=True)
         self.tower.save_pretrained(str(folder))
         self.image_processor.save_pretrained(str(folder))
-        save_extra_weights(folder, self.projector, component=COMPONENT, hidden_size=self.hidden_size, tower_width=int(self.projector[0].in_features))
+        save_extra_weights(
+            folder, self.projector, component=COMPONENT, hidden_size=self.hidden_size, tower_width=int(self.projector[0].in_features)
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors import safe_open
 
 from omnicore.components import Encoder
 from omnicore_image_siglip.encoder import SiglipEncoderOptions, SiglipImageEncoder, build
@@ -85,12 +87,24 @@ def test_save_pretrained_roundtrip(encoder, tmp_path):
         before = encoder(batch)
     encoder.save_pretrained(tmp_path / "ckpt")
     names = {p.name for p in (tmp_path / "ckpt").iterdir()}
-    assert {"config.json", "model.safetensors", "preprocessor_config.json", "projector.safetensors"} <= names
+    assert names == {"config.json", "model.safetensors", "preprocessor_config.json", "omnicore_extra.safetensors"}
+    # the projector is in omnicore's one extra-weights format, with the encoder's settings
+    with safe_open(str(tmp_path / "ckpt" / "omnicore_extra.safetensors"), "pt") as f:
+        meta = f.metadata()
+        assert sorted(f.keys()) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+        assert torch.equal(f.get_tensor("2.weight"), encoder.projector[2].weight)
+    assert meta["component"] == "encoder/siglip"
+    assert json.loads(meta["meta"]) == {"hidden_size": H, "tower_width": 64}
+    assert json.loads(meta["shapes"])["0.weight"] == [H, 64]
     torch.manual_seed(123)  # a different seed: nothing may come from fresh initialisation
-    loaded = build({"checkpoint": str(tmp_path / "ckpt")}, hidden_size=H).eval()
+    loaded = build({"checkpoint": str(tmp_path / "ckpt")}, hidden_size=H)
+    assert loaded.training  # like a from-scratch build
+    loaded.eval()
     with torch.no_grad():
         after = loaded(batch)
     assert torch.equal(before, after)
+    for k, v in encoder.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
     # the same images preprocessed by the loaded encoder give the same features
     assert torch.equal(_batch(loaded)["pixel_values"], batch["pixel_values"])
     # the tower folder is a plain transformers checkpoint
@@ -105,15 +119,25 @@ def test_loads_full_siglip_checkpoint_vision_tower(tmp_path):
     from transformers import SiglipConfig, SiglipModel
 
     torch.manual_seed(0)
-    text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                max_position_embeddings=16, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    text = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        max_position_embeddings=16,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     full = SiglipModel(SiglipConfig(text_config=text, vision_config=dict(TINY)))
     full.save_pretrained(tmp_path / "full")
-    saved = {k[len("vision_model."):]: v for k, v in full.state_dict().items() if k.startswith("vision_model.")}
+    saved = {k[len("vision_model.") :]: v for k, v in full.state_dict().items() if k.startswith("vision_model.")}
     assert saved, "SiglipModel names its vision weights vision_model.*"
 
     torch.manual_seed(999)
     enc = build({"checkpoint": str(tmp_path / "full")}, hidden_size=H)
+    assert not (tmp_path / "full" / "omnicore_extra.safetensors").exists()  # a plain transformers folder
     tower = enc.tower.state_dict()
     assert tower.keys() <= saved.keys()  # everything but the (unused) pooling head
     assert not any(k.startswith("head.") for k in tower)
@@ -143,6 +167,21 @@ def test_loads_siglip_vision_model_checkpoint(tmp_path):
         assert torch.equal(v, saved[k]), k
 
 
+def test_checkpoint_missing_a_tower_tensor_raises_naming_it(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from transformers import SiglipVisionConfig, SiglipVisionModel
+
+    SiglipVisionModel(SiglipVisionConfig(**TINY)).save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    del state["encoder.layers.1.self_attn.k_proj.bias"]
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(
+        ValueError,
+        match=r"SigLIP checkpoint .* lacks 1 of the .* tensors of SiglipVisionModel: 'encoder\.layers\.1\.self_attn\.k_proj\.bias'",
+    ):
+        build({"checkpoint": str(tmp_path)}, hidden_size=H)
+
+
 def test_bad_checkpoint_folders(tmp_path):
     missing = tmp_path / "nope"
     with pytest.raises(ValueError, match="nope.*does not exist.*save_pretrained"):
@@ -154,14 +193,30 @@ def test_bad_checkpoint_folders(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "config.json").write_text('{"model_type": "whisper"}')
-    with pytest.raises(ValueError, match="other.*not a SigLIP config"):
+    with pytest.raises(
+        ValueError, match="other/config.json has model_type 'whisper', but SiglipVisionModel needs model_type 'siglip_vision_model'"
+    ):
         build({"checkpoint": str(other)}, hidden_size=H)
 
 
-def test_projector_hidden_size_mismatch(encoder, tmp_path):
+def test_projector_of_another_hidden_size_raises_naming_file_and_shapes(encoder, tmp_path):
     encoder.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="projector.safetensors.*hidden_size"):
+    with pytest.raises(ValueError) as err:
         build({"checkpoint": str(tmp_path)}, hidden_size=H * 2)
+    msg = str(err.value)
+    assert str(tmp_path / "omnicore_extra.safetensors") in msg
+    assert f"'0.weight' has shape ({H}, 64) in the file, ({2 * H}, 64) in this module" in msg
+    assert f"'2.weight' has shape ({H}, {H}) in the file, ({2 * H}, {2 * H}) in this module" in msg
+    assert f"saved with hidden_size={H}, tower_width=64: build encoder/siglip with those settings" in msg
+
+
+def test_old_projector_file_is_not_silently_ignored(encoder, tmp_path):
+    from safetensors.torch import save_file
+
+    encoder.tower.save_pretrained(tmp_path)
+    save_file({k: v.contiguous() for k, v in encoder.projector.state_dict().items()}, str(tmp_path / "projector.safetensors"))
+    with pytest.raises(ValueError, match="holds projector.safetensors from an older version of encoder/siglip .*Re-save the folder"):
+        build({"checkpoint": str(tmp_path)}, hidden_size=H)
 
 
 def test_options_validation():

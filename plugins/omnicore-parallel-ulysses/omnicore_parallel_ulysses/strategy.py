@@ -119,8 +119,9 @@ class Ulysses:
         return model
 
     def data_split(self, state: Any) -> tuple[int, int]:
-        """``(index, count)`` of this rank's data group: the ranks of one SP group read the same data."""
-        return self._data if self._data is not None else (state.rank, state.world_size)
+        """``(index, count)`` of this rank's data group: the ranks of one SP group read the same data
+        (before ``apply``, from the state alone: the mesh's data-parallel rank and size)."""
+        return self._data if self._data is not None else (state.dp_rank, state.dp_size)
 
 
 class AsyncUlysses(Ulysses):
