@@ -18,7 +18,8 @@ What is here, by topic:
 * **Varlen (packed samples)**: :func:`cu_seqlens_from_position_ids`, :func:`plan_varlen`,
   :func:`mark_varlen`, :func:`is_varlen`, :data:`CU_SEQLENS_KWARGS`, :func:`varlen_from_kwargs`.
 * **Kernels**: :func:`cuda_and_package` (the build-time check of a GPU kernel), :func:`plain_weight`
-  (a DTensor weight as a plain tensor), :class:`TorchCrossEntropy` (the reference text loss).
+  (a DTensor weight as a plain tensor), :class:`TorchCrossEntropy` (the reference text loss),
+  :func:`rms_norm_modules` (the foundation's RMSNorm modules).
 * **Parallel strategies**: :class:`Violation`, :class:`StrategyPlan`, :data:`PHASES`,
   :class:`FSDP2` and :class:`NoParallel` (to compose rather than copy), :class:`BlockStrategy`
   (base of per-block strategies), :func:`checkpoint_module`.
@@ -59,6 +60,7 @@ _EXPORTS: dict[str, str] = {
     "cuda_and_package": "omnicore.kernels.common",
     "plain_weight": "omnicore.kernels.common",
     "TorchCrossEntropy": "omnicore.kernels.cross_entropy",
+    "rms_norm_modules": "omnicore.kernels.rmsnorm",
     # parallel strategies
     "Violation": "omnicore.components",
     "StrategyPlan": "omnicore.components",

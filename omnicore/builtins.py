@@ -30,12 +30,14 @@ def omnicore_parallel_strategies() -> list[ComponentSpec]:
             kind="parallel",
             name="fsdp2",
             target="omnicore.parallel.fsdp:FSDP2",
+            options_model="omnicore.config:NoOptions",
             description="FSDP2 (torch.distributed.fsdp.fully_shard) per block, then the root, over the fsdp dim (dp_shard x ep x sp)",
         ),
         ComponentSpec(
             kind="parallel",
             name="ep",
             target="omnicore.parallel.expert:ExpertParallel",
+            options_model="omnicore.parallel.expert:ExpertParallelOptions",
             description="expert parallelism: MoE experts Shard(0) over ep, tokens dispatched/combined by all-to-all (transformers experts registry)",
         ),
         ComponentSpec(
@@ -56,6 +58,7 @@ def omnicore_parallel_strategies() -> list[ComponentSpec]:
             kind="parallel",
             name="none",
             target="omnicore.parallel.fsdp:NoParallel",
+            options_model="omnicore.config:NoOptions",
             description="one process, no sharding (the reference every strategy is compared with)",
         ),
     ]
@@ -68,18 +71,21 @@ def omnicore_kernels() -> list[ComponentSpec]:
             kind="kernel",
             name="sdpa",
             target="omnicore.kernels.attention:SDPAAttention",
+            options_model="omnicore.config:NoOptions",
             description="torch scaled_dot_product_attention through transformers; packed samples kept apart",
         ),
         ComponentSpec(
             kind="kernel",
             name="eager",
             target="omnicore.kernels.attention:EagerAttention",
+            options_model="omnicore.config:NoOptions",
             description="transformers' eager (matmul + softmax) attention; a slow, simple reference",
         ),
         ComponentSpec(
             kind="kernel",
             name="torch_cross_entropy",
             target="omnicore.kernels.cross_entropy:TorchCrossEntropy",
+            options_model="omnicore.config:NoOptions",
             description="op cross_entropy (default): whole fp32 logits, then F.cross_entropy(reduction='sum')",
         ),
         ComponentSpec(
@@ -93,12 +99,14 @@ def omnicore_kernels() -> list[ComponentSpec]:
             kind="kernel",
             name="torch_rms_norm",
             target="omnicore.kernels.rmsnorm:TorchRMSNorm",
+            options_model="omnicore.config:NoOptions",
             description="op rmsnorm: the foundation's RMSNorm modules through torch.nn.functional.rms_norm (fp32)",
         ),
         ComponentSpec(
             kind="kernel",
             name="sdpa_varlen",
             target="omnicore.kernels.attention_varlen:SDPAVarlenAttention",
+            options_model="omnicore.config:NoOptions",
             description="scaled_dot_product_attention per packed sample (split by position_ids, batched by length); no [T, T] mask, CPU and GPU",
         ),
     ]

@@ -27,6 +27,11 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
+class NoOptions(_Strict):
+    """The options model of a component that takes no options: any key is an error that names it
+    (instead of being silently ignored)."""
+
+
 class ComponentConfig(_Strict):
     """One component chosen from the registry."""
 

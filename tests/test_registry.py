@@ -847,3 +847,27 @@ def test_check_import_reports_time_torch_and_crashes(tmp_path):
     assert segv.ok is False and segv.error.startswith("import process killed by SIGSEGV before reporting")
     assert (missing.ok, missing.error) == (False, "ModuleNotFoundError: No module named 'no_such_module_xyz'")
     assert raises.summary() == "FAILED: RuntimeError: boom at import"
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "options", "message"),
+    [
+        ("parallel", "fsdp2", {"reshard": True}, "options of parallel/fsdp2: reshard: unknown key; this component takes no options"),
+        ("parallel", "none", {"x": 1}, "options of parallel/none: x: unknown key; this component takes no options"),
+        ("parallel", "ep", {"chunk": 2}, "options of parallel/ep: chunk: unknown key; did you mean 'chunks'?"),
+        ("kernel", "sdpa", {"causal": False}, "options of kernel/sdpa: causal: unknown key; this component takes no options"),
+        ("kernel", "sdpa_varlen", {"pad_below": 64}, "options of kernel/sdpa_varlen: pad_below: unknown key; this component takes no options"),
+    ],
+)
+def test_builtin_options_are_never_silently_ignored(kind, name, options, message):
+    """Every built-in has an options model: a misspelt or unsupported key is an error naming it."""
+    with pytest.raises(RegistryError) as ei:
+        Registry.discover().build(kind, name, options)
+    assert message in str(ei.value)
+
+
+def test_every_builtin_declares_an_options_model():
+    from omnicore import builtins
+
+    specs = [s for hook in (builtins.omnicore_foundations, builtins.omnicore_parallel_strategies, builtins.omnicore_kernels) for s in hook()]
+    assert len(specs) >= 12 and all(s.options_model for s in specs), [s.key for s in specs if not s.options_model]

@@ -12,6 +12,8 @@ from importlib import metadata
 import pytest
 import torch
 
+from omnicore.components import ComponentSpec
+from omnicore.hookspecs import hookimpl
 from omnicore.testing import (
     EncoderContract,
     FoundationContract,
@@ -211,3 +213,54 @@ def test_meta_build_allocates_nothing(toy_dist):
     with torch.device("meta"):
         enc = _suite("").build()
     assert enc.proj.weight.is_meta and enc.proj.weight.shape == (8, 16)
+
+
+# ---- the parallel-strategy suite checks the optional members on planned layouts --------------
+
+
+class _Strategy:
+    mesh_dims: tuple[str, ...] = ("dp_shard",)
+    phase = "sharding"
+
+    def __init__(self, options=None):
+        self.bug = (options or {}).get("bug", "")
+
+    def apply(self, model, mesh):
+        return model
+
+    def plan(self, model, state, prior):
+        from omnicore.components import StrategyPlan
+
+        ways = state.size("dp_shard") + (1 if self.bug == "plan" else 0)
+        return StrategyPlan(["(root)"], {n: ("dp_shard", ways) for n, _ in model.named_parameters()}, "toy")
+
+    def data_split(self, state):
+        if self.bug == "split":  # rank 0 alone in group 0, everyone else in group 1
+            return (0 if state.rank == 0 else 1), min(2, state.world_size)
+        return state.rank // 2, max(state.world_size // 2, 1)
+
+
+class _StrategyPlugin:
+    @hookimpl
+    def omnicore_parallel_strategies(self):
+        return [ComponentSpec(kind="parallel", name="toy_paired", target="test_testing_kit:_Strategy")]
+
+
+def _strategy_suite(bug: str) -> ParallelStrategyContract:
+    class Suite(ParallelStrategyContract):
+        name = "toy_paired"
+        options = {"bug": bug} if bug else {}
+        plugin = _StrategyPlugin()
+        planned_world_sizes = (2, 4)
+
+    return Suite()
+
+
+@pytest.mark.parametrize(("bug", "message"), [("", None), ("split", "unequal size"), ("plan", "split 3 ways over 'dp_shard' of size 2")])
+def test_strategy_suite_checks_plan_and_data_split(bug, message):
+    suite = _strategy_suite(bug)
+    if message is None:
+        suite.test_optional_members_on_planned_layouts()
+        return
+    with pytest.raises(AssertionError, match=message):
+        suite.test_optional_members_on_planned_layouts()

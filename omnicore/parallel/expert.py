@@ -57,6 +57,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 IMPL_NAME = "omnicore_ep"
@@ -389,6 +390,17 @@ def apply_expert_parallel(
 # ---------------------------------------------------------------------------------------------
 # the registered strategy
 # ---------------------------------------------------------------------------------------------
+
+
+class ExpertParallelOptions(BaseModel):
+    """Options of ``parallel/ep`` (and of strategies built on :class:`ExpertParallel`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    plan: dict[str, str] | None = Field(
+        default=None, description="module-path wildcard -> placement of the expert weights (only 'Shard(0)'); default: every MoE experts module"
+    )
+    chunks: int = Field(default=1, ge=1, description="token chunks per dispatch (1: plain all-to-all; more: pipelined, as comet_ep)")
 
 
 class ExpertParallel:

@@ -52,3 +52,7 @@ def __getattr__(name: str) -> Any:  # PEP 562: the contract suites import torch,
 
         return getattr(contracts, name)
     raise AttributeError(f"module 'omnicore.testing' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

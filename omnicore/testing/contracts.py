@@ -522,7 +522,9 @@ class KernelContract(ComponentContract):
     "attention"`` the logits must match transformers' eager attention within ``atol``, on a packed
     row (``position_ids`` restarting at 0 for a second sample, no attention mask, ``use_cache=False``)
     as omnicore trains, and the second sample must equal that sample run alone. For ``rmsnorm`` and
-    ``swiglu`` the activated model's logits must match the model's own within ``atol``.
+    ``swiglu`` the activated model's logits must match the model's own within ``atol``, and
+    ``activate`` must have changed something (a module's class or forward; for attention, the
+    model's attention implementation).
 
     ``op == "cross_entropy"``: the kernel must have ``linear_cross_entropy_sum``; when available, its
     loss and the gradients of hidden, weight and bias must equal the plain PyTorch reference (fp32
@@ -554,7 +556,15 @@ class KernelContract(ComponentContract):
         model = tiny_causal_lm(self.seed)
         ref = copy.deepcopy(model)
         ref.set_attn_implementation("eager")
+        before = [(type(m), m.__dict__.get("forward")) for m in model.modules()]
         k.activate(model)
+        if k.op in ("rmsnorm", "swiglu"):
+            after = [(type(m), m.__dict__.get("forward")) for m in model.modules()]
+            assert after != before, f"kernel {self.name} (op {k.op}): activate() changed no module's class or forward; it installed nothing"
+        elif k.op == "attention":
+            assert model.config._attn_implementation != "sdpa" or self.name.split(":")[-1] == "sdpa", (
+                f"kernel {self.name}: activate() left the model on transformers' default sdpa attention"
+            )
         ids = torch.tensor([[5, 9, 3, 7, 1, 2, 8, 4, 6, 11]])
         pos = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 3]])  # two packed samples
         with torch.no_grad():
@@ -611,7 +621,10 @@ class ParallelStrategyContract(ComponentContract):
 
     ``single_process``: whether ``apply(model, None)`` is valid in one process without a process
     group (True for strategies with no mesh dims); then the applied model's loss must equal the
-    original's. Multi-process behaviour needs a distributed test of its own (see tests/test_train.py).
+    original's. The optional members (``phase``, ``validate``, ``plan``, ``data_split``) are checked
+    on planned layouts of :attr:`planned_world_sizes` ranks. Equal losses on several processes need a
+    distributed test of its own (:func:`omnicore.testing.distributed.run_distributed`; see
+    ``tests/test_paired_strategy.py``).
     """
 
     kind: ClassVar[str] = "parallel"
@@ -621,6 +634,46 @@ class ParallelStrategyContract(ComponentContract):
         s = self.build()
         assert isinstance(s, ParallelStrategy)
         assert isinstance(s.mesh_dims, tuple) and all(isinstance(d, str) and d for d in s.mesh_dims)
+
+    planned_world_sizes: ClassVar[tuple[int, ...]] = (1, 2, 4)
+    """World sizes of the planned layouts (every rank in ``mesh``'s layout) the optional members
+    are checked on; a size the strategy rejects in ``validate`` is skipped for the other checks."""
+    mesh: ClassVar[dict[str, int]] = {"dp_shard": -1}
+    """The ``parallel`` mesh sizes of the planned layouts (``-1``: the rest of the world)."""
+
+    def test_optional_members_on_planned_layouts(self):
+        """``phase`` is a known phase; on planned layouts (no process group, as ``omnicore plan``
+        uses) ``validate`` returns Violations, ``plan`` a StrategyPlan whose shards use mesh dims
+        with their planned sizes, and ``data_split`` groups of equal size that cover every rank."""
+        from omnicore.components import PHASES, StrategyPlan, Violation
+        from omnicore.model.omni import OmniModel
+        from omnicore.parallel.mesh import FLAT_DIMS, MESH_DIMS, MeshLayout
+        from omnicore.parallel.state import ParallelState
+
+        s = self.build()
+        assert getattr(s, "phase", "sharding") in PHASES, f"phase {s.phase!r} is not one of {PHASES}"
+        model = OmniModel(tiny_causal_lm(self.seed), {}, {}, {"encoder": {}, "decoder": {}, "decoder_start": {}})
+        for world in self.planned_world_sizes:
+            layout = MeshLayout.from_config(dict({d: 1 for d in MESH_DIMS}, **self.mesh), world)
+            states = [ParallelState(r, world, 0, torch.device("cpu"), None, layout) for r in range(world)]
+            problems = s.validate(model, states[0]) if hasattr(s, "validate") else []
+            assert isinstance(problems, list) and all(isinstance(v, (Violation, str)) for v in problems), problems
+            if problems:
+                continue
+            if hasattr(s, "plan"):
+                p = s.plan(model, states[0], {})
+                assert p is None or isinstance(p, StrategyPlan)
+                for pname, (dim, ways) in (p.shards.items() if p else ()):
+                    assert dim in set(MESH_DIMS) | set(FLAT_DIMS), f"{pname}: unknown mesh dim {dim!r}"
+                    assert ways == states[0].size(dim), f"{pname}: split {ways} ways over {dim!r} of size {states[0].size(dim)}"
+            if hasattr(s, "data_split"):
+                splits = [tuple(s.data_split(st)) for st in states]
+                counts = {c for _, c in splits}
+                assert len(counts) == 1, f"data_split gives different counts on a world of {world}: {splits}"
+                count = counts.pop()
+                assert world % count == 0 and all(0 <= i < count for i, _ in splits), splits
+                sizes = [sum(1 for i, _ in splits if i == g) for g in range(count)]
+                assert sizes == [world // count] * count, f"data groups of unequal size on a world of {world}: {splits}"
 
     def test_apply_without_mesh_keeps_the_loss(self):
         s = self.build()

@@ -14,3 +14,11 @@ class TestUlyssesContract(ParallelStrategyContract):
 class TestAsyncUlyssesContract(ParallelStrategyContract):
     name = "async_ulysses"
     single_process = True
+
+
+class TestUlyssesPlannedOverSP(ParallelStrategyContract):
+    """On planned layouts where every rank is in one sp group: every rank reads the same data."""
+
+    name = "ulysses"
+    single_process = True
+    mesh = {"sp": -1}
