@@ -93,8 +93,12 @@ def main() -> None:
         return
     rows = []
     for kernel in ("torch_cross_entropy", "chunked_cross_entropy"):
-        cmd = [sys.executable, __file__, "--worker", kernel] + [f"--{k}={getattr(a, k)}" for k in ("n", "hidden", "vocab", "chunk", "repeats", "threads")]
-        r = subprocess.run(cmd, capture_output=True, text=True, check=True, env={"OMP_NUM_THREADS": str(a.threads), "PATH": "/usr/bin:/bin"})
+        cmd = [sys.executable, __file__, "--worker", kernel] + [
+            f"--{k}={getattr(a, k)}" for k in ("n", "hidden", "vocab", "chunk", "repeats", "threads")
+        ]
+        r = subprocess.run(
+            cmd, capture_output=True, text=True, check=True, env={"OMP_NUM_THREADS": str(a.threads), "PATH": "/usr/bin:/bin"}
+        )
         rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
     logits_mib = a.n * a.vocab * 4 / 2**20
     print(f"N={a.n} H={a.hidden} V={a.vocab} fp32, chunk {a.chunk}, {a.threads} thread(s); one [N, V] fp32 logits = {logits_mib:.0f} MiB")
@@ -103,7 +107,12 @@ def main() -> None:
         print(f"{r['kernel']:<24}{r['extra_peak_mib']:>16.1f}{r['time_s']:>10.3f}{r['loss']:>16.4f}")
     out = {
         "what": "one forward+backward of linear_cross_entropy_sum on CPU, fresh process per kernel",
-        "n": a.n, "hidden": a.hidden, "vocab": a.vocab, "chunk": a.chunk, "threads": a.threads, "repeats": a.repeats,
+        "n": a.n,
+        "hidden": a.hidden,
+        "vocab": a.vocab,
+        "chunk": a.chunk,
+        "threads": a.threads,
+        "repeats": a.repeats,
         "logits_fp32_mib": round(logits_mib, 1),
         "machine": platform.processor() or platform.machine(),
         "rows": rows,

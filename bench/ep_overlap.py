@@ -39,7 +39,13 @@ def rank_run(args: dict, mode: str, chunks: int) -> dict:
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
     torch.set_num_threads(args["threads"])
-    cfg = Qwen3MoeConfig(hidden_size=args["hidden"], moe_intermediate_size=args["inter"], num_experts=args["experts"], num_experts_per_tok=2, norm_topk_prob=True)
+    cfg = Qwen3MoeConfig(
+        hidden_size=args["hidden"],
+        moe_intermediate_size=args["inter"],
+        num_experts=args["experts"],
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+    )
     cfg._experts_implementation = "grouped_mm"
     torch.manual_seed(0)
     block = torch.nn.Module()
@@ -60,7 +66,7 @@ def rank_run(args: dict, mode: str, chunks: int) -> dict:
     g = torch.Generator().manual_seed(100 + dist.get_rank())
     x = torch.randn(1, args["tokens"], args["hidden"], generator=g).requires_grad_(True)
     times = []
-    for i in range(args["steps"] + 2):
+    for _ in range(args["steps"] + 2):
         dist.barrier()
         t0 = time.perf_counter()
         y = block.mlp(x)
@@ -94,7 +100,9 @@ def main() -> None:
         r["speedup_vs_ep"] = round(base / r["step_ms"], 3)
     result = {
         "what": "forward+backward step of one EP-2 Qwen3MoeSparseMoeBlock (top-2), median over steps, slower rank",
-        "processes": 2, "backend": "gloo", "config": args,
+        "processes": 2,
+        "backend": "gloo",
+        "config": args,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "rows": rows,
     }

@@ -35,12 +35,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 FOUNDATION = {
-    "model_type": "qwen2", "hidden_size": 1280, "intermediate_size": 6912, "num_hidden_layers": 24,
-    "num_attention_heads": 10, "num_key_value_heads": 2, "max_position_embeddings": 32768, "tie_word_embeddings": True,
+    "model_type": "qwen2",
+    "hidden_size": 1280,
+    "intermediate_size": 6912,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 10,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
 }
 TINY = {
-    "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
+    "model_type": "qwen2",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
 }
 
 
@@ -113,8 +124,8 @@ def equality(foundation: dict, tokens: int, device: str, backends: list[str]) ->
     worst, start = 0.0, 0
     for n in lengths[:8]:
         with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=device == "cuda"):
-            alone = lm(input_ids=ids[:, start:start + n], position_ids=pos[:, start:start + n], use_cache=False).logits.float()
-        worst = max(worst, float((alone - logits[first][:, start:start + n]).abs().max()))
+            alone = lm(input_ids=ids[:, start : start + n], position_ids=pos[:, start : start + n], use_cache=False).logits.float()
+        worst = max(worst, float((alone - logits[first][:, start : start + n]).abs().max()))
         start += n
     out["packed_vs_alone"] = {"backend": first, "samples_checked": min(8, len(lengths)), "max_abs": worst}
     return out
@@ -125,23 +136,37 @@ def throughput(foundation: dict, tokens: int, steps: int, warmup: int, device: s
     from omnicore.config import Config
     from omnicore.train.loop import train
 
-    cfg = Config.model_validate({
-        "run": {"output_dir": str(out_dir / attention), "seed": 0, "device": device},
-        "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": foundation}}, "kernels": {"attention": attention}},
-        "data": {"train": str(data), "max_tokens": tokens},
-        "train": {"max_steps": steps, "warmup_steps": 2, "lr": 1e-4, "progress": False, "export": False,
-                  "mixed_precision": "bf16" if device == "cuda" else "none"},
-    })
+    cfg = Config.model_validate(
+        {
+            "run": {"output_dir": str(out_dir / attention), "seed": 0, "device": device},
+            "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": foundation}}, "kernels": {"attention": attention}},
+            "data": {"train": str(data), "max_tokens": tokens},
+            "train": {
+                "max_steps": steps,
+                "warmup_steps": 2,
+                "lr": 1e-4,
+                "progress": False,
+                "export": False,
+                "mixed_precision": "bf16" if device == "cuda" else "none",
+            },
+        }
+    )
     t = time.perf_counter()
     hist = train(cfg)
     rows = hist[warmup:] or hist
     med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
     mfu = [r["mfu"] for r in rows if r["mfu"] is not None]
     return {
-        "attention": attention, "steps": len(hist), "median_tokens_per_s": med("tokens_per_s"), "median_step_s": med("step_time_s"),
-        "median_tflops": med("tflops"), "median_mfu": statistics.median(mfu) if mfu else None,
-        "peak_mem_mib": max(r["peak_mem_mib"] for r in hist), "padding_waste": statistics.mean(r["padding_waste"] for r in rows),
-        "final_loss": hist[-1]["loss"], "wall_s": time.perf_counter() - t,
+        "attention": attention,
+        "steps": len(hist),
+        "median_tokens_per_s": med("tokens_per_s"),
+        "median_step_s": med("step_time_s"),
+        "median_tflops": med("tflops"),
+        "median_mfu": statistics.median(mfu) if mfu else None,
+        "peak_mem_mib": max(r["peak_mem_mib"] for r in hist),
+        "padding_waste": statistics.mean(r["padding_waste"] for r in rows),
+        "final_loss": hist[-1]["loss"],
+        "wall_s": time.perf_counter() - t,
     }
 
 
@@ -159,21 +184,30 @@ def main(argv: list[str] | None = None) -> int:
         device, foundation = "cpu", TINY
         args.tokens, args.steps, args.warmup = min(args.tokens, 512), min(args.steps, 3), min(args.warmup, 1)
     elif not torch.cuda.is_available():
-        print("gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing measured. Run it on a GPU machine, or --cpu-smoke.")
+        print(
+            "gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing measured. Run it on a GPU machine, or --cpu-smoke."
+        )
         return 0
     else:
         device, foundation = "cuda", FOUNDATION
     backends = attention_backends(device)
     result: dict = {
         "device": torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__, "foundation": foundation, "tokens_per_row": args.tokens, "backends": backends,
+        "torch": torch.__version__,
+        "foundation": foundation,
+        "tokens_per_row": args.tokens,
+        "backends": backends,
     }
     result["equality"] = equality(foundation, args.tokens, device, backends)
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "text.jsonl"
         median = min(600, args.tokens // 8)
-        write_text_jsonl(data, n=max(64, args.steps * args.tokens // median + 16), rng=random.Random(1), median=median, longest=args.tokens // 2)
-        result["throughput"] = [throughput(foundation, args.tokens, args.steps, args.warmup, device, a, data, Path(tmp)) for a in backends if a != "eager"]
+        write_text_jsonl(
+            data, n=max(64, args.steps * args.tokens // median + 16), rng=random.Random(1), median=median, longest=args.tokens // 2
+        )
+        result["throughput"] = [
+            throughput(foundation, args.tokens, args.steps, args.warmup, device, a, data, Path(tmp)) for a in backends if a != "eager"
+        ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"device: {result['device']}; row: {args.tokens} tokens; equality vs {result['equality']['reference']}:")

@@ -77,7 +77,9 @@ def main() -> int:
     listing = json.loads(subprocess.run(script_cmd + ["plugins", "--json"], env=env, check=True, capture_output=True, text=True).stdout)
     available = sorted({r["provider"] for r in listing if r["status"] == "available"})
     missing = [d for d in FIRST_PARTY if d not in available]
-    trace = subprocess.run([sys.executable, "-X", "importtime", "-m", "omnicore", "plugins"], env=env, capture_output=True, text=True, check=True).stderr
+    trace = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "omnicore", "plugins"], env=env, capture_output=True, text=True, check=True
+    ).stderr
     imported = {ln.split("|")[-1].strip() for ln in trace.splitlines() if ln.startswith("import time:")}
     heavy = sorted(m for m in imported if m.split(".")[0] in HEAVY)
 
@@ -109,7 +111,9 @@ def main() -> int:
         print(f"{name:<28} {best * 1e3:8.1f} {med * 1e3:10.1f} {best / base_best:11.2f} {med / base_med:13.2f}")
     ratio = result["commands"]["omnicore plugins"]["ratio_best"]
     result["within_goal"] = ratio <= 5.0 and not heavy and not missing
-    print(f"omnicore plugins: {ratio:.2f}x python -c pass (goal <= 5x); torch imported: {bool(heavy)}; first-party plugins listed: {not missing}")
+    print(
+        f"omnicore plugins: {ratio:.2f}x python -c pass (goal <= 5x); torch imported: {bool(heavy)}; first-party plugins listed: {not missing}"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -64,7 +64,9 @@ def machine() -> dict[str, Any]:
 
     cpu = ""
     try:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), "")
+        cpu = next(
+            (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), ""
+        )
     except OSError:
         pass
     try:
@@ -99,15 +101,23 @@ def fig_waste(cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
     c = cfg["waste"]
     path = data.write_jsonl(data.text_samples(c["text_samples"], cfg["seed"], cfg["max_tokens"]), tmp / "waste_text.jsonl")
     lengths = text_lengths(path, cfg)
-    out: dict[str, Any] = {"text": {"lengths": data.length_stats(lengths), "corpus": data.corpus_info(),
-                                    **waste.compare(lengths, cfg["max_tokens"], cfg["seed"])}}
+    out: dict[str, Any] = {
+        "text": {
+            "lengths": data.length_stats(lengths),
+            "corpus": data.corpus_info(),
+            **waste.compare(lengths, cfg["max_tokens"], cfg["seed"]),
+        }
+    }
     dig = data.digits_lengths(c["digits_samples"])
     if dig is None:
         out["digits"] = {"skipped": f"{data.DIGITS_TRAIN} not built (bash examples/digits/run.sh builds it)"}
     else:
         lens, budget = dig
-        out["digits"] = {"lengths": data.length_stats(lens), "source": str(data.DIGITS_TRAIN.relative_to(ROOT)),
-                         **waste.compare(lens, budget, cfg["seed"])}
+        out["digits"] = {
+            "lengths": data.length_stats(lens),
+            "source": str(data.DIGITS_TRAIN.relative_to(ROOT)),
+            **waste.compare(lens, budget, cfg["seed"]),
+        }
     out["goal_budget_fill_waste_max"] = 0.02
     return out
 
@@ -117,7 +127,9 @@ def fig_overhead(cfg: dict[str, Any], tmp: Path) -> dict[str, Any]:
 
     c = cfg["overhead"]
     path = data.write_jsonl(data.text_samples(c["samples"], cfg["seed"], cfg["max_tokens"]), tmp / "overhead.jsonl")
-    r = overhead.measure(str(path), max_tokens=cfg["max_tokens"], steps=c["steps"], warmup=c["warmup"], repeats=c["repeats"], seed=cfg["seed"])
+    r = overhead.measure(
+        str(path), max_tokens=cfg["max_tokens"], steps=c["steps"], warmup=c["warmup"], repeats=c["repeats"], seed=cfg["seed"]
+    )
     r["lm"] = overhead.LM
     return r
 
@@ -152,24 +164,51 @@ def table(res: dict[str, Any]) -> str:
     rows = [("figure", "measured", "goal", "met", "detail"), ("---",) * 5]
     o = f.get("overhead")
     if o and "ratio" in o:
-        rows.append(("a. step time, omnicore / hand-written loop", f"{o['ratio']:.3f}x", "<= 1.03x", _ok(o["ratio"], 1.03, True),
-                     f"median of {o['repeats']} pair ratios; step medians {o['omnicore_median_ms']:.0f} / {o['handwritten_median_ms']:.0f} ms, "
-                     f"{o['tokens_per_row_mean']:.0f} tokens per row, {len(o['omnicore_step_ms'])} steps each; max loss diff {o['max_loss_diff']:.1e}"))
+        rows.append(
+            (
+                "a. step time, omnicore / hand-written loop",
+                f"{o['ratio']:.3f}x",
+                "<= 1.03x",
+                _ok(o["ratio"], 1.03, True),
+                f"median of {o['repeats']} pair ratios; step medians {o['omnicore_median_ms']:.0f} / {o['handwritten_median_ms']:.0f} ms, "
+                f"{o['tokens_per_row_mean']:.0f} tokens per row, {len(o['omnicore_step_ms'])} steps each; max loss diff {o['max_loss_diff']:.1e}",
+            )
+        )
     t = f.get("trainer")
     if t and "ratio_vs_padded" in t:
         tp = t["tokens_per_s"]
         pad = t["runs"]["trainer_padded"][0]
-        rows.append(("b. real tokens/s, omnicore packed / Trainer pad-to-longest", f"{t['ratio_vs_padded']:.2f}x", ">= 1.5x",
-                     _ok(t["ratio_vs_padded"], 1.5, False),
-                     f"median of {t['repeats']} repeat ratios; {tp['omnicore']:.0f} vs {tp['trainer_padded']:.0f} tok/s (medians); Trainer batch {pad['batch_size']}, padding {pad['padding_waste']:.1%} of positions"))
+        rows.append(
+            (
+                "b. real tokens/s, omnicore packed / Trainer pad-to-longest",
+                f"{t['ratio_vs_padded']:.2f}x",
+                ">= 1.5x",
+                _ok(t["ratio_vs_padded"], 1.5, False),
+                f"median of {t['repeats']} repeat ratios; {tp['omnicore']:.0f} vs {tp['trainer_padded']:.0f} tok/s (medians); Trainer batch {pad['batch_size']}, padding {pad['padding_waste']:.1%} of positions",
+            )
+        )
         flat = t["runs"]["trainer_flattening"][0]
         att = t["omnicore_attention"]
         rows[-1] = (rows[-1][0].replace("omnicore packed", f"omnicore packed ({att})"),) + rows[-1][1:]
-        rows.append((f"b. real tokens/s, omnicore packed ({att}) / Trainer + DataCollatorWithFlattening", f"{t['ratio_vs_flattening']:.2f}x", "(baseline)", "-",
-                     f"{tp['omnicore']:.0f} vs {tp['trainer_flattening']:.0f} tok/s; Trainer batch {flat['batch_size']}, no padding"))
+        rows.append(
+            (
+                f"b. real tokens/s, omnicore packed ({att}) / Trainer + DataCollatorWithFlattening",
+                f"{t['ratio_vs_flattening']:.2f}x",
+                "(baseline)",
+                "-",
+                f"{tp['omnicore']:.0f} vs {tp['trainer_flattening']:.0f} tok/s; Trainer batch {flat['batch_size']}, no padding",
+            )
+        )
         if att != "sdpa":
-            rows.append(("b. real tokens/s, omnicore packed (sdpa) / Trainer pad-to-longest", f"{t['ratio_sdpa_vs_padded']:.2f}x", "(same attention as Trainer)", "-",
-                         f"{tp['omnicore_sdpa']:.0f} tok/s; / Trainer + flattening {t['ratio_sdpa_vs_flattening']:.2f}x; sdpa_varlen / sdpa {t['ratio_varlen_vs_sdpa']:.2f}x"))
+            rows.append(
+                (
+                    "b. real tokens/s, omnicore packed (sdpa) / Trainer pad-to-longest",
+                    f"{t['ratio_sdpa_vs_padded']:.2f}x",
+                    "(same attention as Trainer)",
+                    "-",
+                    f"{tp['omnicore_sdpa']:.0f} tok/s; / Trainer + flattening {t['ratio_sdpa_vs_flattening']:.2f}x; sdpa_varlen / sdpa {t['ratio_varlen_vs_sdpa']:.2f}x",
+                )
+            )
     elif t:
         rows.append(("b. Trainer comparison", "skipped", ">= 1.5x", "-", t.get("skipped", "")))
     w = f.get("waste")
@@ -181,23 +220,61 @@ def table(res: dict[str, Any]) -> str:
                     rows.append((f"c. padding waste ({name})", "skipped", "", "-", d.get("skipped", "")))
                 continue
             p, q = d["pad_to_longest"], d["packed"]
-            rows.append((f"c. padding waste ({name}), pad-to-longest", f"{p['waste']:.1%}", "", "-",
-                         f"batch {p['batch_size']}, mean {p['mean_batch_tokens']:.0f} positions per batch; lengths median {d['lengths']['median']}, p90 {d['lengths']['p90']}, max {d['lengths']['max']}"))
-            rows.append((f"c. padding waste ({name}), omnicore packed", f"{q['waste']:.1%}", "", "-", f"{q['rows']} rows of <= {q['max_tokens']} tokens, not padded"))
-            rows.append((f"c. budget fill waste ({name}), omnicore packed (first_fit, the default)", f"{q['budget_fill_waste']:.2%}", "<= 2%",
-                         _ok(q["budget_fill_waste"], 0.02, True), f"1 - real / (rows x {q['max_tokens']})"))
+            rows.append(
+                (
+                    f"c. padding waste ({name}), pad-to-longest",
+                    f"{p['waste']:.1%}",
+                    "",
+                    "-",
+                    f"batch {p['batch_size']}, mean {p['mean_batch_tokens']:.0f} positions per batch; lengths median {d['lengths']['median']}, p90 {d['lengths']['p90']}, max {d['lengths']['max']}",
+                )
+            )
+            rows.append(
+                (
+                    f"c. padding waste ({name}), omnicore packed",
+                    f"{q['waste']:.1%}",
+                    "",
+                    "-",
+                    f"{q['rows']} rows of <= {q['max_tokens']} tokens, not padded",
+                )
+            )
+            rows.append(
+                (
+                    f"c. budget fill waste ({name}), omnicore packed (first_fit, the default)",
+                    f"{q['budget_fill_waste']:.2%}",
+                    "<= 2%",
+                    _ok(q["budget_fill_waste"], 0.02, True),
+                    f"1 - real / (rows x {q['max_tokens']})",
+                )
+            )
             if "packed_ffd" in d:
                 r = d["packed_ffd"]
-                rows.append((f"c. budget fill waste ({name}), omnicore packed (data.packing: ffd)", f"{r['budget_fill_waste']:.2%}", "<= 2%",
-                             _ok(r["budget_fill_waste"], 0.02, True), f"{r['rows']} rows; first-fit decreasing per window of {r['window']} samples"))
+                rows.append(
+                    (
+                        f"c. budget fill waste ({name}), omnicore packed (data.packing: ffd)",
+                        f"{r['budget_fill_waste']:.2%}",
+                        "<= 2%",
+                        _ok(r["budget_fill_waste"], 0.02, True),
+                        f"{r['rows']} rows; first-fit decreasing per window of {r['window']} samples",
+                    )
+                )
     s = f.get("startup")
     if s:
-        rows.append(("d. start-up, omnicore plugins / python -c pass", f"{s['ratio']:.2f}x", "<= 5x", _ok(s["ratio"], 5.0, True),
-                     f"medians {s['omnicore_plugins_median_ms']:.0f} / {s['python_c_pass_median_ms']:.0f} ms, {s['runs']} runs each"))
+        rows.append(
+            (
+                "d. start-up, omnicore plugins / python -c pass",
+                f"{s['ratio']:.2f}x",
+                "<= 5x",
+                _ok(s["ratio"], 5.0, True),
+                f"medians {s['omnicore_plugins_median_ms']:.0f} / {s['python_c_pass_median_ms']:.0f} ms, {s['runs']} runs each",
+            )
+        )
     m = res["machine"]
     lines = ["| " + " | ".join(r) + " |" for r in rows]
-    foot = (f"\n{res['mode']} run, {res['wall_s']:.0f} s wall; {m['cores_usable']} cores ({m['cpu_model']}), torch {m['torch']} "
-            f"({m['torch_threads']} threads), transformers {m['transformers']}, accelerate {m['accelerate']}.\n")
+    foot = (
+        f"\n{res['mode']} run, {res['wall_s']:.0f} s wall; {m['cores_usable']} cores ({m['cpu_model']}), torch {m['torch']} "
+        f"({m['torch_threads']} threads), transformers {m['transformers']}, accelerate {m['accelerate']}.\n"
+    )
     return "\n".join(lines) + "\n" + foot
 
 
@@ -221,7 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"--only: unknown figure(s) {bad}; choose from {FIGURES}")
     t0 = time.perf_counter()
-    res: dict[str, Any] = {"mode": "quick" if args.quick else "full", "config": cfg, "machine": machine(), "figures": {}, "figure_wall_s": {}}
+    res: dict[str, Any] = {
+        "mode": "quick" if args.quick else "full",
+        "config": cfg,
+        "machine": machine(),
+        "figures": {},
+        "figure_wall_s": {},
+    }
     runners = {"waste": fig_waste, "overhead": fig_overhead, "trainer": fig_trainer, "startup": fig_startup}
     with tempfile.TemporaryDirectory(prefix="omnicore-suite-") as tmp:
         for name in FIGURES:

@@ -80,8 +80,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 LM = {
-    "model_type": "qwen2", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1 << 20,
+    "model_type": "qwen2",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1 << 20,
 }
 LAYOUTS = {
     "sp1": {"dp_shard": 2, "strategies": ["fsdp2"]},
@@ -92,12 +97,14 @@ LAYOUTS = {
 def _config(layout: str, attention: str):
     from omnicore.config import Config
 
-    return Config.model_validate({
-        "run": {"seed": 0, "device": "cpu"},
-        "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": dict(LM)}}, "kernels": {"attention": attention}},
-        "data": {"train": "unused.jsonl"},
-        "parallel": LAYOUTS[layout],
-    })
+    return Config.model_validate(
+        {
+            "run": {"seed": 0, "device": "cpu"},
+            "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": dict(LM)}}, "kernels": {"attention": attention}},
+            "data": {"train": "unused.jsonl"},
+            "parallel": LAYOUTS[layout],
+        }
+    )
 
 
 def _rss_mib() -> float:
@@ -112,9 +119,9 @@ def rank_trial(layout: str, length: int, samples: int, attention: str) -> dict:
     import torch
     import torch.distributed as dist
 
+    from omnicore.model.build import build_omni_model
     from omnicore.parallel.parallelize import build_strategies, parallelize
     from omnicore.parallel.state import init_parallel_state
-    from omnicore.model.build import build_omni_model
     from omnicore.registry import registry_for
 
     cfg = _config(layout, attention)
@@ -128,12 +135,18 @@ def rank_trial(layout: str, length: int, samples: int, attention: str) -> dict:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 250, (length,), generator=g)
     labels = torch.full_like(ids, -100)
-    pos, start = [], 0
+    pos = []
     bounds = [length * i // samples for i in range(samples + 1)]
     for a, b in zip(bounds, bounds[1:]):
-        labels[a: b - 1] = ids[a + 1: b]
+        labels[a : b - 1] = ids[a + 1 : b]
         pos.append(torch.arange(b - a))
-    batch = {"input_ids": ids[None], "labels": labels[None], "position_ids": torch.cat(pos)[None], "encoder_inputs": {}, "decoder_inputs": {}}
+    batch = {
+        "input_ids": ids[None],
+        "labels": labels[None],
+        "position_ids": torch.cat(pos)[None],
+        "encoder_inputs": {},
+        "decoder_inputs": {},
+    }
     n_targets = int((labels != -100).sum())
     gc.collect()
     dist.barrier()
@@ -145,7 +158,12 @@ def rank_trial(layout: str, length: int, samples: int, attention: str) -> dict:
     opt.zero_grad(set_to_none=True)
     step_s = time.perf_counter() - t0
     peak = _rss_mib()
-    return {"baseline_mib": round(base, 1), "peak_mib": round(peak, 1), "step_s": round(step_s, 3), "loss": float(out.loss_sum.detach()) / n_targets}
+    return {
+        "baseline_mib": round(base, 1),
+        "peak_mib": round(peak, 1),
+        "step_s": round(step_s, 3),
+        "loss": float(out.loss_sum.detach()) / n_targets,
+    }
 
 
 class Search:
@@ -165,8 +183,10 @@ class Search:
         row = {"layout": layout, "length": length, "wall_s": round(time.perf_counter() - t0, 1)}
         if ranks:
             row.update(
-                baseline_mib=[r["baseline_mib"] for r in ranks], peak_mib=[r["peak_mib"] for r in ranks],
-                step_s=max(r["step_s"] for r in ranks), loss=round(ranks[0]["loss"], 4),
+                baseline_mib=[r["baseline_mib"] for r in ranks],
+                peak_mib=[r["peak_mib"] for r in ranks],
+                step_s=max(r["step_s"] for r in ranks),
+                loss=round(ranks[0]["loss"], 4),
             )
         else:
             row["error"] = err
@@ -182,7 +202,10 @@ class Search:
     @staticmethod
     def _print(row: dict, budget: float) -> None:
         peak = "/".join(f"{p:.0f}" for p in row.get("peak_mib", [])) or row.get("error", "?")
-        print(f"  {row['layout']} T={row['length']:>6}  peak RSS {peak} MiB (budget {budget:.0f})  {'fits' if row['fits'] else 'over'}  [{row['wall_s']} s]", flush=True)
+        print(
+            f"  {row['layout']} T={row['length']:>6}  peak RSS {peak} MiB (budget {budget:.0f})  {'fits' if row['fits'] else 'over'}  [{row['wall_s']} s]",
+            flush=True,
+        )
 
     def longest(self, layout: str, first: dict, budget: float) -> int:
         a = self.a
@@ -215,7 +238,11 @@ def main() -> None:
     p.add_argument("--bisect", type=int, default=3, help="bisection steps after the doubling")
     p.add_argument("--step", type=int, default=256, help="lengths tried in bisection are multiples of this")
     p.add_argument("--samples", type=int, default=4, help="packed samples in the row")
-    p.add_argument("--attention", default="sdpa", help="foundation attention kernel (model.kernels.attention); under Ulysses a varlen one (sdpa_varlen) stays the core, else sdpa with a dense mask")
+    p.add_argument(
+        "--attention",
+        default="sdpa",
+        help="foundation attention kernel (model.kernels.attention); under Ulysses a varlen one (sdpa_varlen) stays the core, else sdpa with a dense mask",
+    )
     p.add_argument("--budget-total-mib", type=float, default=None, help="absolute per-rank budget (overrides baseline + --budget-mib)")
     p.add_argument("--trial-timeout", type=float, default=120)
     p.add_argument("--out", default=None, help="default: bench/results/sp_memory.json (sdpa) or sp_memory_<attention>.json")
@@ -225,7 +252,10 @@ def main() -> None:
 
     t0 = time.perf_counter()
     s = Search(a)
-    print(f"SP memory: 2 processes, Qwen2 hidden {LM['hidden_size']}, {LM['num_attention_heads']} heads, {LM['num_hidden_layers']} layers, {a.samples} packed samples, {a.attention}", flush=True)
+    print(
+        f"SP memory: 2 processes, Qwen2 hidden {LM['hidden_size']}, {LM['num_attention_heads']} heads, {LM['num_hidden_layers']} layers, {a.samples} packed samples, {a.attention}",
+        flush=True,
+    )
     first = {lay: s.run(lay, a.start_len) for lay in LAYOUTS}
     bases = [b for r in first.values() for b in r.get("baseline_mib", [])]
     if not bases:
@@ -237,10 +267,18 @@ def main() -> None:
     capped = {lay: longest[lay] * 2 > a.max_len for lay in LAYOUTS}
     result = {
         "what": "longest packed text row that completes one training step (fwd+bwd+AdamW) within a per-rank peak-RSS budget, 2 gloo processes",
-        "layouts": LAYOUTS, "foundation": LM, "attention": a.attention, "samples": a.samples,
-        "baseline_mib": baseline, "budget_mib": round(budget, 1), "budget_above_baseline_mib": round(budget - baseline, 1),
+        "layouts": LAYOUTS,
+        "foundation": LM,
+        "attention": a.attention,
+        "samples": a.samples,
+        "baseline_mib": baseline,
+        "budget_mib": round(budget, 1),
+        "budget_above_baseline_mib": round(budget - baseline, 1),
         "search": {"start_len": a.start_len, "max_len": a.max_len, "bisect": a.bisect, "step": a.step},
-        "trials": s.trials, "longest": longest, "capped_by_max_len": capped, "ratio_sp2_over_sp1": ratio,
+        "trials": s.trials,
+        "longest": longest,
+        "capped_by_max_len": capped,
+        "ratio_sp2_over_sp1": ratio,
         "wall_s": round(time.perf_counter() - t0, 1),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
     }
@@ -251,7 +289,9 @@ def main() -> None:
     print(f"{'layout':<6} {'T':>7} {'peak r0':>8} {'peak r1':>8} {'step s':>7} {'fits':>5}")
     for r in s.trials:
         pk = r.get("peak_mib", ["-", "-"])
-        print(f"{r['layout']:<6} {r['length']:>7} {pk[0]!s:>8} {pk[1]!s:>8} {r.get('step_s', '-')!s:>7} {('yes' if r.get('fits') else 'no'):>5}")
+        print(
+            f"{r['layout']:<6} {r['length']:>7} {pk[0]!s:>8} {pk[1]!s:>8} {r.get('step_s', '-')!s:>7} {('yes' if r.get('fits') else 'no'):>5}"
+        )
     for lay in LAYOUTS:
         print(f"longest {lay}: {longest[lay]}{' (capped by --max-len)' if capped[lay] else ''}")
     print(f"ratio sp2/sp1: {ratio}   ({result['wall_s']} s)")

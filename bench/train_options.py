@@ -34,8 +34,16 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-LM = {"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 8,
-      "num_key_value_heads": 2, "max_position_embeddings": 16384, "tie_word_embeddings": True}
+LM = {
+    "model_type": "qwen2",
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 16384,
+    "tie_word_embeddings": True,
+}
 
 VARIANTS: dict[str, list[str]] = {
     "plain": [],
@@ -80,15 +88,19 @@ def main(argv: list[str] | None = None) -> int:
         n = args.steps * args.max_tokens // 150 + 64
         data = write_jsonl(text_samples(n, 0, args.max_tokens), tmp / "text.jsonl")
         config = tmp / "config.yaml"
-        config.write_text(yaml.safe_dump({
-            "run": {"seed": 0},
-            "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": LM}}},
-            "data": {"train": str(data), "max_tokens": args.max_tokens},
-            "train": {"max_steps": args.steps, "warmup_steps": 2, "lr": 1e-3, "progress": False, "export": False},
-        }))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "run": {"seed": 0},
+                    "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": LM}}},
+                    "data": {"train": str(data), "max_tokens": args.max_tokens},
+                    "train": {"max_steps": args.steps, "warmup_steps": 2, "lr": 1e-3, "progress": False, "export": False},
+                }
+            )
+        )
         for name in names:
             rows = run_variant(config, tmp / name, VARIANTS[name], env)
-            timed = rows[args.warmup:] or rows
+            timed = rows[args.warmup :] or rows
             results["variants"][name] = {
                 "args": VARIANTS[name],
                 "median_step_s": statistics.median(r["step_time_s"] for r in timed),
@@ -96,14 +108,19 @@ def main(argv: list[str] | None = None) -> int:
                 "final_loss": rows[-1]["loss"],
                 "tokens_per_step": statistics.mean(r["tokens"] for r in rows),
             }
-            print(f"{name}: {results['variants'][name]['median_step_s'] * 1e3:.0f} ms/step, {results['variants'][name]['peak_mem_mib']:.0f} MiB", flush=True)
+            print(
+                f"{name}: {results['variants'][name]['median_step_s'] * 1e3:.0f} ms/step, {results['variants'][name]['peak_mem_mib']:.0f} MiB",
+                flush=True,
+            )
     base = results["variants"]["plain"]
     lines = ["| variant | ms/step | x plain | peak RSS MiB | x plain | final loss rel diff |", "|---|---|---|---|---|---|"]
     for name, v in results["variants"].items():
         v["time_ratio"] = v["median_step_s"] / base["median_step_s"]
         v["mem_ratio"] = v["peak_mem_mib"] / base["peak_mem_mib"]
         v["loss_rel_diff"] = abs(v["final_loss"] - base["final_loss"]) / base["final_loss"]
-        lines.append(f"| {name} | {v['median_step_s'] * 1e3:.0f} | {v['time_ratio']:.2f} | {v['peak_mem_mib']:.0f} | {v['mem_ratio']:.2f} | {v['loss_rel_diff']:.1e} |")
+        lines.append(
+            f"| {name} | {v['median_step_s'] * 1e3:.0f} | {v['time_ratio']:.2f} | {v['peak_mem_mib']:.0f} | {v['mem_ratio']:.2f} | {v['loss_rel_diff']:.1e} |"
+        )
     table = "\n".join(lines)
     results["table"] = table
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

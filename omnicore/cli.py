@@ -130,7 +130,9 @@ def cmd_generate(args: argparse.Namespace, extra: list[str]) -> int:
     cfg = _config(args, extra)
     from omnicore.evaluate import generate_cli
 
-    for line in generate_cli(cfg, prompt=args.prompt, image=args.image, audio=args.audio, out_dir=args.out, checkpoint=args.checkpoint, export=args.export):
+    for line in generate_cli(
+        cfg, prompt=args.prompt, image=args.image, audio=args.audio, out_dir=args.out, checkpoint=args.checkpoint, export=args.export
+    ):
         print(line)
     return 0
 
@@ -142,9 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("plugins", help="list every installed component, its provider and status")
     sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sp.add_argument("--kind", choices=["encoder", "decoder", "foundation", "parallel", "kernel"], help="only this kind")
-    sp.add_argument("--check", action="store_true", help="import each plugin's hook and component modules in a subprocess; report import time and torch")
+    sp.add_argument(
+        "--check", action="store_true", help="import each plugin's hook and component modules in a subprocess; report import time and torch"
+    )
     sp.add_argument("--check-timeout", type=float, default=120.0, metavar="S", help="seconds allowed per plugin for --check (default 120)")
-    sp.add_argument("--no-load", action="store_true", help="list entry points from metadata only; import no plugin code (to recover from a bad plugin)")
+    sp.add_argument(
+        "--no-load", action="store_true", help="list entry points from metadata only; import no plugin code (to recover from a bad plugin)"
+    )
 
     over = "dotted overrides such as --train.max_steps 50 may follow"
     sp = sub.add_parser("train", help="train from a YAML config (" + over + ")")
@@ -156,7 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--world-size", type=int, required=True, metavar="N", help="number of ranks to plan for")
     sp.add_argument("--json", action="store_true", help="print JSON")
 
-    for name, text in (("eval", "accuracy on held-out samples whose answer is text"), ("generate", "generate text, or an image saved as PNG")):
+    for name, text in (
+        ("eval", "accuracy on held-out samples whose answer is text"),
+        ("generate", "generate text, or an image saved as PNG"),
+    ):
         sp = sub.add_parser(name, help=text + " (" + over + ")")
         sp.add_argument("config")
         sp.add_argument("--checkpoint", help="a checkpoint folder (default: the latest under run.output_dir)")

@@ -66,9 +66,7 @@ class ComponentSpec:
         if self.kind not in KINDS:
             raise ValueError(f"ComponentSpec kind {self.kind!r} is not one of {', '.join(KINDS)}")
         if not self.name or not all(c.isalnum() or c in "_-" for c in self.name):
-            raise ValueError(
-                f"ComponentSpec name {self.name!r} must be non-empty and use only letters, digits, '_' and '-'"
-            )
+            raise ValueError(f"ComponentSpec name {self.name!r} must be non-empty and use only letters, digits, '_' and '-'")
         if ":" not in self.target or self.target.startswith(":") or self.target.endswith(":"):
             raise ValueError(f"ComponentSpec {self.kind}/{self.name}: target {self.target!r} must be 'module:attr'")
 

@@ -63,9 +63,7 @@ class ModelConfig(_Strict):
     encoders: dict[str, ComponentConfig] = Field(
         default_factory=dict, description="input-side encoders keyed by modality (image, audio, ...)"
     )
-    decoders: dict[str, ComponentConfig] = Field(
-        default_factory=dict, description="output-side decoders keyed by modality (image, ...)"
-    )
+    decoders: dict[str, ComponentConfig] = Field(default_factory=dict, description="output-side decoders keyed by modality (image, ...)")
     kernels: dict[str, str | ComponentConfig] = Field(
         default_factory=dict,
         description="kernel per op: op -> registry kernel name (or {name, options}); ops: attention, rmsnorm, swiglu, cross_entropy. "
@@ -80,7 +78,9 @@ class ModelConfig(_Strict):
                 close = difflib.get_close_matches(op, KERNEL_OPS, n=1, cutoff=0.5)
                 hint = f"did you mean {close[0]!r}? " if close else ""
                 raise PydanticCustomError(
-                    "kernel_op", "model.kernels.{op}: unknown op; {hint}valid ops: {ops}", {"op": op, "hint": hint, "ops": ", ".join(KERNEL_OPS)}
+                    "kernel_op",
+                    "model.kernels.{op}: unknown op; {hint}valid ops: {ops}",
+                    {"op": op, "hint": hint, "ops": ", ".join(KERNEL_OPS)},
                 )
         return kernels
 
@@ -107,7 +107,9 @@ class DataConfig(_Strict):
         description="how samples fill micro-batches: first_fit in the shuffled order, or ffd (first-fit decreasing per window of "
         "packing_window samples, rows shuffled after: fuller rows, rows of similar-length samples)",
     )
-    packing_window: int = Field(default=4096, gt=0, description="data.packing ffd: samples packed together (larger: fuller rows, more packing time)")
+    packing_window: int = Field(
+        default=4096, gt=0, description="data.packing ffd: samples packed together (larger: fuller rows, more packing time)"
+    )
     system_prompt: str | None = Field(default=None, description="optional system message prepended to every sample")
 
 
@@ -120,7 +122,11 @@ class TrainConfig(_Strict):
     betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW betas")
     grad_clip: float = Field(default=1.0, ge=0, description="clip the global gradient L2 norm to this (0 disables)")
     grad_accum: int = Field(default=1, gt=0, description="packed micro-batches per rank per optimizer step")
-    stop_after: int | None = Field(default=None, gt=0, description="stop with a checkpoint after this step, as if interrupted (the LR schedule still spans max_steps); --resume continues")
+    stop_after: int | None = Field(
+        default=None,
+        gt=0,
+        description="stop with a checkpoint after this step, as if interrupted (the LR schedule still spans max_steps); --resume continues",
+    )
     log_every: int = Field(default=1, gt=0, description="append metrics to metrics.jsonl every N steps")
     save_every: int = Field(default=0, ge=0, description="save a checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = Field(default=2, gt=0, description="keep the newest N checkpoints")
@@ -132,7 +138,9 @@ class TrainConfig(_Strict):
         "gradient reductions and loss; none: compute in run.dtype",
     )
     peak_tflops: float | None = Field(
-        default=None, gt=0, description="peak dense TFLOP/s of one device for the MFU metric; unset: looked up for known GPUs, else MFU is not reported"
+        default=None,
+        gt=0,
+        description="peak dense TFLOP/s of one device for the MFU metric; unset: looked up for known GPUs, else MFU is not reported",
     )
 
 
@@ -151,11 +159,18 @@ class ParallelConfig(_Strict):
         "applied in phase order (attention, experts, checkpointing, compile, sharding), not list order; unset: [fsdp2] when launched "
         "on several processes, else [none]",
     )
-    dp_replicate: int = Field(default=1, description="HSDP replicas: above 1, FSDP2 becomes HSDP (parameters replicated over this dim, sharded within); -1 = the rest")
+    dp_replicate: int = Field(
+        default=1,
+        description="HSDP replicas: above 1, FSDP2 becomes HSDP (parameters replicated over this dim, sharded within); -1 = the rest",
+    )
     dp_shard: int = Field(default=-1, description="FSDP2 shards per replica; -1 = the rest of the world size")
     sp: int = Field(default=1, description="sequence-parallel (Ulysses) size; ranks in one sp group read the same samples; -1 = the rest")
-    ep: int = Field(default=1, description="expert-parallel size: experts split over this many ranks (each reads its own samples); -1 = the rest")
-    backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description="torch.distributed backend; auto picks nccl on CUDA, gloo on CPU")
+    ep: int = Field(
+        default=1, description="expert-parallel size: experts split over this many ranks (each reads its own samples); -1 = the rest"
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        default="auto", description="torch.distributed backend; auto picks nccl on CUDA, gloo on CPU"
+    )
 
     def strategy_list(self, distributed: bool) -> list[ComponentConfig]:
         """The strategies to apply: ``strategies`` when set, else ``fsdp2`` when ``distributed``
@@ -176,15 +191,22 @@ class PluginsConfig(_Strict):
     :mod:`omnicore.registry`. Names are entry-point names (``whisper``) or distribution names
     (``omnicore-audio-whisper``); built-in components are always on."""
 
-    disable: list[str] = Field(default_factory=list, description="plugins not to load (not even imported), added to OMNICORE_DISABLE_PLUGINS")
+    disable: list[str] = Field(
+        default_factory=list, description="plugins not to load (not even imported), added to OMNICORE_DISABLE_PLUGINS"
+    )
     allow: list[str] | None = Field(
         default=None, description="if set, only these plugins load (built-ins stay on); merged with OMNICORE_ALLOW_PLUGINS"
     )
-    strict: bool = Field(default=False, description="a failed or incompatible plugin stops the run instead of being skipped (OMNICORE_STRICT=1 also turns this on)")
+    strict: bool = Field(
+        default=False,
+        description="a failed or incompatible plugin stops the run instead of being skipped (OMNICORE_STRICT=1 also turns this on)",
+    )
 
 
 class RunConfig(_Strict):
-    output_dir: str = Field(default="runs/default", description="checkpoints, exports and metrics.jsonl go here (relative to the current directory)")
+    output_dir: str = Field(
+        default="runs/default", description="checkpoints, exports and metrics.jsonl go here (relative to the current directory)"
+    )
     seed: int = Field(default=0, description="seeds model init, data order and sampling")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="where to train")
     dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="parameter and compute dtype")

@@ -10,8 +10,9 @@ Text tokens come from the LM head; when the model emits a decoder's ``<|m_start|
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -48,8 +49,8 @@ def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None 
         CheckpointError: if there is no such checkpoint or export.
     """
     from omnicore.checkpoint.dcp import latest_checkpoint, load_checkpoint
-    from omnicore.parallel.state import ParallelState
     from omnicore.model.build import build_omni_model
+    from omnicore.parallel.state import ParallelState
 
     if export is not None:
         cfg = cfg.model_copy(update={"model": model_config_from_export(export)})
@@ -71,7 +72,9 @@ def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator |
 
 
 @torch.no_grad()
-def generate(model: Any, tokenizer: Any, prompt: Encoded, *, max_new_tokens: int = 8, temperature: float = 0.0, seed: int = 0) -> dict[str, Any]:
+def generate(
+    model: Any, tokenizer: Any, prompt: Encoded, *, max_new_tokens: int = 8, temperature: float = 0.0, seed: int = 0
+) -> dict[str, Any]:
     """Continue an encoded prompt (from ``ChatProcessor.encode(..., prompt_only=True)``).
 
     Returns ``{"text": str, "images": {modality: [PIL images]}, "token_ids": [int]}``; text stops at
@@ -93,7 +96,9 @@ def generate(model: Any, tokenizer: Any, prompt: Encoded, *, max_new_tokens: int
 
     def feed(x: torch.Tensor) -> torch.Tensor:
         nonlocal pos
-        h = model.lm.base_model(inputs_embeds=x.view(1, 1, -1), position_ids=torch.tensor([[pos]]), cache=cache, use_cache=True).last_hidden_state[:, -1]
+        h = model.lm.base_model(
+            inputs_embeds=x.view(1, 1, -1), position_ids=torch.tensor([[pos]]), cache=cache, use_cache=True
+        ).last_hidden_state[:, -1]
         pos += 1
         return h
 
@@ -145,7 +150,14 @@ def evaluate(cfg: Config, *, checkpoint: str | None = None, export: str | None =
     t0 = time.perf_counter()
     tasks: dict[str, dict[str, Any]] = {}
     for s in samples:
-        out = generate(model, tokenizer, processor.encode(s, prompt_only=True), max_new_tokens=cfg.generate.max_new_tokens, temperature=cfg.generate.temperature, seed=cfg.run.seed)
+        out = generate(
+            model,
+            tokenizer,
+            processor.encode(s, prompt_only=True),
+            max_new_tokens=cfg.generate.max_new_tokens,
+            temperature=cfg.generate.temperature,
+            seed=cfg.run.seed,
+        )
         r = tasks.setdefault(str(s.meta.get("task", "default")), {"correct": 0, "total": 0})
         r["total"] += 1
         r["correct"] += int(out["text"].strip() == _answer(s))
@@ -155,12 +167,21 @@ def evaluate(cfg: Config, *, checkpoint: str | None = None, export: str | None =
     return {"accuracy": correct / max(total, 1), "correct": correct, "total": total, "seconds": time.perf_counter() - t0, "tasks": tasks}
 
 
-def generate_cli(cfg: Config, *, prompt: str, image: str | None, audio: str | None, out_dir: str, checkpoint: str | None, export: str | None) -> Iterator[str]:
+def generate_cli(
+    cfg: Config, *, prompt: str, image: str | None, audio: str | None, out_dir: str, checkpoint: str | None, export: str | None
+) -> Iterator[str]:
     """``omnicore generate``: yields lines to print (the text, then each saved PNG's path)."""
     model, tokenizer, processor = load_trained(cfg, checkpoint, export)
     parts = [Part(k, v) for k, v in (("image", image), ("audio", audio)) if v] + [Part("text", prompt)]
     sample = Sample([Message("user", parts)], "<command line>", 0)
-    out = generate(model, tokenizer, processor.encode(sample, prompt_only=True), max_new_tokens=cfg.generate.max_new_tokens, temperature=cfg.generate.temperature, seed=cfg.run.seed)
+    out = generate(
+        model,
+        tokenizer,
+        processor.encode(sample, prompt_only=True),
+        max_new_tokens=cfg.generate.max_new_tokens,
+        temperature=cfg.generate.temperature,
+        seed=cfg.run.seed,
+    )
     yield out["text"]
     folder = Path(out_dir)
     for m, imgs in out["images"].items():

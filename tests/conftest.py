@@ -20,7 +20,14 @@ TINY_LM = {
     "num_key_value_heads": 2,
     "max_position_embeddings": 1024,
 }
-TINY_SIGLIP = {"image_size": 28, "patch_size": 7, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+TINY_SIGLIP = {
+    "image_size": 28,
+    "patch_size": 7,
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+}
 TINY_WHISPER = {"d_model": 32, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "num_mel_bins": 80}
 TINY_MOVQ = {"block_out_channels": [32, 32, 32], "latent_channels": 4, "vq_embed_dim": 4, "num_vq_embeddings": 64, "layers_per_block": 1}
 
@@ -48,8 +55,25 @@ def digits_jsonl(tmp_path_factory) -> Path:
     """A small real-data set (train.jsonl, eval.jsonl, images/) built from examples/digits/raw."""
     out = tmp_path_factory.mktemp("digits")
     subprocess.run(
-        [sys.executable, str(DIGITS / "build_data.py"), "--out", str(out), "--train-images", "24", "--train-audio", "16",
-         "--gen", "8", "--eval-images", "6", "--eval-audio", "6", "--seed", "0"],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            str(DIGITS / "build_data.py"),
+            "--out",
+            str(out),
+            "--train-images",
+            "24",
+            "--train-audio",
+            "16",
+            "--gen",
+            "8",
+            "--eval-images",
+            "6",
+            "--eval-audio",
+            "6",
+            "--seed",
+            "0",
+        ],
+        check=True,
+        capture_output=True,
     )
     return out

@@ -12,12 +12,11 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY_LM, tiny_config_dict  # noqa: E402  (tests/ is on pytest's pythonpath)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from omnicore.kernels.attention_varlen import IMPLEMENTATION, SDPAVarlenAttention, no_mask, register, sdpa_varlen_attention_forward
 from omnicore.kernels.varlen import bucket_length, cu_seqlens_from_position_ids, is_varlen, plan_varlen
-
-from conftest import TINY_LM, tiny_config_dict  # noqa: E402  (tests/ is on pytest's pythonpath)
 
 CAUSAL = types.SimpleNamespace(is_causal=True)
 
@@ -68,7 +67,10 @@ def test_plan_groups_views_padding_and_order():
     # three consecutive samples of 4: one view, no copy, no padding
     assert by_len[4].n == 3 and by_len[4].start == 0 and by_len[4].index is None
     # 9 and 10 share the bucket 10: 9 is right-padded, the padded row is dropped
-    assert by_len[10].n == 2 and by_len[10].index.tolist() == [[12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
+    assert by_len[10].n == 2 and by_len[10].index.tolist() == [
+        [12, 13, 14, 15, 16, 17, 18, 19, 20, 21],
+        [21, 22, 23, 24, 25, 26, 27, 28, 29, 30],
+    ]
     assert by_len[10].keep.numel() == 19
     assert by_len[3].start == 31
     assert plan.inverse is None  # the groups come out in sequence order here
@@ -154,9 +156,14 @@ def test_registered_with_no_mask_and_marked_varlen():
 
 
 def test_listed_available_by_omnicore_plugins():
-    out = subprocess.run([sys.executable, "-m", "omnicore", "plugins", "--kind", "kernel", "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "omnicore", "plugins", "--kind", "kernel", "--json"], capture_output=True, text=True, check=True
+    )
     rows = {r["name"]: r for r in json.loads(out.stdout)}
-    assert rows["sdpa_varlen"]["status"] == "available" and rows["sdpa_varlen"]["target"] == "omnicore.kernels.attention_varlen:SDPAVarlenAttention"
+    assert (
+        rows["sdpa_varlen"]["status"] == "available"
+        and rows["sdpa_varlen"]["target"] == "omnicore.kernels.attention_varlen:SDPAVarlenAttention"
+    )
 
 
 # ---- in the model ------------------------------------------------------------------------------

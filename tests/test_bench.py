@@ -14,8 +14,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from suite import data, overhead, waste  # noqa: E402
 
-TINY = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 1024}
+TINY = {
+    "model_type": "qwen2",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 1024,
+}
 
 
 def test_pad_to_longest_matches_a_hand_count():
@@ -74,9 +81,8 @@ def test_handwritten_loop_matches_omnicore(text_jsonl):
 
 def test_trainer_runs_see_the_same_tokens(text_jsonl):
     pytest.importorskip("accelerate")
-    from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening
-
     from suite import hf_trainer
+    from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening
 
     cfg = overhead.config_dict(str(text_jsonl), "x", max_tokens=256, max_steps=2, lm=TINY)
     samples, tok = overhead.encode(cfg)

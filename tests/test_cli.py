@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,10 @@ EXPECTED = [  # (kind, name, provider) in the order `omnicore plugins` lists the
     ("parallel", "ep", "omnicore"),
     ("parallel", "fsdp2", "omnicore"),
     ("parallel", "none", "omnicore"),
-    *(("kernel", k, "omnicore") for k in ("chunked_cross_entropy", "eager", "sdpa", "sdpa_varlen", "torch_cross_entropy", "torch_rms_norm")),
+    *(
+        ("kernel", k, "omnicore")
+        for k in ("chunked_cross_entropy", "eager", "sdpa", "sdpa_varlen", "torch_cross_entropy", "torch_rms_norm")
+    ),
 ]
 BUILTIN_KERNELS = [name for kind, name, _ in EXPECTED if kind == "kernel"]
 HEADER = ["KIND", "NAME", "PROVIDER", "VERSION", "STATUS", "DESCRIPTION"]
@@ -212,7 +214,9 @@ def test_broken_plugin_is_a_failed_row(tmp_path, fake_site, how):
     by_name = {row[1]: row for row in rows}
     failed = by_name["broken"]
     assert failed[:5] == ["-", "broken", "omnicore-broken", "0.3.0", "failed"]
-    assert failed[5].startswith("entry point 'broken = cli_fake_missing_module' of omnicore-broken 0.3.0 failed to import: ModuleNotFoundError")
+    assert failed[5].startswith(
+        "entry point 'broken = cli_fake_missing_module' of omnicore-broken 0.3.0 failed to import: ModuleNotFoundError"
+    )
     assert rows[-1] == failed  # failed plugins list after the components
     assert by_name["clifake"][:5] == ["encoder", "clifake", "omnicore-cli-fake", "1.2.3", "available"]
     assert {(row[0], row[1], row[2]) for row in rows} >= set(EXPECTED)
@@ -236,7 +240,9 @@ def test_broken_plugin_is_a_failed_row(tmp_path, fake_site, how):
 
 
 def test_disabled_and_strict_env_in_cli(tmp_path, fake_site):
-    r = run(COMMANDS["module"] + ["plugins", "--json"], tmp_path, env_with(fake_site, OMNICORE_DISABLE_PLUGINS="broken,omnicore-image-siglip"))
+    r = run(
+        COMMANDS["module"] + ["plugins", "--json"], tmp_path, env_with(fake_site, OMNICORE_DISABLE_PLUGINS="broken,omnicore-image-siglip")
+    )
     assert r.returncode == 0, r.stderr
     data = rows_json(r.stdout)
     assert sorted((d["name"], d["status"]) for d in data if d["status"] != "available") == [("broken", "disabled"), ("siglip", "disabled")]
@@ -245,7 +251,9 @@ def test_disabled_and_strict_env_in_cli(tmp_path, fake_site):
     assert r.returncode == 2, r.stderr
     assert r.stdout == "" and "Traceback" not in r.stderr
     (line,) = r.stderr.strip().splitlines()
-    assert line.startswith("error: entry point 'broken = cli_fake_missing_module' of omnicore-broken 0.3.0 failed to import: ModuleNotFoundError")
+    assert line.startswith(
+        "error: entry point 'broken = cli_fake_missing_module' of omnicore-broken 0.3.0 failed to import: ModuleNotFoundError"
+    )
     assert line.endswith("(strict mode: OMNICORE_STRICT=1)")
 
 
@@ -297,14 +305,25 @@ def check_site(tmp_path) -> Path:
     calls os._exit(3) on import, and one whose hook module raises."""
     site = tmp_path / "site"
     write_fake_distribution(
-        site, "omnicore-chk-ok", "1.0", {"chkok": "chk_ok"},
-        {"chk_ok": _encoder_plugin("chk_ok", "chk_ok_model"), "chk_ok_model": "import sys, types\nsys.modules['torch'] = types.ModuleType('torch')\n"},
+        site,
+        "omnicore-chk-ok",
+        "1.0",
+        {"chkok": "chk_ok"},
+        {
+            "chk_ok": _encoder_plugin("chk_ok", "chk_ok_model"),
+            "chk_ok_model": "import sys, types\nsys.modules['torch'] = types.ModuleType('torch')\n",
+        },
     )
     write_fake_distribution(
-        site, "omnicore-chk-exit", "1.0", {"chkexit": "chk_exit"},
+        site,
+        "omnicore-chk-exit",
+        "1.0",
+        {"chkexit": "chk_exit"},
         {"chk_exit": _encoder_plugin("chk_exit", "chk_exit_model"), "chk_exit_model": "import os\nos._exit(3)\n"},
     )
-    write_fake_distribution(site, "omnicore-chk-raise", "1.0", {"chkraise": "chk_raise"}, {"chk_raise": "raise RuntimeError('boom at import')\n"})
+    write_fake_distribution(
+        site, "omnicore-chk-raise", "1.0", {"chkraise": "chk_raise"}, {"chk_raise": "raise RuntimeError('boom at import')\n"}
+    )
     return site
 
 
@@ -313,7 +332,9 @@ def test_plugins_check_survives_crashing_imports(tmp_path, check_site):
     r = run(COMMANDS["module"] + ["plugins", "--check", "--kind", "encoder", "--json"], tmp_path, env, timeout=120)
     assert r.returncode == 0, r.stderr
     data = {d["name"]: d for d in json.loads(r.stdout)}
-    assert set(data) == {"chk_ok", "chk_exit", "chkraise", "whisper", "siglip", "movqgan"} | {d["name"] for d in json.loads(r.stdout) if d["provider"] in OTHERS}
+    assert set(data) == {"chk_ok", "chk_exit", "chkraise", "whisper", "siglip", "movqgan"} | {
+        d["name"] for d in json.loads(r.stdout) if d["provider"] in OTHERS
+    }
     ok, ex, rs = data["chk_ok"]["check"], data["chk_exit"]["check"], data["chkraise"]["check"]
     assert (ok["ok"], ok["torch"], ok["hook_torch"], ok["error"]) == (True, True, False, "")
     assert isinstance(ok["import_s"], float) and 0 <= ok["import_s"] < 60
@@ -355,12 +376,24 @@ def test_plugins_no_load_imports_no_plugin_code(tmp_path, no_load_site):
     data = {d["name"]: d for d in rows_json(r.stdout)}
     assert set(data) == {"exits", "future", "whisper", "siglip", "movqgan"}
     assert data["exits"] == {
-        "name": "exits", "provider": "omnicore-exits", "version": "0.4", "value": "nl_exits",
-        "api": "", "status": "not loaded", "reason": "",
+        "name": "exits",
+        "provider": "omnicore-exits",
+        "version": "0.4",
+        "value": "nl_exits",
+        "api": "",
+        "status": "not loaded",
+        "reason": "",
     }
     assert (data["future"]["status"], data["future"]["api"]) == ("incompatible", ">=2,<3")
-    assert data["future"]["reason"] == "entry point 'future = nl_future' of omnicore-future 3.1.0 requires omnicore API >=2,<3; omnicore 0.1.0 provides API 1.1"
-    assert (data["whisper"]["value"], data["whisper"]["api"], data["whisper"]["version"]) == ("omnicore_audio_whisper.plugin", ">=1.1,<2", "0.1.0")
+    assert (
+        data["future"]["reason"]
+        == "entry point 'future = nl_future' of omnicore-future 3.1.0 requires omnicore API >=2,<3; omnicore 0.1.0 provides API 1.1"
+    )
+    assert (data["whisper"]["value"], data["whisper"]["api"], data["whisper"]["version"]) == (
+        "omnicore_audio_whisper.plugin",
+        ">=1.1,<2",
+        "0.1.0",
+    )
 
     r = run(COMMANDS["module"] + ["plugins", "--no-load"], tmp_path, env_with(no_load_site, OMNICORE_DISABLE_PLUGINS="siglip"))
     assert r.returncode == 0, r.stderr

@@ -25,9 +25,9 @@ from __future__ import annotations
 import time
 
 import torch
+from test_expert_parallel import GRAD_TOL, LOSS_TOL, B, L, batch, build_model, omni, omni_loss, reference
 
 from omnicore.testing.distributed import max_rel_diff, run_distributed
-from test_expert_parallel import B, GRAD_TOL, L, LOSS_TOL, batch, build_model, omni, omni_loss, reference
 
 
 def fsdp_sp_ep_rank(parallel: dict) -> dict:
@@ -56,7 +56,13 @@ def fsdp_sp_ep_rank(parallel: dict) -> dict:
     for n, p in model.named_parameters():
         g = p.grad if p.grad is not None else torch.zeros_like(p)
         grads[n] = (g.full_tensor() if hasattr(g, "full_tensor") else g).detach().clone()
-    return {"loss": total, "grads": grads, "order": [n for n, _ in strategies], "fsdp": state.size("fsdp"), "experts_fsdp": state.size("dp_shard_sp")}
+    return {
+        "loss": total,
+        "grads": grads,
+        "order": [n for n, _ in strategies],
+        "fsdp": state.size("fsdp"),
+        "experts_fsdp": state.size("dp_shard_sp"),
+    }
 
 
 FSDP_SP_EP = {"dp_shard": 1, "ep": 2, "sp": 2, "strategies": ["fsdp2", "ep", "ulysses"]}

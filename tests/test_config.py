@@ -58,7 +58,9 @@ def test_valid_config_loads_with_defaults(tmp_path):
     assert (cfg.train.max_steps, cfg.train.lr, cfg.train.warmup_steps, cfg.train.betas) == (10, 0.01, 10, (0.9, 0.95))
     assert cfg.data.train == "data/train.jsonl" and cfg.data.eval is None and cfg.data.max_tokens == 1024
     assert cfg.parallel.strategies is None and cfg.generate.max_new_tokens == 8
-    assert [c.name for c in cfg.parallel.strategy_list(True)] == ["fsdp2"] and [c.name for c in cfg.parallel.strategy_list(False)] == ["none"]
+    assert [c.name for c in cfg.parallel.strategy_list(True)] == ["fsdp2"] and [c.name for c in cfg.parallel.strategy_list(False)] == [
+        "none"
+    ]
     # data paths resolve relative to the config file's folder
     assert cfg.resolve_path(cfg.data.train) == tmp_path / "data" / "train.jsonl"
     assert cfg.resolve_path("/abs/x.jsonl") == Path("/abs/x.jsonl")
@@ -79,7 +81,11 @@ def test_empty_sections_get_defaults(tmp_path):
         ("  max_steps: 10", "  max_step: 10", "train.max_step: unknown key; did you mean 'max_steps'?"),
         ("      options: {pool: 5}", "      optoins: {pool: 5}", "model.encoders.audio.optoins: unknown key; did you mean 'options'?"),
         ("  seed: 1", "  sed: 1", "run.sed: unknown key; did you mean 'seed'?"),
-        ("  train: data/train.jsonl", "  train: data/train.jsonl\n  max_token: 5", "data.max_token: unknown key; did you mean 'max_tokens'?"),
+        (
+            "  train: data/train.jsonl",
+            "  train: data/train.jsonl\n  max_token: 5",
+            "data.max_token: unknown key; did you mean 'max_tokens'?",
+        ),
     ],
     ids=["section", "train.max_step", "encoder-options", "run.sed", "data.max_token"],
 )
@@ -125,14 +131,20 @@ def test_dotted_overrides_applied_with_yaml_typing(tmp_path):
     cfg = load_config(
         p,
         [
-            "--train.max_steps", "50",
+            "--train.max_steps",
+            "50",
             "--run.seed=3",
-            "--train.betas", "[0.8, 0.99]",
-            "--train.export", "false",
+            "--train.betas",
+            "[0.8, 0.99]",
+            "--train.export",
+            "false",
             "--train.lr=2e-4",
-            "--model.encoders.audio.options.layers", "[1, 2, 3]",
-            "--model.encoders.image.name", "siglip",
-            "--data.eval", "data/eval.jsonl",
+            "--model.encoders.audio.options.layers",
+            "[1, 2, 3]",
+            "--model.encoders.image.name",
+            "siglip",
+            "--data.eval",
+            "data/eval.jsonl",
         ],
     )
     assert cfg.train.max_steps == 50 and isinstance(cfg.train.max_steps, int)
@@ -165,7 +177,9 @@ def test_parse_overrides_shapes():
 
 def test_override_with_unknown_key_errors_like_the_file(tmp_path):
     p = write(tmp_path, BASE)
-    assert error_of(p, ["--train.max_step", "5"]) == "command line (--train.max_step): train.max_step: unknown key; did you mean 'max_steps'?"
+    assert (
+        error_of(p, ["--train.max_step", "5"]) == "command line (--train.max_step): train.max_step: unknown key; did you mean 'max_steps'?"
+    )
     assert error_of(p, ["--trian.max_steps=5"]) == "command line (--trian): trian: unknown key; did you mean 'train'?"
     assert error_of(p, ["--model.encoders.audio.optoins.pool", "2"]) == (
         "command line (--model.encoders.audio.optoins): model.encoders.audio.optoins: unknown key; did you mean 'options'?"

@@ -62,13 +62,15 @@ def _token_strings(tok, ids):
 
 def test_text_only_template_and_shifted_labels(env):
     _, tok, proc = env
-    obj = {"messages": [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "Sum 2+2?"}]},
-        {"role": "assistant", "content": "4"},
-        {"role": "user", "content": "And 3+4?"},
-        {"role": "assistant", "content": [{"type": "text", "text": "Seven"}, {"type": "text", "text": " (7)"}]},
-    ]}
+    obj = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Sum 2+2?"}]},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "And 3+4?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Seven"}, {"type": "text", "text": " (7)"}]},
+        ]
+    }
     enc = _encode_line(proc, obj)
     expected = (
         f"{IM_START}system\nBe brief.{IM_END}\n"
@@ -88,7 +90,9 @@ def test_text_only_template_and_shifted_labels(env):
     for p in pieces:
         starts.append(pos)
         pos += len(p)
-    spans = [(m.start(1), m.end(1)) for m in re.finditer(re.escape(f"{IM_START}assistant\n") + r"(.*?" + re.escape(IM_END) + ")", expected, re.S)]
+    spans = [
+        (m.start(1), m.end(1)) for m in re.finditer(re.escape(f"{IM_START}assistant\n") + r"(.*?" + re.escape(IM_END) + ")", expected, re.S)
+    ]
     assert len(spans) == 2
     trained = [any(a <= s < b for a, b in spans) for s in starts]
     want = [enc.input_ids[i + 1] if trained[i + 1] else IGNORE_INDEX for i in range(len(enc.input_ids) - 1)] + [IGNORE_INDEX]
@@ -122,7 +126,7 @@ def test_image_sample_placeholders(env, digit_lines):
     assert enc.input_ids.count(pad) == n
     # the placeholders form one contiguous run right after the user header
     first = enc.input_ids.index(pad)
-    assert enc.input_ids[first:first + n] == [pad] * n
+    assert enc.input_ids[first : first + n] == [pad] * n
     assert tok.decode(enc.input_ids[:first], skip_special_tokens=False) == f"{IM_START}user\n"
     assert all(enc.labels[i] == IGNORE_INDEX for i in range(first - 1, first + n))
     answer = digit_lines["image_to_text"][0]["messages"][1]["content"][0]["text"]
@@ -160,7 +164,7 @@ def test_text_to_image_sample_has_start_and_codes(env, digit_lines):
     assert n == (32 // 4) ** 2 == 64
     i = enc.input_ids.index(start)
     assert enc.input_ids.count(start) == 1 and enc.input_ids.count(out) == n
-    assert enc.input_ids[i + 1:i + 1 + n] == [out] * n
+    assert enc.input_ids[i + 1 : i + 1 + n] == [out] * n
     assert enc.input_ids[i + 1 + n] == im_end
     # text targets: <|image_start|> (predicted from the assistant header) and the closing <|im_end|>;
     # the codes are scored by the decoder head, so they are -100 in labels but counted in n_targets
@@ -211,7 +215,12 @@ def test_collate_positions_and_cu_seqlens():
 
 def test_collate_real_media_in_order(env, digit_lines):
     model, _, proc = env
-    objs = [digit_lines["image_to_text"][0], digit_lines["audio_to_text"][0], digit_lines["image_to_text"][1], digit_lines["text_to_image"][0]]
+    objs = [
+        digit_lines["image_to_text"][0],
+        digit_lines["audio_to_text"][0],
+        digit_lines["image_to_text"][1],
+        digit_lines["text_to_image"][0],
+    ]
     encs = [_encode_line(proc, o, line=i + 1) for i, o in enumerate(objs)]
     mb = collate(encs, proc.encoders, proc.decoders)
     assert mb.cu_seqlens.tolist() == [0] + list(torch.tensor([len(e) for e in encs]).cumsum(0).tolist())
@@ -306,7 +315,7 @@ def test_iter_step_grad_accum_equals_data_parallel(fake_samples):
 
 
 def _write(path: Path, lines: list) -> Path:
-    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n" for l in lines))
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
     return path
 
 
@@ -315,8 +324,12 @@ def _text_line(q="Hi", a="Hello"):
 
 
 def _media_line(kind, path):
-    return {"messages": [{"role": "user", "content": [{"type": kind, "path": str(path)}, {"type": "text", "text": "?"}]},
-                         {"role": "assistant", "content": "1"}]}
+    return {
+        "messages": [
+            {"role": "user", "content": [{"type": kind, "path": str(path)}, {"type": "text", "text": "?"}]},
+            {"role": "assistant", "content": "1"},
+        ]
+    }
 
 
 @pytest.fixture(scope="module")
@@ -342,8 +355,19 @@ def _bad_cases(digit_lines, garbage):
     }
 
 
-@pytest.mark.parametrize("case", ["malformed_json", "no_messages", "unknown_part", "missing_image", "missing_audio",
-                                  "unreadable_image", "unreadable_audio", "literal_placeholder"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "malformed_json",
+        "no_messages",
+        "unknown_part",
+        "missing_image",
+        "missing_audio",
+        "unreadable_image",
+        "unreadable_audio",
+        "literal_placeholder",
+    ],
+)
 def test_bad_line_names_file_and_line(env, digit_lines, garbage, tmp_path, case):
     _, _, proc = env
     line, why = _bad_cases(digit_lines, garbage)[case]
@@ -362,7 +386,9 @@ def test_image_part_without_image_encoder(env, digit_lines, garbage, tmp_path):
     audio_only = ChatProcessor(tok, {"audio": proc.encoders["audio"]}, {})
     img_line = _bad_cases(digit_lines, garbage)["_img"][0]
     path = _write(tmp_path / "train.jsonl", [_text_line(), _text_line(), img_line])
-    with pytest.raises(SampleError, match=re.escape(f"{path}:3: ") + r"a image part on the encoder side needs a image encoder .*configured: audio"):
+    with pytest.raises(
+        SampleError, match=re.escape(f"{path}:3: ") + r"a image part on the encoder side needs a image encoder .*configured: audio"
+    ):
         load_samples(path, audio_only, "raise")
     # an image in an assistant message needs an image decoder
     gen = {"messages": [{"role": "user", "content": "Draw"}, {"role": "assistant", "content": img_line["messages"][0]["content"][:1]}]}
@@ -385,15 +411,15 @@ def test_on_error_skip_counts_bad_lines(env, digit_lines, garbage, tmp_path):
     _, _, proc = env
     cases = _bad_cases(digit_lines, garbage)
     lines = [
-        _text_line(),                        # 1 ok
-        cases["malformed_json"][0],          # 2 parse error
-        cases["_img"][0],                    # 3 ok
-        cases["missing_image"][0],           # 4 encode error
-        "",                                  # 5 blank: ignored, not an error
-        cases["unreadable_audio"][0],        # 6 encode error
-        cases["no_messages"][0],             # 7 parse error
-        cases["literal_placeholder"][0],     # 8 encode error
-        _text_line("a", "b"),                # 9 ok
+        _text_line(),  # 1 ok
+        cases["malformed_json"][0],  # 2 parse error
+        cases["_img"][0],  # 3 ok
+        cases["missing_image"][0],  # 4 encode error
+        "",  # 5 blank: ignored, not an error
+        cases["unreadable_audio"][0],  # 6 encode error
+        cases["no_messages"][0],  # 7 parse error
+        cases["literal_placeholder"][0],  # 8 encode error
+        _text_line("a", "b"),  # 9 ok
     ]
     path = _write(tmp_path / "train.jsonl", lines)
     samples, errors = load_samples(path, proc, "skip")

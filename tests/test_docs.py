@@ -79,8 +79,16 @@ def test_found_what_to_check():
     """Guard against the checks below passing vacuously."""
     assert set(_hookspecs()) == set(hookspecs.HOOK_FOR_KIND.values()) and len(_hookspecs()) == 5
     assert set(_protocols()) == {
-        "Encoder", "Decoder", "Foundation", "ParallelStrategy", "ParallelStrategyOptional", "SequenceParallel", "ParallelModel",
-        "ParallelStateView", "Kernel", "CrossEntropyKernel",
+        "Encoder",
+        "Decoder",
+        "Foundation",
+        "ParallelStrategy",
+        "ParallelStrategyOptional",
+        "SequenceParallel",
+        "ParallelModel",
+        "ParallelStateView",
+        "Kernel",
+        "CrossEntropyKernel",
     }
     # every protocol belongs to a kind's contract, or describes what the core hands a strategy
     in_contracts = {p.__name__ for protos in components.CONTRACTS.values() for p in protos}
@@ -99,7 +107,9 @@ def test_every_hook_has_a_reference_entry_with_its_signature(name):
 
 def test_no_reference_entry_for_a_hook_that_does_not_exist():
     documented = {re.match(r"`(\w+)\(", h).group(1) for h in _sections(_reference()["Hooks"], 4) if h.startswith("`")}
-    assert documented <= set(_hookspecs()), f"PLUGINS.md documents hooks not in omnicore/hookspecs.py: {sorted(documented - set(_hookspecs()))}"
+    assert documented <= set(_hookspecs()), (
+        f"PLUGINS.md documents hooks not in omnicore/hookspecs.py: {sorted(documented - set(_hookspecs()))}"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(_protocols()))
@@ -117,4 +127,4 @@ def test_each_kind_names_its_hook():
     hooks = _reference()["Hooks"]
     for kind, hook in hookspecs.HOOK_FOR_KIND.items():
         body = _sections(hooks, 4)[f"`{_signature(_hookspecs()[hook])}`"]
-        assert f'kind="{kind}"' in body, f"PLUGINS.md: the entry of {hook} must say it registers kind=\"{kind}\""
+        assert f'kind="{kind}"' in body, f'PLUGINS.md: the entry of {hook} must say it registers kind="{kind}"'

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_config_dict
+
 from omnicore.config import Config
 from omnicore.data.jsonl import Message, Part, Sample
 from omnicore.evaluate import generate
@@ -33,8 +33,15 @@ def test_text_generation_matches_transformers_generate(built):
     ours = generate(model, tok, enc, max_new_tokens=12)["token_ids"]
     ids = torch.tensor([enc.input_ids])
     with torch.no_grad():
-        ref = model.lm.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    assert ours == ref[0, ids.shape[1]:].tolist()[: len(ours)]
+        ref = model.lm.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=12,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    assert ours == ref[0, ids.shape[1] :].tolist()[: len(ours)]
     assert len(ours) == 12 or ours[-1] == tok.eos_token_id
 
 

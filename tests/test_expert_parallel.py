@@ -51,9 +51,20 @@ def build_model(seed: int = 0):
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     cfg = Qwen3MoeConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
-        norm_topk_prob=True, max_position_embeddings=64, decoder_sparse_step=1, mlp_only_layers=[],
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        max_position_embeddings=64,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
     )
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(cfg).float()
@@ -74,7 +85,10 @@ def batch() -> torch.Tensor:
 
 def loss_of(model, ids: torch.Tensor, n_global: int) -> torch.Tensor:
     logits = model(input_ids=ids).logits
-    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1), reduction="sum") / n_global
+    return (
+        torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1), reduction="sum")
+        / n_global
+    )
 
 
 def omni(lm):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 
 import torch
-
 from conftest import TINY_LM
+
 from omnicore.testing.distributed import max_rel_diff, run_distributed
 
 MICRO = 4  # micro-batches per optimizer step (global)
@@ -24,13 +24,15 @@ STEPS = 2
 def _cfg(parallel: dict, train: dict | None = None):
     from omnicore.config import Config
 
-    return Config.model_validate({
-        "run": {"seed": 0, "device": "cpu"},
-        "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": dict(TINY_LM)}}},
-        "data": {"train": "unused.jsonl"},
-        "parallel": parallel,
-        "train": train or {},
-    })
+    return Config.model_validate(
+        {
+            "run": {"seed": 0, "device": "cpu"},
+            "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": dict(TINY_LM)}}},
+            "data": {"train": "unused.jsonl"},
+            "parallel": parallel,
+            "train": train or {},
+        }
+    )
 
 
 def _batches(vocab: int, n: int) -> list[dict[str, torch.Tensor]]:
@@ -52,14 +54,18 @@ def train_steps(parallel: dict, train: dict | None = None) -> dict:
     the parameters' dtypes after the steps."""
     import contextlib
 
+    from omnicore.model.build import build_omni_model
     from omnicore.parallel.parallelize import build_strategies, parallelize
     from omnicore.parallel.state import ParallelState, init_parallel_state
-    from omnicore.model.build import build_omni_model
     from omnicore.registry import Registry
 
     cfg = _cfg(parallel, train)
     registry = Registry.from_plugins([], builtins=True)
-    state = init_parallel_state("cpu", "gloo", cfg.parallel) if torch.distributed.is_initialized() else ParallelState(0, 1, 0, torch.device("cpu"))
+    state = (
+        init_parallel_state("cpu", "gloo", cfg.parallel)
+        if torch.distributed.is_initialized()
+        else ParallelState(0, 1, 0, torch.device("cpu"))
+    )
     state.mixed_precision = cfg.train.mixed_precision
     model, tok = build_omni_model(cfg, registry)
     model = parallelize(model, state, build_strategies(cfg.parallel, registry, state.distributed))
@@ -81,7 +87,9 @@ def train_steps(parallel: dict, train: dict | None = None) -> dict:
             (out.loss_sum * state.world_size / n_global).backward()
             loss_sum += float(out.loss_sum.detach())
         losses.append(state.all_reduce_sum(loss_sum) / n_global)
-        grads.append({n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone() for n, p in model.named_parameters()})
+        grads.append(
+            {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone() for n, p in model.named_parameters()}
+        )
         opt.step()
         opt.zero_grad(set_to_none=True)
     return {

@@ -7,12 +7,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import tiny_config_dict
+
 from omnicore import ComponentSpec, hookimpl
 from omnicore.registry import Registry, RegistryError, cuda_present, missing_requirements
 from omnicore.testing import write_fake_distribution
@@ -30,11 +29,16 @@ def _env() -> dict[str, str]:
 
 
 def test_module_requirement_present_and_absent(tmp_path, monkeypatch):
-    write_fake_distribution(tmp_path, "omnicore-fake-req", "0.1", {}, {"omnicore_fake_req_mod": "RAISED = 1\nraise RuntimeError('imported!')\n"})
+    write_fake_distribution(
+        tmp_path, "omnicore-fake-req", "0.1", {}, {"omnicore_fake_req_mod": "RAISED = 1\nraise RuntimeError('imported!')\n"}
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert missing_requirements(["omnicore_fake_req_mod"]) == ""  # found, and never imported (it raises)
     assert "omnicore_fake_req_mod" not in sys.modules
-    assert missing_requirements(["omnicore_fake_absent_mod"]) == "needs the omnicore_fake_absent_mod package (pip install omnicore-fake-absent-mod)"
+    assert (
+        missing_requirements(["omnicore_fake_absent_mod"])
+        == "needs the omnicore_fake_absent_mod package (pip install omnicore-fake-absent-mod)"
+    )
     assert missing_requirements(["omnicore_fake_absent_mod.sub"]).startswith("needs the omnicore_fake_absent_mod.sub package")
     assert missing_requirements(["a_b"], {"a_b": "see the docs"}) == "needs the a_b package (see the docs)"
 
@@ -63,7 +67,8 @@ def test_unavailable_status_and_resolve_error(monkeypatch):
     reg = Registry.from_plugins([(Plugin(), "omnicore-fake-kernels")])
     rows = {r.name: r for r in reg.rows}
     assert (rows["needs_absent"].status, rows["needs_absent"].reason) == (
-        "unavailable", "needs the omnicore_fake_absent_mod package (pip install omnicore-fake-absent-mod)"
+        "unavailable",
+        "needs the omnicore_fake_absent_mod package (pip install omnicore-fake-absent-mod)",
     )
     assert (rows["needs_json"].status, rows["needs_json"].reason) == ("available", "")
     with pytest.raises(RegistryError) as ei:
@@ -89,7 +94,9 @@ def test_plugins_json_lists_gpu_kernels_with_reasons(tmp_path):
         "liger_rmsnorm": ("omnicore-kernels-liger", "omnicore_kernels_liger.kernels:LigerRMSNorm", LIGER_REASON),
         "liger_swiglu": ("omnicore-kernels-liger", "omnicore_kernels_liger.kernels:LigerSwiGLU", LIGER_REASON),
         "liger_fused_linear_cross_entropy": (
-            "omnicore-kernels-liger", "omnicore_kernels_liger.kernels:LigerFusedLinearCrossEntropy", LIGER_REASON,
+            "omnicore-kernels-liger",
+            "omnicore_kernels_liger.kernels:LigerFusedLinearCrossEntropy",
+            LIGER_REASON,
         ),
     }
     for name, (provider, target, reason) in expected.items():

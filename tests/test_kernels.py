@@ -16,11 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from conftest import tiny_config_dict
 
-from conftest import TINY_LM, tiny_config_dict
+from omnicore.config import Config, ConfigError, load_config
 from omnicore.kernels.cross_entropy import ChunkedCrossEntropy, TorchCrossEntropy
 from omnicore.kernels.rmsnorm import TorchRMSNorm, rms_norm_modules
-from omnicore.config import Config, ConfigError, load_config
 from omnicore.model.build import build_kernels
 from omnicore.registry import Registry, RegistryError, cuda_present
 from omnicore.testing import KernelContract
@@ -54,7 +54,11 @@ def _loss_and_grads(kernel, hidden, weight, labels, bias=None, scale=1.0):
 
 def _inputs(n, h, v, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, h, generator=g).to(dtype), (torch.randn(v, h, generator=g) * 0.3).to(dtype), torch.randint(0, v, (n,), generator=g)
+    return (
+        torch.randn(n, h, generator=g).to(dtype),
+        (torch.randn(v, h, generator=g) * 0.3).to(dtype),
+        torch.randint(0, v, (n,), generator=g),
+    )
 
 
 # ---- cross-entropy -------------------------------------------------------------------------------
@@ -300,9 +304,19 @@ def test_config_kernels_per_op(tmp_path):
     m = _cfg().model
     assert m.kernels == {}
     assert {k: v.name for k, v in m.kernel_choices().items()} == {"attention": "sdpa"}
-    m = _cfg(kernels={"attention": "eager", "cross_entropy": {"name": "chunked_cross_entropy", "options": {"chunk_size": 64}}, "rmsnorm": "torch_rms_norm"}).model
+    m = _cfg(
+        kernels={
+            "attention": "eager",
+            "cross_entropy": {"name": "chunked_cross_entropy", "options": {"chunk_size": 64}},
+            "rmsnorm": "torch_rms_norm",
+        }
+    ).model
     choices = m.kernel_choices()
-    assert {k: v.name for k, v in choices.items()} == {"attention": "eager", "cross_entropy": "chunked_cross_entropy", "rmsnorm": "torch_rms_norm"}
+    assert {k: v.name for k, v in choices.items()} == {
+        "attention": "eager",
+        "cross_entropy": "chunked_cross_entropy",
+        "rmsnorm": "torch_rms_norm",
+    }
     assert choices["cross_entropy"].options == {"chunk_size": 64}
 
 
@@ -313,7 +327,10 @@ def test_config_unknown_op_and_removed_attention_shorthand(tmp_path):
         "valid ops: attention, rmsnorm, swiglu, cross_entropy"
     )
     msg = _load_error(tmp_path, {}, ["--model.kernels.flux", "x"])
-    assert msg == "command line (--model.kernels): model.kernels: model.kernels.flux: unknown op; valid ops: attention, rmsnorm, swiglu, cross_entropy"
+    assert (
+        msg
+        == "command line (--model.kernels): model.kernels: model.kernels.flux: unknown op; valid ops: attention, rmsnorm, swiglu, cross_entropy"
+    )
     # the old shorthand says what model.kernels.attention says: one spelling, and the error names it
     msg = _load_error(tmp_path, {"attention": "eager"})
     assert msg == f"{tmp_path / 'c.yaml'}: model.attention: was removed; use model.kernels.attention"
@@ -331,7 +348,9 @@ def test_build_kernels_op_mismatch_and_unknown_name():
         build_kernels(_cfg(kernels={"swiglu": "no_such_kernel"}).model, reg)
     built = build_kernels(_cfg(kernels={"cross_entropy": "chunked_cross_entropy", "rmsnorm": "torch_rms_norm"}).model, reg)
     assert {op: type(k).__name__ for op, k in built.items()} == {
-        "attention": "SDPAAttention", "cross_entropy": "ChunkedCrossEntropy", "rmsnorm": "TorchRMSNorm",
+        "attention": "SDPAAttention",
+        "cross_entropy": "ChunkedCrossEntropy",
+        "rmsnorm": "TorchRMSNorm",
     }
 
 
@@ -340,7 +359,11 @@ def test_build_omni_model_installs_the_kernels(digits_jsonl):
 
     cfg = tiny_config_dict(str(digits_jsonl / "train.jsonl"), decoders=False)
     cfg["model"]["encoders"] = {}
-    cfg["model"]["kernels"] = {"cross_entropy": {"name": "chunked_cross_entropy", "options": {"chunk_size": 5}}, "rmsnorm": "torch_rms_norm", "attention": "eager"}
+    cfg["model"]["kernels"] = {
+        "cross_entropy": {"name": "chunked_cross_entropy", "options": {"chunk_size": 5}},
+        "rmsnorm": "torch_rms_norm",
+        "attention": "eager",
+    }
     model, _ = build_omni_model(Config.model_validate(cfg))
     assert isinstance(model.cross_entropy, ChunkedCrossEntropy) and model.cross_entropy.chunk_size == 5
     assert {type(m).__name__ for m in rms_norm_modules(model.lm)} == {"TorchQwen2RMSNorm"}
@@ -350,7 +373,9 @@ def test_build_omni_model_installs_the_kernels(digits_jsonl):
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="on a CUDA machine the liger kernels may be available")
-@pytest.mark.parametrize("op, name", [("rmsnorm", "liger_rmsnorm"), ("swiglu", "liger_swiglu"), ("cross_entropy", "liger_fused_linear_cross_entropy")])
+@pytest.mark.parametrize(
+    "op, name", [("rmsnorm", "liger_rmsnorm"), ("swiglu", "liger_swiglu"), ("cross_entropy", "liger_fused_linear_cross_entropy")]
+)
 def test_liger_kernels_unavailable_here_name_the_field(op, name):
     with pytest.raises(RegistryError) as ei:
         build_kernels(_cfg(kernels={op: name}).model, Registry.discover())
@@ -368,14 +393,19 @@ def _env() -> dict[str, str]:
 def _train(cfg: dict, work: Path) -> subprocess.CompletedProcess:
     work.mkdir(parents=True, exist_ok=True)
     (work / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return subprocess.run([sys.executable, "-m", "omnicore", "train", "config.yaml"], cwd=work, env=_env(), capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "omnicore", "train", "config.yaml"], cwd=work, env=_env(), capture_output=True, text=True, timeout=600
+    )
 
 
 def test_training_with_builtin_kernels_matches_default(digits_jsonl, tmp_path):
     """3 steps on one process: chunked cross-entropy (a chunk smaller than every micro-batch) and
     torch_rms_norm give the default run's per-step losses within 1e-5 (relative)."""
     losses, norms = [], []
-    for tag, kernels in (("default", None), ("kernels", {"cross_entropy": {"name": "chunked_cross_entropy", "options": {"chunk_size": 64}}, "rmsnorm": "torch_rms_norm"})):
+    for tag, kernels in (
+        ("default", None),
+        ("kernels", {"cross_entropy": {"name": "chunked_cross_entropy", "options": {"chunk_size": 64}}, "rmsnorm": "torch_rms_norm"}),
+    ):
         cfg = tiny_config_dict(str(digits_jsonl / "train.jsonl"), output_dir=str(tmp_path / tag), max_steps=3)
         if kernels:
             cfg["model"]["kernels"] = kernels

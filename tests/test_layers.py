@@ -41,18 +41,21 @@ def _package(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_checker_finds_an_upward_import_a_lazy_one_and_a_cycle(tmp_path):
-    root = _package(tmp_path, {
-        "__init__.py": "",
-        "components.py": "",
-        "data/__init__.py": "",
-        "data/chat.py": "def f():\n    from omnicore.model.omni import OmniModel\n",  # lazy, still upward
-        "model/__init__.py": "",
-        "model/omni.py": "from omnicore.data.chat import f\nfrom omnicore.model import build\n",
-        "model/build.py": "from . import omni\n",  # relative import, a cycle with omni
-        "config.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from omnicore.train.loop import train\n",
-        "train/__init__.py": "",
-        "train/loop.py": "import omnicore.config\n",
-    })
+    root = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "components.py": "",
+            "data/__init__.py": "",
+            "data/chat.py": "def f():\n    from omnicore.model.omni import OmniModel\n",  # lazy, still upward
+            "model/__init__.py": "",
+            "model/omni.py": "from omnicore.data.chat import f\nfrom omnicore.model import build\n",
+            "model/build.py": "from . import omni\n",  # relative import, a cycle with omni
+            "config.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from omnicore.train.loop import train\n",
+            "train/__init__.py": "",
+            "train/loop.py": "import omnicore.config\n",
+        },
+    )
     g = check.graph(root)
     assert g["omnicore.data.chat"] == {"omnicore.model.omni"}
     assert g["omnicore.model.build"] == {"omnicore.model.omni"}
@@ -60,4 +63,6 @@ def test_checker_finds_an_upward_import_a_lazy_one_and_a_cycle(tmp_path):
     assert g["omnicore.train.loop"] == {"omnicore.config"}
     assert check.upward(g) == [("omnicore.data.chat", "omnicore.model.omni")]
     assert ["omnicore.data.chat", "omnicore.model.build", "omnicore.model.omni"] in check.cycles(g) or [
-        "omnicore.model.build", "omnicore.model.omni"] in check.cycles(g)
+        "omnicore.model.build",
+        "omnicore.model.omni",
+    ] in check.cycles(g)

@@ -25,8 +25,15 @@ def query(parallel: dict) -> dict:
         t = torch.tensor([float(state.rank)])
         dist.all_reduce(t, group=state.group(d))
         sub = state.submesh(d)
-        out[d] = {"size": state.size(d), "index": state.rank_in(d), "mesh_index": sub.get_local_rank(), "mesh_ranks": sub.mesh.flatten().tolist(),
-                  "ranks": state.group_ranks(d), "sum": t.item(), "via_state": state.all_reduce_sum(1, dim=d)}
+        out[d] = {
+            "size": state.size(d),
+            "index": state.rank_in(d),
+            "mesh_index": sub.get_local_rank(),
+            "mesh_ranks": sub.mesh.flatten().tolist(),
+            "ranks": state.group_ranks(d),
+            "sum": t.item(),
+            "via_state": state.all_reduce_sum(1, dim=d),
+        }
     return out
 
 
@@ -91,8 +98,16 @@ def test_layout_arithmetic_for_composed_dims():
 @pytest.mark.parametrize(
     "parallel, world, message",
     [
-        ({"dp_shard": 3}, 4, "parallel: parallel.dp_replicate x parallel.dp_shard x parallel.ep x parallel.sp = 1 x 3 x 1 x 1 = 3, but the world size is 4; make the product 4 (for example parallel.dp_shard: 4, or -1 to fill the rest)"),
-        ({"sp": 3}, 4, "parallel.dp_shard: is -1 (the rest) but the world size 4 is not divisible by dp_replicate=1, ep=1, sp=3 (product 3)"),
+        (
+            {"dp_shard": 3},
+            4,
+            "parallel: parallel.dp_replicate x parallel.dp_shard x parallel.ep x parallel.sp = 1 x 3 x 1 x 1 = 3, but the world size is 4; make the product 4 (for example parallel.dp_shard: 4, or -1 to fill the rest)",
+        ),
+        (
+            {"sp": 3},
+            4,
+            "parallel.dp_shard: is -1 (the rest) but the world size 4 is not divisible by dp_replicate=1, ep=1, sp=3 (product 3)",
+        ),
         ({"sp": 0}, 2, "parallel.sp: is 0; a size must be a positive integer, or -1 for the rest of the world size"),
         ({"sp": -1}, 2, "parallel.dp_shard, parallel.sp are all -1; only one dim can take the rest"),
     ],

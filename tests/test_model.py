@@ -9,14 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_config_dict  # noqa: E402  (tests/ is on pytest's pythonpath)
 
 from omnicore.data.chat import IGNORE_INDEX, ChatProcessor
 from omnicore.data.jsonl import parse_line
 from omnicore.data.packing import collate
 from omnicore.model.omni import PlaceholderMismatch
-
-
-from conftest import tiny_config_dict  # noqa: E402  (tests/ is on pytest's pythonpath)
 
 _BUILT: dict = {}
 
@@ -105,7 +103,7 @@ def test_packed_equals_separate(attention, sdpa, samples, digits_jsonl):
         for k, e in enumerate(encs):
             alone = _fwd(model, _mb(proc, [e]), return_logits=True)
             assert alone.logits.shape[1] == len(e)
-            torch.testing.assert_close(out.logits[:, cu[k]:cu[k + 1]], alone.logits, atol=1e-5, rtol=0)
+            torch.testing.assert_close(out.logits[:, cu[k] : cu[k + 1]], alone.logits, atol=1e-5, rtol=0)
             total += float(alone.loss_sum)
             assert alone.n_targets == e.n_targets
     assert out.n_targets == packed.n_targets == sum(e.n_targets for e in encs)
@@ -148,7 +146,9 @@ def test_encoder_outputs_scattered_at_placeholders(sdpa, samples):
 # ---- placeholder mismatch --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("task,token", [("image_to_text", "<|image_pad|>"), ("audio_to_text", "<|audio_pad|>"), ("text_to_image", "<|image_out|>")])
+@pytest.mark.parametrize(
+    "task,token", [("image_to_text", "<|image_pad|>"), ("audio_to_text", "<|audio_pad|>"), ("text_to_image", "<|image_out|>")]
+)
 def test_placeholder_mismatch_names_sample(sdpa, samples, task, token):
     model, tok, proc = sdpa
     mb = _mb(proc, [samples[task]])

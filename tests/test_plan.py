@@ -10,18 +10,29 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import TINY_LM
 
 TINY_MOE = {
-    "model_type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 16,
-    "shared_expert_intermediate_size": 32, "num_experts": 3, "num_experts_per_tok": 2, "num_hidden_layers": 1,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+    "model_type": "qwen2_moe",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 16,
+    "shared_expert_intermediate_size": 32,
+    "num_experts": 3,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
 }
 
 
 def _write(tmp_path: Path, parallel: dict, lm: dict = TINY_LM) -> str:
-    cfg = {"model": {"foundation": {"name": "hf_causal_lm", "options": {"config": dict(lm)}}}, "data": {"train": "unused.jsonl"}, "parallel": parallel}
+    cfg = {
+        "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": dict(lm)}}},
+        "data": {"train": "unused.jsonl"},
+        "parallel": parallel,
+    }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
@@ -38,7 +49,13 @@ def test_plan_cli_hsdp_is_valid_and_prints_mesh_groups_and_memory(tmp_path):
     """The real command line; torch.distributed is never initialised."""
     path = _write(tmp_path, {"dp_replicate": 2, "dp_shard": -1})
     code = "import sys, torch.distributed as d; from omnicore.cli import main; rc = main(sys.argv[1:]); assert not d.is_initialized(); sys.exit(rc)"
-    proc = subprocess.run([sys.executable, "-c", code, "plan", path, "--world-size", "4"], capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "plan", path, "--world-size", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "mesh: dp_replicate=2 x dp_shard=2 x ep=1 x sp=1 (world 4)" in out
@@ -67,24 +84,39 @@ def test_plan_memory_is_sharded_by_the_fsdp_dims(capsys, tmp_path):
 def test_sizes_not_multiplying_to_the_world_size(capsys, tmp_path):
     rc, out = _plan(capsys, tmp_path, {"dp_replicate": 2, "dp_shard": 3}, 4)
     assert rc == 2
-    assert "parallel: parallel.dp_replicate x parallel.dp_shard x parallel.ep x parallel.sp = 2 x 3 x 1 x 1 = 6, but the world size is 4; make the product 4 (for example parallel.dp_shard: 2, or -1 to fill the rest)" in out
+    assert (
+        "parallel: parallel.dp_replicate x parallel.dp_shard x parallel.ep x parallel.sp = 2 x 3 x 1 x 1 = 6, but the world size is 4; make the product 4 (for example parallel.dp_shard: 2, or -1 to fill the rest)"
+        in out
+    )
     rc, out = _plan(capsys, tmp_path, {"dp_shard": -1, "sp": 3}, 4)
     assert rc == 2
-    assert "parallel.dp_shard: is -1 (the rest) but the world size 4 is not divisible by dp_replicate=1, ep=1, sp=3 (product 3); use a world size that is a multiple of 3" in out
+    assert (
+        "parallel.dp_shard: is -1 (the rest) but the world size 4 is not divisible by dp_replicate=1, ep=1, sp=3 (product 3); use a world size that is a multiple of 3"
+        in out
+    )
 
 
 def test_heads_not_divisible_by_sp(capsys, tmp_path):
     rc, out = _plan(capsys, tmp_path, {"dp_shard": 1, "sp": 3}, 3)
     assert rc == 2
-    assert "parallel.sp: is 3 but the foundation has 4 attention heads, not divisible by 3; set parallel.sp to a divisor of 4 that divides the world size (1)" in out
+    assert (
+        "parallel.sp: is 3 but the foundation has 4 attention heads, not divisible by 3; set parallel.sp to a divisor of 4 that divides the world size (1)"
+        in out
+    )
     # and an sp dim no strategy uses is reported too
-    assert "parallel.sp: is 3 but no strategy uses the 'sp' dim (strategies: fsdp2); add a sequence-parallel strategy (for example ulysses) to parallel.strategies or set parallel.sp: 1" in out
+    assert (
+        "parallel.sp: is 3 but no strategy uses the 'sp' dim (strategies: fsdp2); add a sequence-parallel strategy (for example ulysses) to parallel.strategies or set parallel.sp: 1"
+        in out
+    )
 
 
 def test_experts_not_divisible_by_ep(capsys, tmp_path):
     rc, out = _plan(capsys, tmp_path, {"dp_shard": 1, "ep": 2}, 2, lm=TINY_MOE)
     assert rc == 2
-    assert "parallel.ep: is 2 but the foundation has 3 experts, not divisible by 2; set parallel.ep to a divisor of 3 that divides the world size (1)" in out
+    assert (
+        "parallel.ep: is 2 but the foundation has 3 experts, not divisible by 2; set parallel.ep to a divisor of 3 that divides the world size (1)"
+        in out
+    )
     rc, out = _plan(capsys, tmp_path, {"dp_shard": 1, "ep": 2}, 2)
     assert "parallel.ep: is 2 but the foundation (qwen2) has no experts; set parallel.ep: 1 or use a mixture-of-experts foundation" in out
 
@@ -92,7 +124,10 @@ def test_experts_not_divisible_by_ep(capsys, tmp_path):
 def test_replicate_dim_without_a_sharding_strategy(capsys, tmp_path):
     rc, out = _plan(capsys, tmp_path, {"dp_replicate": 2, "dp_shard": 1, "strategies": ["none"]}, 2)
     assert rc == 2
-    assert "parallel.dp_replicate: is 2 but no strategy uses the 'dp_replicate' dim (strategies: none); add fsdp2 to parallel.strategies (HSDP) or set parallel.dp_replicate: 1" in out
+    assert (
+        "parallel.dp_replicate: is 2 but no strategy uses the 'dp_replicate' dim (strategies: none); add fsdp2 to parallel.strategies (HSDP) or set parallel.dp_replicate: 1"
+        in out
+    )
 
 
 def test_strategies_are_ordered_by_phase_not_list_order():
@@ -115,7 +150,9 @@ def test_strategies_are_ordered_by_phase_not_list_order():
     got = [n for n, _ in order_strategies([("legacy", Legacy()), ("ckpt", Ckpt()), ("attn", Attn())])]
     assert got == ["attn", "ckpt", "legacy"]
     bad = type("Bad", (), {"phase": "whenever"})()
-    with pytest.raises(ParallelizeError, match="declares phase 'whenever'; phases are attention, experts, checkpointing, compile, sharding"):
+    with pytest.raises(
+        ParallelizeError, match="declares phase 'whenever'; phases are attention, experts, checkpointing, compile, sharding"
+    ):
         phase_of(bad)
 
 
@@ -139,9 +176,9 @@ def test_parallelize_refuses_ep_without_a_sharding_strategy():
     """The same check at apply time (parallelize validates before it changes anything)."""
     from types import SimpleNamespace
 
+    from omnicore.parallel.expert import ExpertParallel
     from omnicore.parallel.mesh import MeshLayout
     from omnicore.parallel.parallelize import ParallelizeError, parallelize
-    from omnicore.parallel.expert import ExpertParallel
 
     layout = MeshLayout(2, {"dp_replicate": 1, "dp_shard": 1, "ep": 2, "sp": 1})
     state = SimpleNamespace(size=layout.size, world_size=2)
@@ -153,11 +190,26 @@ def test_plan_shows_training_options_kernels_and_precision(capsys, tmp_path):
     from omnicore.cli import main
 
     path = _write(tmp_path, {"dp_shard": -1})
-    rc = main(["plan", path, "--world-size", "2", "--parallel.strategies", "[{name: activation_checkpointing, options: {mode: selective, every: 2}}, fsdp2]",
-               "--train.mixed_precision", "bf16", "--model.kernels", "{cross_entropy: chunked_cross_entropy}"])
+    rc = main(
+        [
+            "plan",
+            path,
+            "--world-size",
+            "2",
+            "--parallel.strategies",
+            "[{name: activation_checkpointing, options: {mode: selective, every: 2}}, fsdp2]",
+            "--train.mixed_precision",
+            "bf16",
+            "--model.kernels",
+            "{cross_entropy: chunked_cross_entropy}",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     # TINY_LM has 2 blocks: selective 1-in-2 checkpoints block 0 only; FSDP2 still wraps both
-    assert "activation_checkpointing [checkpointing]: activation checkpointing (selective): 1 block, one block in every 2; wraps lm.model.layers.0\n" in out
+    assert (
+        "activation_checkpointing [checkpointing]: activation checkpointing (selective): 1 block, one block in every 2; wraps lm.model.layers.0\n"
+        in out
+    )
     assert "fsdp2 [sharding]" in out
     assert "kernels: attention=sdpa, cross_entropy=chunked_cross_entropy; precision: bf16 mixed" in out

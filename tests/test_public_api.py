@@ -37,7 +37,11 @@ def violations(files: list[Path], allowed: set[str], root: Path = ROOT) -> list[
     for f in files:
         for line, module, names in omnicore_imports(f.read_text(), str(f)):
             # "from omnicore import api" is the public module itself
-            mods = {f"omnicore.{n}" for n in names} if module == "omnicore" and set(names) & {"api", "components", "hookspecs", "testing"} else {module}
+            mods = (
+                {f"omnicore.{n}" for n in names}
+                if module == "omnicore" and set(names) & {"api", "components", "hookspecs", "testing"}
+                else {module}
+            )
             for m in mods:
                 if m not in allowed and not any(m.startswith(a + ".") for a in allowed & TESTING):
                     bad.append(f"{f.relative_to(root)}:{line}: imports {m}")
@@ -46,12 +50,23 @@ def violations(files: list[Path], allowed: set[str], root: Path = ROOT) -> list[
 
 def plugin_package_files() -> list[Path]:
     """Every .py file of every first-party plugin distribution, its tests excepted."""
-    return sorted(f for d in PLUGIN_DIRS for f in d.rglob("*.py") if "tests" not in f.relative_to(d).parts and "template" not in f.relative_to(d).parts)
+    return sorted(
+        f
+        for d in PLUGIN_DIRS
+        for f in d.rglob("*.py")
+        if "tests" not in f.relative_to(d).parts and "template" not in f.relative_to(d).parts
+    )
 
 
 def test_there_are_plugins_to_check():
     names = {d.name for d in PLUGIN_DIRS}
-    assert {"omnicore-audio-whisper", "omnicore-parallel-ulysses", "omnicore-parallel-comet", "omnicore-kernels-liger", "omnicore-parallel-offload"} <= names
+    assert {
+        "omnicore-audio-whisper",
+        "omnicore-parallel-ulysses",
+        "omnicore-parallel-comet",
+        "omnicore-kernels-liger",
+        "omnicore-parallel-offload",
+    } <= names
     assert len(plugin_package_files()) >= 20
 
 
@@ -67,7 +82,11 @@ def test_template_imports_only_the_public_api_and_the_testing_kit():
         for m in _JINJA_IMPORT.finditer(f.read_text()):
             module = m.group(1) or m.group(3)
             names = [n.strip() for n in (m.group(2) or "").split(",")]
-            mods = {f"omnicore.{n}" for n in names} if module == "omnicore" and set(names) & {"api", "components", "hookspecs", "testing"} else {module}
+            mods = (
+                {f"omnicore.{n}" for n in names}
+                if module == "omnicore" and set(names) & {"api", "components", "hookspecs", "testing"}
+                else {module}
+            )
             for mod in mods:
                 if mod not in PUBLIC | TESTING:
                     bad.append(f"{f.relative_to(ROOT)}: imports {mod}")
@@ -76,8 +95,13 @@ def test_template_imports_only_the_public_api_and_the_testing_kit():
 
 def test_the_check_catches_a_private_import(tmp_path):
     f = tmp_path / "strategy.py"
-    f.write_text("from omnicore.api import FSDP2\n\ndef build():\n    from omnicore.parallel.fsdp import FSDP2\n    import omnicore.data.chat\n")
-    assert [v.split(": ", 1)[1] for v in violations([f], PUBLIC, root=tmp_path)] == ["imports omnicore.parallel.fsdp", "imports omnicore.data.chat"]
+    f.write_text(
+        "from omnicore.api import FSDP2\n\ndef build():\n    from omnicore.parallel.fsdp import FSDP2\n    import omnicore.data.chat\n"
+    )
+    assert [v.split(": ", 1)[1] for v in violations([f], PUBLIC, root=tmp_path)] == [
+        "imports omnicore.parallel.fsdp",
+        "imports omnicore.data.chat",
+    ]
     found = [(line, m) for line, m, _ in omnicore_imports(f.read_text(), str(f))]
     assert found == [(1, "omnicore.api"), (4, "omnicore.parallel.fsdp"), (5, "omnicore.data.chat")]
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from omnicore.testing import write_fake_distribution
 from omnicore import builtins as builtin_plugin
 from omnicore.components import ComponentSpec
 from omnicore.registry import Registry, RegistryError
+from omnicore.testing import write_fake_distribution
 
 VERSION = "0.1.0"
 
@@ -279,14 +279,13 @@ def test_hook_raising_halfway_registers_nothing(site):
     (row,) = rows
     assert (row.status, row.name, row.version, row.spec) == ("failed", "halfway", "0.9", None)
     assert row.reason == (
-        f"entry point 'halfway = {module}' of omnicore-halfway 0.9 raised in registration: "
-        "ValueError: kernel table is corrupt"
+        f"entry point 'halfway = {module}' of omnicore-halfway 0.9 raised in registration: ValueError: kernel table is corrupt"
     )
     assert not [r for r in reg.components() if r.name == "halfenc"]
     with pytest.raises(RegistryError, match="no encoder named 'halfenc'"):
         reg.resolve("encoder", "halfenc")
     # the plugin is also unregistered from pluggy: calling the hook does not reach it
-    assert all(impl.plugin_name != f"omnicore-halfway:halfway" for impl in reg.pm.hook.omnicore_encoders.get_hookimpls())
+    assert all(impl.plugin_name != "omnicore-halfway:halfway" for impl in reg.pm.hook.omnicore_encoders.get_hookimpls())
     names = [spec.name for specs in reg.pm.hook.omnicore_encoders() for spec in specs]
     assert "halfenc" not in names and {"siglip", "whisper"} <= set(names)
 
@@ -637,8 +636,7 @@ def test_incompatible_plugin_is_not_imported(site):
     (row,) = rows_of(reg, "omnicore-future")
     assert (row.kind, row.name, row.version, row.status, row.api, row.spec) == ("-", "future", "3.1.0", "incompatible", ">=2.0,<3", None)
     assert row.reason == (
-        f"entry point 'future = {module}' of omnicore-future 3.1.0 requires omnicore API >=2.0,<3; "
-        "omnicore 0.1.0 provides API 1.1"
+        f"entry point 'future = {module}' of omnicore-future 3.1.0 requires omnicore API >=2.0,<3; omnicore 0.1.0 provides API 1.1"
     )
     assert module not in sys.modules  # checked from metadata alone
     assert not [r for r in reg.components() if r.name in ("fastattn", "fakeenc")]
@@ -742,9 +740,15 @@ def test_registry_for_config_section(site, tmp_path):
     site.add("omnicore-fake-kernels", "1.2.3", "fastattn", KERNEL_PLUGIN)
     site.add("omnicore-broken", "0.3.0", "broken", None, module=site.mod("gone"))
     cfg_file = tmp_path / "config.yaml"
-    cfg_file.write_text("data:\n  train: t.jsonl\nplugins:\n  disable: [broken]\n  allow: [omnicore-fake-kernels, broken, whisper]\n  strict: true\n")
+    cfg_file.write_text(
+        "data:\n  train: t.jsonl\nplugins:\n  disable: [broken]\n  allow: [omnicore-fake-kernels, broken, whisper]\n  strict: true\n"
+    )
     cfg = load_config(cfg_file)
-    assert (cfg.plugins.disable, cfg.plugins.allow, cfg.plugins.strict) == (["broken"], ["omnicore-fake-kernels", "broken", "whisper"], True)
+    assert (cfg.plugins.disable, cfg.plugins.allow, cfg.plugins.strict) == (
+        ["broken"],
+        ["omnicore-fake-kernels", "broken", "whisper"],
+        True,
+    )
     reg = registry_for(cfg)  # strict, but the broken plugin is disabled, so nothing raises
     assert {r.provider for r in reg.rows if r.status == "available"} == {"omnicore", "omnicore-fake-kernels", "omnicore-audio-whisper"}
     assert reg.resolve("kernel", "fastattn").name == "fastattn"
@@ -856,7 +860,12 @@ def test_check_import_reports_time_torch_and_crashes(tmp_path):
         ("parallel", "none", {"x": 1}, "options of parallel/none: x: unknown key; this component takes no options"),
         ("parallel", "ep", {"chunk": 2}, "options of parallel/ep: chunk: unknown key; did you mean 'chunks'?"),
         ("kernel", "sdpa", {"causal": False}, "options of kernel/sdpa: causal: unknown key; this component takes no options"),
-        ("kernel", "sdpa_varlen", {"pad_below": 64}, "options of kernel/sdpa_varlen: pad_below: unknown key; this component takes no options"),
+        (
+            "kernel",
+            "sdpa_varlen",
+            {"pad_below": 64},
+            "options of kernel/sdpa_varlen: pad_below: unknown key; this component takes no options",
+        ),
     ],
 )
 def test_builtin_options_are_never_silently_ignored(kind, name, options, message):
@@ -869,5 +878,7 @@ def test_builtin_options_are_never_silently_ignored(kind, name, options, message
 def test_every_builtin_declares_an_options_model():
     from omnicore import builtins
 
-    specs = [s for hook in (builtins.omnicore_foundations, builtins.omnicore_parallel_strategies, builtins.omnicore_kernels) for s in hook()]
+    specs = [
+        s for hook in (builtins.omnicore_foundations, builtins.omnicore_parallel_strategies, builtins.omnicore_kernels) for s in hook()
+    ]
     assert len(specs) >= 12 and all(s.options_model for s in specs), [s.key for s in specs if not s.options_model]

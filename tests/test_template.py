@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT, tiny_config_dict
 
 copier = pytest.importorskip("copier", reason="the template test needs copier (scripts/setup.sh installs it)")
@@ -48,8 +47,23 @@ def generated(tmp_path_factory):
         copier.run_copy(str(TEMPLATE), str(dest), data=answers, defaults=True, quiet=True)
         dirs.append(dest)
     site = work / "site"
-    _run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--no-build-isolation",
-          "--target", str(site), *map(str, dirs)], dict(os.environ), work)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            *map(str, dirs),
+        ],
+        dict(os.environ),
+        work,
+    )
     env = dict(os.environ, PYTHONPATH=str(site), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return work, env, dirs
 
@@ -60,8 +74,16 @@ def test_generated_files(generated):
     pyproject = (enc / "pyproject.toml").read_text()
     assert '[project.entry-points.omnicore]\npatchconv = "omnicore_encoder_patchconv.plugin"' in pyproject
     assert "omnicore-api >=1.1,<2" in pyproject
-    names = {p.relative_to(enc).as_posix() for p in enc.rglob("*") if p.is_file() and "egg-info" not in p.as_posix() and "build" not in p.parts}
-    assert {"README.md", "pyproject.toml", "omnicore_encoder_patchconv/plugin.py", "omnicore_encoder_patchconv/encoder.py", "tests/test_contract.py"} <= names
+    names = {
+        p.relative_to(enc).as_posix() for p in enc.rglob("*") if p.is_file() and "egg-info" not in p.as_posix() and "build" not in p.parts
+    }
+    assert {
+        "README.md",
+        "pyproject.toml",
+        "omnicore_encoder_patchconv/plugin.py",
+        "omnicore_encoder_patchconv/encoder.py",
+        "tests/test_contract.py",
+    } <= names
     # one component file per kind: the other kinds' files are not generated
     assert not (enc / "omnicore_encoder_patchconv" / "decoder.py").exists()
     assert (dirs[5] / "omnicore_kernel_tiny_kernel" / "kernel.py").is_file()

@@ -11,6 +11,7 @@ from importlib import metadata
 
 import pytest
 import torch
+from conftest import TINY_LM
 
 from omnicore.components import ComponentSpec
 from omnicore.hookspecs import hookimpl
@@ -21,8 +22,6 @@ from omnicore.testing import (
     ParallelStrategyContract,
     installed_fake_distribution,
 )
-
-from conftest import TINY_LM
 
 # ---- the built-ins, through their contract suites -------------------------------------------
 
@@ -52,14 +51,14 @@ class TestFSDP2Contract(ParallelStrategyContract):
 
 # ---- fixtures and helpers --------------------------------------------------------------------
 
-HOOK = '''
+HOOK = """
 from omnicore.components import ComponentSpec
 from omnicore.hookspecs import hookimpl
 
 @hookimpl
 def omnicore_encoders():
     return [ComponentSpec(kind="encoder", name="toy", target="toy_encoder:build", modalities=("image",), description="a toy")]
-'''
+"""
 
 TOY = '''
 """A toy image encoder: 8x8 grey pixels, four 4x4 patches, a linear projection. ``bug`` breaks one rule."""
@@ -120,7 +119,9 @@ def toy_dist(fake_distribution):
 
 
 def test_fake_distribution_is_discovered_and_undone(tmp_path):
-    with installed_fake_distribution(tmp_path / "site", "omnicore-toy", "0.3", {"toy": "toy_hook"}, {"toy_hook": HOOK, "toy_encoder": TOY}) as dist:
+    with installed_fake_distribution(
+        tmp_path / "site", "omnicore-toy", "0.3", {"toy": "toy_hook"}, {"toy_hook": HOOK, "toy_encoder": TOY}
+    ) as dist:
         assert str(tmp_path / "site") == sys.path[0]
         eps = [ep for ep in metadata.entry_points(group="omnicore") if ep.name == "toy"]
         assert [(ep.value, ep.dist.metadata["Name"], ep.dist.version) for ep in eps] == [("toy_hook", "omnicore-toy", "0.3")]

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from conftest import tiny_config_dict
 
 STEPS = 4
@@ -45,7 +44,9 @@ def _omnicore(*args: str, nproc: int = 1, cwd: Path) -> subprocess.CompletedProc
 def one_process_run(digits_jsonl, tmp_path_factory):
     """4 steps on one process with grad_accum=2, saving a checkpoint every step and exporting."""
     work = tmp_path_factory.mktemp("one")
-    cfg = tiny_config_dict(str(digits_jsonl / "train.jsonl"), output_dir=str(work / "run"), max_steps=STEPS, grad_accum=2, save_every=2, export=True)
+    cfg = tiny_config_dict(
+        str(digits_jsonl / "train.jsonl"), output_dir=str(work / "run"), max_steps=STEPS, grad_accum=2, save_every=2, export=True
+    )
     path = _write_cfg(work / "cfg.yaml", cfg)
     _omnicore("train", str(path), cwd=work)
     return work / "run", cfg
@@ -146,7 +147,10 @@ def test_fresh_run_into_a_used_output_dir_is_refused(one_process_run, tmp_path):
     path = _write_cfg(tmp_path / "cfg.yaml", cfg)
     proc = subprocess.run([sys.executable, "-m", "omnicore", "train", str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: {run1 / 'checkpoints'} already holds a run (latest: step-{STEPS:08d}); continue it with --resume, or pick another --run.output_dir"
+    assert (
+        proc.stderr.strip()
+        == f"error: {run1 / 'checkpoints'} already holds a run (latest: step-{STEPS:08d}); continue it with --resume, or pick another --run.output_dir"
+    )
     assert (run1 / "metrics.jsonl").read_text() == before
 
 
@@ -162,7 +166,10 @@ def test_sp2_by_overrides_only_matches_one_process(one_process_run, tmp_path):
     path = _write_cfg(tmp_path / "cfg.yaml", cfg2)
     overrides = ["--parallel.sp", "2", "--parallel.dp_shard", "1", "--parallel.strategies", "[ulysses]", "--train.stop_after", "3"]
     out = _omnicore("train", str(path), *overrides, nproc=2, cwd=tmp_path).stdout
-    assert "parallel: dp_replicate=1 x dp_shard=1 x ep=1 x sp=2 (world 2); strategies: ulysses; data split into 1 shard(s), one per data-parallel group" in out
+    assert (
+        "parallel: dp_replicate=1 x dp_shard=1 x ep=1 x sp=2 (world 2); strategies: ulysses; data split into 1 shard(s), one per data-parallel group"
+        in out
+    )
     one, two = _losses(run1)[:3], _losses(tmp_path / "run")
     assert len(two) == 3
     print(f"SP=2 vs one process: max loss rel diff {max(abs(a - b) / abs(b) for a, b in zip(two, one)):.2e}")
@@ -170,9 +177,18 @@ def test_sp2_by_overrides_only_matches_one_process(one_process_run, tmp_path):
 
 
 TINY_MOE = {
-    "model_type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 16,
-    "shared_expert_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "decoder_sparse_step": 1, "max_position_embeddings": 1024,
+    "model_type": "qwen2_moe",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 16,
+    "shared_expert_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "decoder_sparse_step": 1,
+    "max_position_embeddings": 1024,
 }
 
 

@@ -11,12 +11,12 @@ import copy
 
 import pytest
 import torch
-
 from conftest import TINY_LM, tiny_config_dict
+
+from omnicore.config import Config
 from omnicore.parallel.checkpointing import ActivationCheckpointing
 from omnicore.parallel.compile import CompileBlocks
-from omnicore.config import Config
-from omnicore.train.metrics import FlopsModel, flops_model, padding_waste
+from omnicore.train.metrics import flops_model, padding_waste
 
 
 def _model():
@@ -199,7 +199,9 @@ def test_train_metrics_and_options(text_jsonl, text_cfg, tmp_path):
     peak = _train({**text_cfg, "train": {**text_cfg["train"], "peak_tflops": 0.5}}, tmp_path, "peak")
     assert all(r["mfu"] == pytest.approx(r["tflops"] / 0.5) for r in peak)
 
-    ac = _train({**text_cfg, "parallel": {"strategies": [{"name": "activation_checkpointing", "options": {"mode": "full"}}]}}, tmp_path, "ac")
+    ac = _train(
+        {**text_cfg, "parallel": {"strategies": [{"name": "activation_checkpointing", "options": {"mode": "full"}}]}}, tmp_path, "ac"
+    )
     assert [r["loss"] for r in ac] == pytest.approx([r["loss"] for r in base], rel=1e-6)
 
     bf16 = _train({**text_cfg, "train": {**text_cfg["train"], "mixed_precision": "bf16"}}, tmp_path, "bf16")
@@ -224,13 +226,16 @@ def test_fsdp2_two_processes_with_checkpointing_and_bf16():
     """Through parallelize() on 2 gloo processes (tests/test_hsdp.py's harness): FSDP2 with full
     activation checkpointing equals one process without; FSDP2 bf16 (MixedPrecisionPolicy) runs
     block weights in bf16, keeps fp32 parameters, and stays close to one-process bf16 autocast."""
-    from omnicore.testing.distributed import max_rel_diff, run_distributed
     from test_hsdp import train_steps
+
+    from omnicore.testing.distributed import max_rel_diff, run_distributed
 
     ref = train_steps({"dp_shard": -1})
     ref_bf16 = train_steps({"dp_shard": -1}, {"mixed_precision": "bf16"})
     assert ref["forward_dtypes"] == ["torch.float32"] and ref_bf16["param_dtypes"] == ["torch.float32"]
-    for r in run_distributed(train_steps, 2, args=({"dp_shard": -1, "strategies": [{"name": "activation_checkpointing", "options": {"mode": "full"}}, "fsdp2"]},)):
+    for r in run_distributed(
+        train_steps, 2, args=({"dp_shard": -1, "strategies": [{"name": "activation_checkpointing", "options": {"mode": "full"}}, "fsdp2"]},)
+    ):
         assert max(abs(a - b) / b for a, b in zip(r["losses"], ref["losses"])) <= 1e-5
         assert max_rel_diff(r["grads"], ref["grads"]) <= 1e-4
     for r in run_distributed(train_steps, 2, args=({"dp_shard": -1, "strategies": ["fsdp2"]}, {"mixed_precision": "bf16"})):

@@ -112,10 +112,14 @@ def text_samples(n: int, seed: int, max_tokens: int, sigma: float = SIGMA) -> li
                 cursor = 0
             pieces.append(_text(corpus[cursor : cursor + k]) or " ")
             cursor += k
-        samples.append({"messages": [
-            {"role": "user", "content": [{"type": "text", "text": pieces[0]}]},
-            {"role": "assistant", "content": [{"type": "text", "text": pieces[1]}]},
-        ]})
+        samples.append(
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": pieces[0]}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": pieces[1]}]},
+                ]
+            }
+        )
     return samples
 
 
@@ -133,7 +137,12 @@ def corpus_info() -> dict[str, Any]:
         "bytes": len(data),
         "sha256": hashlib.sha256(data).hexdigest()[:16],
         "prompt_len": {"dist": "lognormal", "mean": PROMPT_MEAN, "sigma": SIGMA, "median": round(lognormal_median(PROMPT_MEAN, SIGMA), 1)},
-        "response_len": {"dist": "lognormal", "mean": RESPONSE_MEAN, "sigma": SIGMA, "median": round(lognormal_median(RESPONSE_MEAN, SIGMA), 1)},
+        "response_len": {
+            "dist": "lognormal",
+            "mean": RESPONSE_MEAN,
+            "sigma": SIGMA,
+            "median": round(lognormal_median(RESPONSE_MEAN, SIGMA), 1),
+        },
         "means_source": "LMSYS-Chat-1M (Zheng et al. 2023, arXiv:2309.11998), Table 1: 69.5 tokens per prompt, 214.5 per response",
         "sigma_source": "assumption (not cited)",
         "unit": "byte tokens (omnicore's byte tokenizer)",

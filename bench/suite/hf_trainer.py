@@ -66,8 +66,15 @@ class _Counting:
         return batch
 
 
-def run_trainer(cfg_dict: dict[str, Any], vocab_size: int, features: list[dict[str, list[int]]], collator: Any, batch_size: int,
-                warmup: int, pad_id: int) -> dict[str, Any]:
+def run_trainer(
+    cfg_dict: dict[str, Any],
+    vocab_size: int,
+    features: list[dict[str, list[int]]],
+    collator: Any,
+    batch_size: int,
+    warmup: int,
+    pad_id: int,
+) -> dict[str, Any]:
     """One epoch of ``transformers.Trainer`` over ``features``; returns real tokens/s (after
     ``warmup`` steps), steps, the loss of the first step and the padding waste it computed."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -89,13 +96,29 @@ def run_trainer(cfg_dict: dict[str, Any], vocab_size: int, features: list[dict[s
     timer = Timer()
     with tempfile.TemporaryDirectory(prefix="omnicore-bench-hf-") as tmp:
         args = TrainingArguments(
-            output_dir=tmp, per_device_train_batch_size=batch_size, num_train_epochs=1, gradient_accumulation_steps=1,
-            max_grad_norm=tr["grad_clip"], learning_rate=tr["lr"], weight_decay=tr["weight_decay"],
-            adam_beta1=tr["betas"][0], adam_beta2=tr["betas"][1], seed=seed,
-            logging_strategy="no", save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
-            dataloader_num_workers=0, dataloader_pin_memory=False, use_cpu=True, remove_unused_columns=False,
+            output_dir=tmp,
+            per_device_train_batch_size=batch_size,
+            num_train_epochs=1,
+            gradient_accumulation_steps=1,
+            max_grad_norm=tr["grad_clip"],
+            learning_rate=tr["lr"],
+            weight_decay=tr["weight_decay"],
+            adam_beta1=tr["betas"][0],
+            adam_beta2=tr["betas"][1],
+            seed=seed,
+            logging_strategy="no",
+            save_strategy="no",
+            eval_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            dataloader_pin_memory=False,
+            use_cpu=True,
+            remove_unused_columns=False,
         )
-        trainer = Trainer(model=model, args=args, train_dataset=features, data_collator=counting, optimizers=(opt, sched), callbacks=[timer])
+        trainer = Trainer(
+            model=model, args=args, train_dataset=features, data_collator=counting, optimizers=(opt, sched), callbacks=[timer]
+        )
         with contextlib.redirect_stdout(io.StringIO()):
             out = trainer.train()
     n = len(timer.ends)

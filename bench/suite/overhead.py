@@ -48,16 +48,39 @@ LM = {
 }
 
 
-def config_dict(train: str, output_dir: str, *, max_tokens: int, max_steps: int, lm: dict | None = None, seed: int = 0,
-                lr: float = 1e-3, warmup_steps: int = 2, attention: str = "sdpa") -> dict[str, Any]:
+def config_dict(
+    train: str,
+    output_dir: str,
+    *,
+    max_tokens: int,
+    max_steps: int,
+    lm: dict | None = None,
+    seed: int = 0,
+    lr: float = 1e-3,
+    warmup_steps: int = 2,
+    attention: str = "sdpa",
+) -> dict[str, Any]:
     """The omnicore run config (as a dict) used by every figure: text only, one process;
     ``attention`` is the registry's attention kernel (``model.kernels.attention``)."""
     return {
         "run": {"output_dir": output_dir, "seed": seed, "device": "cpu"},
-        "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": dict(lm or LM), "tokenizer": "byte"}}, "kernels": {"attention": attention}},
+        "model": {
+            "foundation": {"name": "hf_causal_lm", "options": {"config": dict(lm or LM), "tokenizer": "byte"}},
+            "kernels": {"attention": attention},
+        },
         "data": {"train": train, "max_tokens": max_tokens, "shuffle": True},
-        "train": {"max_steps": max_steps, "lr": lr, "warmup_steps": warmup_steps, "min_lr_ratio": 0.1, "weight_decay": 0.01,
-                  "betas": [0.9, 0.95], "grad_clip": 1.0, "grad_accum": 1, "progress": False, "export": False},
+        "train": {
+            "max_steps": max_steps,
+            "lr": lr,
+            "warmup_steps": warmup_steps,
+            "min_lr_ratio": 0.1,
+            "weight_decay": 0.01,
+            "betas": [0.9, 0.95],
+            "grad_clip": 1.0,
+            "grad_accum": 1,
+            "progress": False,
+            "export": False,
+        },
     }
 
 
@@ -114,8 +137,10 @@ def adamw(model: Any, train: dict[str, Any], total_steps: int) -> tuple[Any, Any
     from omnicore.train.optim import warmup_cosine  # the schedule formula only (a pure function)
 
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": train["weight_decay"]},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": train["weight_decay"]},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
     opt = torch.optim.AdamW(groups, lr=train["lr"], betas=tuple(train["betas"]))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(train["warmup_steps"], total_steps, train["min_lr_ratio"]))
     return opt, sched
@@ -156,8 +181,9 @@ def handwritten_train(cfg_dict: dict[str, Any], vocab_size: int, rows: list[list
     return history
 
 
-def measure(train_path: str, *, max_tokens: int, steps: int, warmup: int, repeats: int, seed: int = 0,
-            lm: dict | None = None) -> dict[str, Any]:
+def measure(
+    train_path: str, *, max_tokens: int, steps: int, warmup: int, repeats: int, seed: int = 0, lm: dict | None = None
+) -> dict[str, Any]:
     """Interleaved repeats of both loops (see the module docstring). Times in milliseconds."""
     cfg = config_dict(train_path, "unused", max_tokens=max_tokens, max_steps=steps, lm=lm, seed=seed)
     samples, tokenizer = encode(cfg)

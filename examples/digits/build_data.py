@@ -350,9 +350,7 @@ def build(args: argparse.Namespace) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add = p.add_argument
     add("--out", default=str(DEFAULT_OUT), help="output folder")
     add("--raw", default=str(DEFAULT_RAW), help="folder with the shipped mnist/ and fsdd/ sources")

@@ -19,8 +19,9 @@ import os
 import random
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -46,7 +47,9 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(root: str | Path, step: int, model: Any, optimizer: Any, scheduler: Any, trainer_state: dict[str, Any], state: Any, keep: int = 2) -> Path:
+def save_checkpoint(
+    root: str | Path, step: int, model: Any, optimizer: Any, scheduler: Any, trainer_state: dict[str, Any], state: Any, keep: int = 2
+) -> Path:
     """Save a checkpoint for ``step`` (collective: every rank calls it). Returns the folder."""
     root = Path(root)
     final = root / f"step-{step:08d}"

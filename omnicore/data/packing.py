@@ -16,8 +16,9 @@ with ``grad_accum = G`` sees exactly the batches that ``G`` processes see togeth
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from omnicore.data.chat import Encoded
 
@@ -145,7 +146,9 @@ class PackedStream:
         shuffle: shuffle each epoch (otherwise file order).
     """
 
-    def __init__(self, samples: list[Encoded], max_tokens: int, seed: int, shuffle: bool = True, method: str = "first_fit", window: int = 4096):
+    def __init__(
+        self, samples: list[Encoded], max_tokens: int, seed: int, shuffle: bool = True, method: str = "first_fit", window: int = 4096
+    ):
         if method not in PACKING_METHODS:
             raise PackingError(f"data.packing: unknown method {method!r}; choose one of {', '.join(PACKING_METHODS)}")
         if not samples:

@@ -33,4 +33,3 @@ class EagerAttention(_TransformersAttention):
     """transformers' eager attention (explicit matmul and softmax): the simplest reference."""
 
     implementation = "eager"
-

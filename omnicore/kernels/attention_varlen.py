@@ -135,8 +135,13 @@ def sdpa_varlen_attention_forward(
         else:
             qg, kg, vg = q[g.index], k[g.index], v[g.index]  # [n, L, H, D]
         o = F.scaled_dot_product_attention(
-            qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2),
-            dropout_p=dropout, is_causal=causal, scale=scaling, enable_gqa=hq != hkv,
+            qg.transpose(1, 2),
+            kg.transpose(1, 2),
+            vg.transpose(1, 2),
+            dropout_p=dropout,
+            is_causal=causal,
+            scale=scaling,
+            enable_gqa=hq != hkv,
         )  # [n, H, L, D]
         o = o.transpose(1, 2).reshape(g.n * g.length, hq, o.shape[-1])
         pieces.append(o if g.keep is None else o[g.keep])

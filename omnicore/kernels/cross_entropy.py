@@ -69,7 +69,9 @@ def _compute_dtype(t: Any) -> Any:
     return t.dtype
 
 
-def _chunked_forward(hidden: Any, weight: Any, bias: Any, labels: Any, ignore_index: int, chunk: int, need: tuple[bool, bool, bool]) -> tuple[Any, Any, Any, Any]:
+def _chunked_forward(
+    hidden: Any, weight: Any, bias: Any, labels: Any, ignore_index: int, chunk: int, need: tuple[bool, bool, bool]
+) -> tuple[Any, Any, Any, Any]:
     """Loss sum and, where ``need`` asks (hidden, weight, bias), its gradients, chunk by chunk.
 
     For the rows ``i`` of a chunk, logits ``z_i = h_i W^T + b`` (computed in the compute dtype,
@@ -196,4 +198,3 @@ class ChunkedCrossEntropy(TorchCrossEntropy):
         if not any(need):
             return _chunked_forward(hidden, weight, bias, labels, ignore_index, self.chunk_size, need)[0]
         return _chunked_function().apply(hidden, weight, bias, labels, ignore_index, self.chunk_size, need)
-

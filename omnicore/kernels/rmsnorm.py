@@ -61,7 +61,9 @@ class TorchRMSNorm:
 
         mods = rms_norm_modules(model)
         if not mods:
-            raise ValueError(f"torch_rms_norm: {type(model).__name__} has no RMSNorm modules (class name ending in 'RMSNorm' with weight and eps)")
+            raise ValueError(
+                f"torch_rms_norm: {type(model).__name__} has no RMSNorm modules (class name ending in 'RMSNorm' with weight and eps)"
+            )
         checked: set[type] = set()
         for m in mods:
             cls = type(m)

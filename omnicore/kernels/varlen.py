@@ -18,8 +18,9 @@ torch is imported inside the functions: importing this module is cheap.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 VARLEN_ATTR = "omnicore_varlen"
 """Attribute set to True on a transformers attention function that splits packed samples itself

@@ -14,7 +14,9 @@ def prepare_tokenizer(tokenizer: Any, encoder_modalities: list[str], decoder_mod
     """Add omnicore's chat and placeholder tokens (see :func:`omnicore.data.chat.special_tokens`)."""
     from omnicore.data.chat import IM_END, PAD
 
-    tokenizer.add_special_tokens({"additional_special_tokens": special_tokens(encoder_modalities, decoder_modalities)}, replace_extra_special_tokens=False)
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": special_tokens(encoder_modalities, decoder_modalities)}, replace_extra_special_tokens=False
+    )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = PAD
     tokenizer.eos_token = IM_END
@@ -109,11 +111,15 @@ def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any
     hidden = lm.config.get_text_config().hidden_size
     encoders = {}
     for key, c in m.encoders.items():
-        encoders[key] = _build(registry, f"model.encoders.{key}", "encoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden)
+        encoders[key] = _build(
+            registry, f"model.encoders.{key}", "encoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden
+        )
         _check_modality(encoders[key], "encoder", key, c.name)
     decoders = {}
     for key, c in m.decoders.items():
-        decoders[key] = _build(registry, f"model.decoders.{key}", "decoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden)
+        decoders[key] = _build(
+            registry, f"model.decoders.{key}", "decoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden
+        )
         _check_modality(decoders[key], "decoder", key, c.name)
     for kernel in kernels.values():
         kernel.activate(lm)

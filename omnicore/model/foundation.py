@@ -22,10 +22,12 @@ class HFCausalLMOptions(BaseModel):
         default=None, description="transformers config kwargs with 'model_type' (e.g. qwen2); builds a randomly initialised model"
     )
     checkpoint: str | None = Field(default=None, description="local folder written by save_pretrained (config.json + safetensors)")
-    tokenizer: str | None = Field(default=None, description="'byte', or a local tokenizer folder; default: the checkpoint's own, else 'byte'")
+    tokenizer: str | None = Field(
+        default=None, description="'byte', or a local tokenizer folder; default: the checkpoint's own, else 'byte'"
+    )
 
     @model_validator(mode="after")
-    def _one_source(self) -> "HFCausalLMOptions":
+    def _one_source(self) -> HFCausalLMOptions:
         if (self.config is None) == (self.checkpoint is None):
             raise ValueError("set exactly one of 'config' (build from scratch) and 'checkpoint' (load a local folder)")
         if self.config is not None and "model_type" not in self.config:

@@ -22,7 +22,7 @@ from omnicore.data.chat import IGNORE_INDEX
 from omnicore.kernels.varlen import CU_SEQLENS_KWARGS, cu_seqlens_from_position_ids
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _default_cross_entropy() -> Any:
     """The one shared ``torch_cross_entropy`` instance (stateless), not a new one per forward."""
     from omnicore.kernels.cross_entropy import TorchCrossEntropy
@@ -92,7 +92,9 @@ class OmniModel(nn.Module):
 
     # ---- embedding ---------------------------------------------------------------------------
 
-    def embed(self, input_ids: torch.Tensor, encoder_inputs: dict[str, Any], decoder_inputs: dict[str, Any], wheres: list[str] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    def embed(
+        self, input_ids: torch.Tensor, encoder_inputs: dict[str, Any], decoder_inputs: dict[str, Any], wheres: list[str] | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
         """Input embeddings ``[1, T, H]`` with media merged in.
 
         Returns ``(embeds, codes, dummy)``: the decoder codes per modality (LongTensor ``[N_m]``) and
@@ -168,8 +170,13 @@ class OmniModel(nn.Module):
             max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
         embeds, codes, dummy = self.embed(input_ids, encoder_inputs or {}, decoder_inputs or {}, wheres)
         seq: dict[str, Any] = {
-            "inputs_embeds": embeds, "position_ids": position_ids, "labels": labels, "decoder_labels": self.decoder_labels(input_ids, codes),
-            "cu_seqlens": cu_seqlens.to(position_ids.device), "max_seqlen": max_seqlen, "foundation_kwargs": {},
+            "inputs_embeds": embeds,
+            "position_ids": position_ids,
+            "labels": labels,
+            "decoder_labels": self.decoder_labels(input_ids, codes),
+            "cu_seqlens": cu_seqlens.to(position_ids.device),
+            "max_seqlen": max_seqlen,
+            "foundation_kwargs": {},
         }
         for hook in list(self._sequence_hooks.values()):
             seq = hook(self, seq)
@@ -193,7 +200,9 @@ class OmniModel(nn.Module):
             out[m] = torch.full_like(input_ids, IGNORE_INDEX).masked_scatter(pred, c)
         return out
 
-    def losses(self, hidden: torch.Tensor, labels: torch.Tensor, dec_labels: dict[str, torch.Tensor], dummy: torch.Tensor, return_logits: bool) -> ModelOutput:
+    def losses(
+        self, hidden: torch.Tensor, labels: torch.Tensor, dec_labels: dict[str, torch.Tensor], dummy: torch.Tensor, return_logits: bool
+    ) -> ModelOutput:
         """Summed text and decoder losses from the final hidden states ``[1, T, H]`` (this rank's
         part of the row under sequence parallelism)."""
         head = self.lm.get_output_embeddings()
@@ -204,7 +213,9 @@ class OmniModel(nn.Module):
         else:  # the cross_entropy kernel (model.kernels.cross_entropy): lm_head and loss together
             ce = self.cross_entropy if self.cross_entropy is not None else _default_cross_entropy()
             flat = hidden.reshape(-1, hidden.shape[-1])
-            text_sum = ce.linear_cross_entropy_sum(flat, head.weight, labels.reshape(-1), ignore_index=IGNORE_INDEX, bias=getattr(head, "bias", None))
+            text_sum = ce.linear_cross_entropy_sum(
+                flat, head.weight, labels.reshape(-1), ignore_index=IGNORE_INDEX, bias=getattr(head, "bias", None)
+            )
         n = int((labels != IGNORE_INDEX).sum())
         dec_sums: dict[str, torch.Tensor] = {}
         dec_counts: dict[str, int] = {}

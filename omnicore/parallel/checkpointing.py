@@ -30,9 +30,10 @@ class ActivationCheckpointingOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["full", "selective", "op"] = Field(default="full", description="full: every block; selective: every N-th block; op: save matmul/attention outputs, recompute the rest")
+    mode: Literal["full", "selective", "op"] = Field(
+        default="full", description="full: every block; selective: every N-th block; op: save matmul/attention outputs, recompute the rest"
+    )
     every: int = Field(default=2, gt=0, description="selective mode: checkpoint every N-th block (1 = all of them)")
-
 
 
 def _save_compute_heavy_ops() -> set[Any]:
@@ -42,9 +43,15 @@ def _save_compute_heavy_ops() -> set[Any]:
 
     aten = torch.ops.aten
     names = [
-        "mm", "addmm", "bmm", "baddbmm", "_scaled_mm",
-        "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "_scaled_mm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
         "_scaled_dot_product_fused_attention_overrideable",
     ]
     ops = set()
@@ -120,11 +127,14 @@ class ActivationCheckpointing(BlockStrategy):
         return model
 
     def plan(self, model: Any, state: Any, prior: dict[str, Any]) -> Any:
-
         names = module_names(model)
         chosen = self.chosen(model)
         o = self.options
-        what = {"full": "every block", "op": "every block, saving matmul/attention outputs", "selective": f"one block in every {o.every}"}[o.mode]
-        return StrategyPlan([names[id(b)] for b in chosen], {}, f"activation checkpointing ({o.mode}): {len(chosen)} block{'s' if len(chosen) != 1 else ''}, {what}")
-
-
+        what = {"full": "every block", "op": "every block, saving matmul/attention outputs", "selective": f"one block in every {o.every}"}[
+            o.mode
+        ]
+        return StrategyPlan(
+            [names[id(b)] for b in chosen],
+            {},
+            f"activation checkpointing ({o.mode}): {len(chosen)} block{'s' if len(chosen) != 1 else ''}, {what}",
+        )

@@ -27,7 +27,6 @@ class CompileOptions(BaseModel):
     dynamic: bool | None = Field(default=None, description="torch.compile's dynamic shapes (None: automatic, after a shape changes)")
 
 
-
 class CompileBlocks(BlockStrategy):
     """The ``compile`` strategy (phase ``compile``): ``torch.compile`` each transformer block."""
 
@@ -43,8 +42,6 @@ class CompileBlocks(BlockStrategy):
         return model
 
     def plan(self, model: Any, state: Any, prior: dict[str, Any]) -> Any:
-
         names = module_names(model)
         blocks = model.blocks()
         return StrategyPlan([names[id(b)] for b in blocks], {}, f"torch.compile ({self.options.backend}) of {len(blocks)} blocks")
-

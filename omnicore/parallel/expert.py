@@ -51,8 +51,9 @@ different samples, so combine EP with ``fsdp2`` (or all-reduce dense gradients o
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -133,7 +134,9 @@ def regroup(recv_counts: list[list[int]], device: Any) -> tuple[torch.Tensor, to
     return perm, inverse, per_expert
 
 
-def local_experts_forward(module: nn.Module, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, tokens_per_expert: list[int]) -> torch.Tensor:
+def local_experts_forward(
+    module: nn.Module, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, tokens_per_expert: list[int]
+) -> torch.Tensor:
     """Rows ``x`` sorted by local expert (``tokens_per_expert[e]`` each) through their experts:
     ``down(gate(up_gate(x)))`` with the module's own gate/activation. Every expert runs, also on
     zero rows, so every local weight is in the graph (its gradient is 0, not None)."""
@@ -153,7 +156,9 @@ def local_experts_forward(module: nn.Module, x: torch.Tensor, w1: torch.Tensor, 
     return torch.cat(outs, dim=0) if outs else x.new_zeros((0, w2.shape[1]))
 
 
-def all_to_all_dispatcher(module: nn.Module, x: torch.Tensor, send: list, recv: list, w1: torch.Tensor, w2: torch.Tensor, group: Any) -> torch.Tensor:
+def all_to_all_dispatcher(
+    module: nn.Module, x: torch.Tensor, send: list, recv: list, w1: torch.Tensor, w2: torch.Tensor, group: Any
+) -> torch.Tensor:
     """Plain EP: for each chunk (one unless the context asks for more), dispatch, compute, combine,
     one after another. ``x`` holds the rows sorted by (chunk, expert); ``send[c][p][e]`` and
     ``recv[c][p][e]`` are the count tables of :func:`exchange_counts`. Returns the expert outputs
@@ -230,7 +235,9 @@ def _fallback_forward(module: nn.Module) -> Callable:
     return ALL_EXPERTS_FUNCTIONS[name]
 
 
-def ep_experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+def ep_experts_forward(
+    self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """The experts function registered as :data:`IMPL_NAME` (same signature as transformers'
     ``grouped_mm_experts_forward``): ``hidden_states [T, H]``, ``top_k_index``/``top_k_weights``
     ``[T, K]`` of this rank's tokens -> ``[T, H]``. A module without an :class:`EPContext` (not in
@@ -299,20 +306,28 @@ def plan_problems(model: nn.Module, ep_size: int, plan: dict[str, Any] | None = 
     groups = match_plan(model, plan)
     if not groups:
         pats = ", ".join(sorted(plan or DEFAULT_PLAN))
-        return [f"no parameter matches the expert plan ({pats}); the foundation has no experts there: set parallel.ep: 1 or give the strategy a plan that names the experts' parameters"]
+        return [
+            f"no parameter matches the expert plan ({pats}); the foundation has no experts there: set parallel.ep: 1 or give the strategy a plan that names the experts' parameters"
+        ]
     out = []
     for mod_name, leaves in groups.items():
         m = model.get_submodule(mod_name)
         if set(leaves) != {"gate_up_proj", "down_proj"}:
-            out.append(f"{mod_name}: the plan shards {sorted(leaves)}, but expert parallelism needs exactly gate_up_proj and down_proj of an experts module")
+            out.append(
+                f"{mod_name}: the plan shards {sorted(leaves)}, but expert parallelism needs exactly gate_up_proj and down_proj of an experts module"
+            )
             continue
         if not hasattr(m, "num_experts") or getattr(getattr(m, "config", None), "_experts_implementation", "?") == "?":
-            out.append(f"{mod_name} ({type(m).__name__}) does not use transformers' experts registry (@use_experts_implementation); expert parallelism cannot route its tokens")
+            out.append(
+                f"{mod_name} ({type(m).__name__}) does not use transformers' experts registry (@use_experts_implementation); expert parallelism cannot route its tokens"
+            )
             continue
         if getattr(m, "has_bias", False) or getattr(m, "is_transposed", False) or not getattr(m, "has_gate", True):
             out.append(f"{mod_name} ({type(m).__name__}): experts with bias, transposed or gate-less weights are not supported yet")
         if m.num_experts % ep_size:
-            out.append(f"{mod_name} has {m.num_experts} experts, not divisible by parallel.ep = {ep_size}; set parallel.ep to a divisor of {m.num_experts}")
+            out.append(
+                f"{mod_name} has {m.num_experts} experts, not divisible by parallel.ep = {ep_size}; set parallel.ep to a divisor of {m.num_experts}"
+            )
     return out
 
 
@@ -398,7 +413,8 @@ class ExpertParallelOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     plan: dict[str, str] | None = Field(
-        default=None, description="module-path wildcard -> placement of the expert weights (only 'Shard(0)'); default: every MoE experts module"
+        default=None,
+        description="module-path wildcard -> placement of the expert weights (only 'Shard(0)'); default: every MoE experts module",
     )
     chunks: int = Field(default=1, ge=1, description="token chunks per dispatch (1: plain all-to-all; more: pipelined, as comet_ep)")
 
@@ -443,8 +459,13 @@ class ExpertParallel:
             return model
         factor = state.size("fsdp") * state.size("dp_replicate")
         apply_expert_parallel(
-            model, state.submesh("ep"), plan=self.expert_plan, chunks=self.chunks, dispatcher=self.dispatcher(),
-            fsdp_mesh=state.fsdp_mesh("dp_shard_sp"), gradient_divide_factor=factor,
+            model,
+            state.submesh("ep"),
+            plan=self.expert_plan,
+            chunks=self.chunks,
+            dispatcher=self.dispatcher(),
+            fsdp_mesh=state.fsdp_mesh("dp_shard_sp"),
+            gradient_divide_factor=factor,
         )
         return model
 
@@ -463,4 +484,6 @@ class ExpertParallel:
 
         groups = match_plan(model, self.expert_plan)
         shards = self.plan_of(model, state.size("ep"))
-        return StrategyPlan(list(groups), shards, f"EP: {len(groups)} experts modules split over ep={state.size('ep')}, dispatch by all-to-all")
+        return StrategyPlan(
+            list(groups), shards, f"EP: {len(groups)} experts modules split over ep={state.size('ep')}, dispatch by all-to-all"
+        )

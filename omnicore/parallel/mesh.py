@@ -61,7 +61,7 @@ class MeshLayout:
     sizes: dict[str, int]
 
     @classmethod
-    def from_config(cls, parallel: Any, world_size: int) -> "MeshLayout":
+    def from_config(cls, parallel: Any, world_size: int) -> MeshLayout:
         """Resolve ``parallel.{dp_replicate, dp_shard, ep, sp}`` (one of them may be -1: the rest).
 
         ``parallel`` is an :class:`omnicore.config.ParallelConfig` or a dict with those keys.
@@ -82,7 +82,7 @@ class MeshLayout:
         return cls(world_size, raw)
 
     @classmethod
-    def data_parallel(cls, world_size: int) -> "MeshLayout":
+    def data_parallel(cls, world_size: int) -> MeshLayout:
         """Every rank in ``dp_shard`` (plain FSDP2): the layout when the config says nothing."""
         return cls(world_size, {"dp_replicate": 1, "dp_shard": world_size, "ep": 1, "sp": 1})
 
@@ -174,7 +174,10 @@ def layout_errors(raw: dict[str, int], world_size: int) -> list[tuple[str, str]]
     fill = [d for d, v in raw.items() if v == -1]
     if len(fill) > 1:
         errors.append(
-            ("parallel", f"{', '.join('parallel.' + d for d in fill)} are all -1; only one dim can take the rest of the world size, set the others to numbers")
+            (
+                "parallel",
+                f"{', '.join('parallel.' + d for d in fill)} are all -1; only one dim can take the rest of the world size, set the others to numbers",
+            )
         )
     if errors:
         return errors
@@ -182,16 +185,23 @@ def layout_errors(raw: dict[str, int], world_size: int) -> list[tuple[str, str]]
     sizes = ", ".join(f"{d}={v}" for d, v in raw.items() if v != -1)
     if fill:
         if world_size % known:
-            errors.append((
-                f"parallel.{fill[0]}",
-                f"is -1 (the rest) but the world size {world_size} is not divisible by {sizes} (product {known}); "
-                f"use a world size that is a multiple of {known} or make the fixed sizes divide {world_size}",
-            ))
+            errors.append(
+                (
+                    f"parallel.{fill[0]}",
+                    f"is -1 (the rest) but the world size {world_size} is not divisible by {sizes} (product {known}); "
+                    f"use a world size that is a multiple of {known} or make the fixed sizes divide {world_size}",
+                )
+            )
     elif known != world_size:
         dims = "parallel.dp_replicate x parallel.dp_shard x parallel.ep x parallel.sp"
         hint = ""
         other = math.prod(v for d, v in raw.items() if d != "dp_shard")
         if world_size % other == 0:
             hint = f" (for example parallel.dp_shard: {world_size // other}, or -1 to fill the rest)"
-        errors.append(("parallel", f"{dims} = {' x '.join(str(v) for v in raw.values())} = {known}, but the world size is {world_size}; make the product {world_size}{hint}"))
+        errors.append(
+            (
+                "parallel",
+                f"{dims} = {' x '.join(str(v) for v in raw.values())} = {known}, but the world size is {world_size}; make the product {world_size}{hint}",
+            )
+        )
     return errors

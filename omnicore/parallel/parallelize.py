@@ -31,7 +31,19 @@ from typing import Any
 from omnicore.components import DEFAULT_PHASE, PHASES, StrategyPlan, Violation
 from omnicore.parallel.mesh import FLAT_DIMS, MESH_DIMS
 
-__all__ = ["DEFAULT_PHASE", "PHASES", "ParallelizeError", "StrategyPlan", "Violation", "build_strategies", "data_split", "order_strategies", "parallelize", "phase_of", "validate"]
+__all__ = [
+    "DEFAULT_PHASE",
+    "PHASES",
+    "ParallelizeError",
+    "StrategyPlan",
+    "Violation",
+    "build_strategies",
+    "data_split",
+    "order_strategies",
+    "parallelize",
+    "phase_of",
+    "validate",
+]
 
 # which strategy must use a real dim when its size is above 1
 _DIM_HINTS = {
@@ -88,12 +100,20 @@ def validate(model_or_config: Any, state: Any, strategies: list[tuple[str, Any]]
     for name, s in strategies:
         for d in getattr(s, "mesh_dims", ()):
             if d not in known:
-                out.append(Violation("parallel.strategies", f"strategy {name!r} needs mesh dim {d!r}, which omnicore's mesh lacks (dims: {', '.join(sorted(known))})", name))
+                out.append(
+                    Violation(
+                        "parallel.strategies",
+                        f"strategy {name!r} needs mesh dim {d!r}, which omnicore's mesh lacks (dims: {', '.join(sorted(known))})",
+                        name,
+                    )
+                )
             used.update(FLAT_DIMS.get(d, (d,)))
     for d in MESH_DIMS:
         if state.size(d) > 1 and d not in used:
             names = ", ".join(n for n, _ in strategies) or "none"
-            out.append(Violation(f"parallel.{d}", f"is {state.size(d)} but no strategy uses the {d!r} dim (strategies: {names}); {_DIM_HINTS[d]}"))
+            out.append(
+                Violation(f"parallel.{d}", f"is {state.size(d)} but no strategy uses the {d!r} dim (strategies: {names}); {_DIM_HINTS[d]}")
+            )
     out.extend(model_violations(model_or_config, state))
     out.extend(_unreduced_dense_gradients(state, strategies))
     for name, s in strategies:
@@ -120,12 +140,14 @@ def _unreduced_dense_gradients(state: Any, strategies: list[tuple[str, Any]]) ->
     if not ep or sharding:
         return []
     names = ", ".join(n for n, _ in strategies)
-    return [Violation(
-        "parallel.strategies",
-        f"{ep[0]!r} splits the experts over parallel.ep = {state.size('ep')}, but no sharding strategy reduces the dense (non-expert) "
-        f"gradients over the ep ranks, which read different samples (strategies: {names}); add fsdp2 to parallel.strategies",
-        ep[0],
-    )]
+    return [
+        Violation(
+            "parallel.strategies",
+            f"{ep[0]!r} splits the experts over parallel.ep = {state.size('ep')}, but no sharding strategy reduces the dense (non-expert) "
+            f"gradients over the ep ranks, which read different samples (strategies: {names}); add fsdp2 to parallel.strategies",
+            ep[0],
+        )
+    ]
 
 
 def _foundation_config(model: Any) -> Any:
@@ -152,14 +174,31 @@ def model_violations(model: Any, state: Any) -> list[Violation]:
     heads = getattr(cfg, "num_attention_heads", None)
     if sp > 1 and heads is not None and heads % sp:
         ok = [d for d in range(1, heads + 1) if heads % d == 0 and state.world_size % d == 0]
-        out.append(Violation("parallel.sp", f"is {sp} but the foundation has {heads} attention heads, not divisible by {sp}; set parallel.sp to a divisor of {heads} that divides the world size ({', '.join(map(str, ok))})"))
+        out.append(
+            Violation(
+                "parallel.sp",
+                f"is {sp} but the foundation has {heads} attention heads, not divisible by {sp}; set parallel.sp to a divisor of {heads} that divides the world size ({', '.join(map(str, ok))})",
+            )
+        )
     ep = state.size("ep")
-    experts = next((getattr(cfg, a) for a in ("num_experts", "num_local_experts", "n_routed_experts") if isinstance(getattr(cfg, a, None), int)), None)
+    experts = next(
+        (getattr(cfg, a) for a in ("num_experts", "num_local_experts", "n_routed_experts") if isinstance(getattr(cfg, a, None), int)), None
+    )
     if ep > 1 and experts is None:
-        out.append(Violation("parallel.ep", f"is {ep} but the foundation ({getattr(cfg, 'model_type', '?')}) has no experts; set parallel.ep: 1 or use a mixture-of-experts foundation"))
+        out.append(
+            Violation(
+                "parallel.ep",
+                f"is {ep} but the foundation ({getattr(cfg, 'model_type', '?')}) has no experts; set parallel.ep: 1 or use a mixture-of-experts foundation",
+            )
+        )
     elif ep > 1 and experts % ep:
         ok = [d for d in range(1, experts + 1) if experts % d == 0 and state.world_size % d == 0]
-        out.append(Violation("parallel.ep", f"is {ep} but the foundation has {experts} experts, not divisible by {ep}; set parallel.ep to a divisor of {experts} that divides the world size ({', '.join(map(str, ok))})"))
+        out.append(
+            Violation(
+                "parallel.ep",
+                f"is {ep} but the foundation has {experts} experts, not divisible by {ep}; set parallel.ep to a divisor of {experts} that divides the world size ({', '.join(map(str, ok))})",
+            )
+        )
     return out
 
 

@@ -52,7 +52,9 @@ class PlanReport:
         return {
             "world_size": self.world_size,
             "mesh": dict(self.layout.sizes),
-            "strategies": [{"name": n, "phase": ph, "modules": p.modules if p else None, "note": p.note if p else ""} for n, ph, p in self.strategies],
+            "strategies": [
+                {"name": n, "phase": ph, "modules": p.modules if p else None, "note": p.note if p else ""} for n, ph, p in self.strategies
+            ],
             "params": self.params,
             "param_bytes_per_rank": self.param_bytes_per_rank,
             "grad_bytes_per_rank": self.param_bytes_per_rank,
@@ -130,8 +132,8 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
     """
     import torch
 
-    from omnicore.parallel.state import ParallelState
     from omnicore.model.build import build_omni_model
+    from omnicore.parallel.state import ParallelState
     from omnicore.registry import registry_for
 
     registry = registry or registry_for(cfg)
@@ -139,7 +141,9 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
     report = PlanReport(world_size, layout, not errors)
     report.kernels = {op: c.name for op, c in cfg.model.kernel_choices().items()}
     report.kernels.setdefault("cross_entropy", "torch_cross_entropy")
-    report.precision = "bf16 mixed (fp32 parameters, gradient reductions and optimizer)" if cfg.train.mixed_precision == "bf16" else cfg.run.dtype
+    report.precision = (
+        "bf16 mixed (fp32 parameters, gradient reductions and optimizer)" if cfg.train.mixed_precision == "bf16" else cfg.run.dtype
+    )
     report.violations += [Violation(f, m) for f, m in errors]
     state = ParallelState(0, world_size, 0, torch.device("meta"), None, layout)
     strategies = build_strategies(cfg.parallel, registry, world_size > 1)
@@ -150,13 +154,15 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
     report.violations += validate(model, state, strategies)
     if not errors and world_size <= MAX_GROUP_LISTING:
         # data_split is a function of the state: ask it for every rank of the planned layout
-        report.data = [data_split(strategies, ParallelState(r, world_size, 0, torch.device("meta"), None, layout)) for r in range(world_size)]
+        report.data = [
+            data_split(strategies, ParallelState(r, world_size, 0, torch.device("meta"), None, layout)) for r in range(world_size)
+        ]
 
     prior: dict[str, list[tuple[str, int]]] = {}
     for name, s in strategies:
         p = s.plan(model, state, prior) if hasattr(s, "plan") else None
         report.strategies.append((name, phase_of(s), p))
-        for pname, split in (p.shards.items() if p else ()):
+        for pname, split in p.shards.items() if p else ():
             prior.setdefault(pname, []).append(split)
     for pname, param in model.named_parameters():
         n_rank = _per_rank_numel(tuple(param.shape), [w for _, w in prior.get(pname, [])])

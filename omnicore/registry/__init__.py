@@ -32,7 +32,7 @@ from omnicore.registry.policy import (
     entry_points_info,
 )
 from omnicore.registry.resolve import NVIDIA_DRIVER_FILE, cuda_present, import_target, missing_requirements
-from omnicore.registry.rows import BUILTIN_PROVIDER, STATUSES, Row, RegistryError
+from omnicore.registry.rows import BUILTIN_PROVIDER, STATUSES, RegistryError, Row
 
 __all__ = [
     "API_KEYWORD",

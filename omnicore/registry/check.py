@@ -8,8 +8,9 @@ so a plugin that raises, exits, segfaults or hangs on import only gives a failed
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from omnicore.registry.discovery import Registry
@@ -92,9 +93,7 @@ def check_import(hook_module: str, targets: Iterable[str] = (), timeout: float =
         tail = (proc.stderr.strip().splitlines() or [""])[-1]
         return CheckResult(False, error=f"import process {how} before reporting" + (f": {tail}" if tail else ""))
     data = json.loads(line[len(marker) :])
-    return CheckResult(
-        not data["error"], data["hook_s"] + data["targets_s"], data["torch"], data["hook_torch"], data["error"]
-    )
+    return CheckResult(not data["error"], data["hook_s"] + data["targets_s"], data["torch"], data["hook_torch"], data["error"])
 
 
 def check_plugins(

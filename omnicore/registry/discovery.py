@@ -23,8 +23,9 @@ Lookup and building are :mod:`omnicore.registry.resolve`'s; :class:`Registry` de
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from importlib import metadata
-from typing import Any, Iterable
+from typing import Any
 
 import pluggy
 
@@ -60,7 +61,7 @@ class Registry:
         disable: Iterable[str] | None = None,
         allow: Iterable[str] | None = None,
         strict: bool | None = None,
-    ) -> "Registry":
+    ) -> Registry:
         """Registry of the built-ins plus every installed ``omnicore`` entry point.
 
         Args:
@@ -88,19 +89,28 @@ class Registry:
                 reg._fail(info.name, info.provider, info.version, info.value, info.reason, status=info.status, api=info.api)
                 continue
             if info.status == "disabled":
-                reg.rows.append(Row("-", info.name, info.provider, info.version, "disabled", info.reason, entry_point=info.value, api=info.api))
+                reg.rows.append(
+                    Row("-", info.name, info.provider, info.version, "disabled", info.reason, entry_point=info.value, api=info.api)
+                )
                 continue
             try:
                 obj = info.entry_point.load()  # type: ignore[union-attr]
             except Exception as exc:  # any import-time error of a plugin must not take the listing down
-                reg._fail(info.name, info.provider, info.version, info.value, f"{info.where} failed to import: {type(exc).__name__}: {_one_line(exc)}", api=info.api)
+                reg._fail(
+                    info.name,
+                    info.provider,
+                    info.version,
+                    info.value,
+                    f"{info.where} failed to import: {type(exc).__name__}: {_one_line(exc)}",
+                    api=info.api,
+                )
                 continue
             reg.add_plugin(obj, provider=info.provider, version=info.version, entry_point=info.value, ep_name=info.name, api=info.api)
         reg._mark_conflicts()
         return reg
 
     @classmethod
-    def from_plugins(cls, plugins: Iterable[tuple[Any, str]], *, builtins: bool = False) -> "Registry":
+    def from_plugins(cls, plugins: Iterable[tuple[Any, str]], *, builtins: bool = False) -> Registry:
         """Registry from explicit ``(plugin_object, provider_name)`` pairs (for tests and embedding)."""
         reg = cls.discover(entry_points=[], builtins=builtins)
         for obj, provider in plugins:
@@ -144,7 +154,9 @@ class Registry:
                         collected.append(spec)
         except Exception as exc:
             self._unregister(obj)
-            self._fail(label, provider, version, entry_point, f"{where} raised in registration: {type(exc).__name__}: {_one_line(exc)}", api=api)
+            self._fail(
+                label, provider, version, entry_point, f"{where} raised in registration: {type(exc).__name__}: {_one_line(exc)}", api=api
+            )
             return False
         for spec in collected:
             why = missing_requirements(spec.requires, spec.extra.get("install")) if spec.requires else ""
@@ -156,7 +168,9 @@ class Registry:
         if self.pm.is_registered(obj):
             self.pm.unregister(obj)
 
-    def _fail(self, name: str, provider: str, version: str, entry_point: str, reason: str, *, status: str = "failed", api: str = "") -> None:
+    def _fail(
+        self, name: str, provider: str, version: str, entry_point: str, reason: str, *, status: str = "failed", api: str = ""
+    ) -> None:
         if self.policy.strict:
             why = "OMNICORE_STRICT=1" if os.environ.get(ENV_STRICT) == "1" else "plugins.strict"
             raise RegistryError(f"{reason} (strict mode: {why})")

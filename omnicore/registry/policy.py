@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Iterable
+from typing import Any
 
 from omnicore import CORE_API_VERSION
 
@@ -89,7 +90,7 @@ class PluginPolicy:
     strict: bool
 
     @classmethod
-    def make(cls, disable: Iterable[str] | None = None, allow: Iterable[str] | None = None, strict: bool | None = None) -> "PluginPolicy":
+    def make(cls, disable: Iterable[str] | None = None, allow: Iterable[str] | None = None, strict: bool | None = None) -> PluginPolicy:
         """Merge arguments (the config's ``plugins`` section) with the environment.
 
         ``disable`` and ``allow`` are unions of both sources; ``strict`` is on when either asks.
@@ -160,7 +161,9 @@ def api_compatible(spec: str) -> bool:
         raise ValueError(str(exc)) from exc
 
 
-def entry_points_info(entry_points: Iterable[metadata.EntryPoint] | None = None, policy: PluginPolicy | None = None) -> list[EntryPointInfo]:
+def entry_points_info(
+    entry_points: Iterable[metadata.EntryPoint] | None = None, policy: PluginPolicy | None = None
+) -> list[EntryPointInfo]:
     """Every ``omnicore`` entry point with what metadata says about it, in the fixed load order.
 
     Imports no plugin code (this is what ``omnicore plugins --no-load`` prints). ``policy`` defaults

@@ -23,7 +23,8 @@ import importlib
 import importlib.util
 import os
 import shutil
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from omnicore.components import KINDS, ComponentSpec
 from omnicore.registry.rows import BUILTIN_PROVIDER, RegistryError, Row
@@ -167,7 +168,11 @@ def _format_validation(exc: Any, model_cls: Any) -> str:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             close = difflib.get_close_matches(str(err["loc"][-1]), fields, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else (f"; valid keys: {', '.join(fields)}" if fields else "; this component takes no options")
+            hint = (
+                f"; did you mean {close[0]!r}?"
+                if close
+                else (f"; valid keys: {', '.join(fields)}" if fields else "; this component takes no options")
+            )
             msg = "unknown key" + hint
         parts.append(f"{loc}: {msg}" if loc else msg)  # a model-level check has no field
     return "; ".join(parts)

@@ -32,6 +32,7 @@ from omnicore.testing.fakes import (
 __all__ = [
     "FakeDistribution",
     "write_fake_distribution",
+    "forget_modules_under",
     "installed_fake_distribution",
     "isolated_registry",
     "plugin_env_vars",

@@ -217,6 +217,7 @@ class ComponentContract:
         heavy = proc.stdout.strip()
         assert heavy == "", f"importing hook module {module} imported {heavy}; import heavy code only in the spec's target module"
 
+
 class ModuleComponentContract(ComponentContract):
     """Shared by encoders and decoders, which are ``nn.Module`` s built with ``hidden_size``."""
 
@@ -296,7 +297,9 @@ class EncoderContract(ModuleComponentContract):
         slices = []
         for i, f in enumerate(feats):
             n = int(enc.num_tokens(f))
-            torch.testing.assert_close(self._encode(enc, [f]), out[start : start + n], atol=self.atol, rtol=self.rtol, msg=lambda m: f"item {i}: {m}")
+            torch.testing.assert_close(
+                self._encode(enc, [f]), out[start : start + n], atol=self.atol, rtol=self.rtol, msg=lambda m, i=i: f"item {i}: {m}"
+            )
             slices.append(out[start : start + n])
             start += n
         assert not torch.allclose(slices[0].mean(0), slices[1].mean(0)), "different media gave the same embeddings"
@@ -663,7 +666,7 @@ class ParallelStrategyContract(ComponentContract):
             if hasattr(s, "plan"):
                 p = s.plan(model, states[0], {})
                 assert p is None or isinstance(p, StrategyPlan)
-                for pname, (dim, ways) in (p.shards.items() if p else ()):
+                for pname, (dim, ways) in p.shards.items() if p else ():
                     assert dim in set(MESH_DIMS) | set(FLAT_DIMS), f"{pname}: unknown mesh dim {dim!r}"
                     assert ways == states[0].size(dim), f"{pname}: split {ways} ways over {dim!r} of size {states[0].size(dim)}"
             if hasattr(s, "data_split"):

@@ -32,8 +32,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 
 class DistributedTestError(AssertionError):
@@ -41,7 +42,9 @@ class DistributedTestError(AssertionError):
 
 
 def _worker(rank: int, fn: Callable[..., Any], world_size: int, folder: str, backend: str, args: tuple, kwargs: dict) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1")
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1"
+    )
     out = Path(folder)
     try:
         import torch
@@ -92,7 +95,13 @@ def run_distributed(
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="omnicore-dist-") as folder:
-        ctx = mp.start_processes(_worker, args=(fn, world_size, folder, backend, tuple(args), dict(kwargs or {})), nprocs=world_size, join=False, start_method="spawn")
+        ctx = mp.start_processes(
+            _worker,
+            args=(fn, world_size, folder, backend, tuple(args), dict(kwargs or {})),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
         out = Path(folder)
         deadline = time.monotonic() + timeout
         failed: str | None = None
@@ -120,7 +129,9 @@ def run_distributed(
                 code = ctx.processes[r].exitcode
                 errors.append(f"--- rank {r} gave no result (exit code {code}{', stopped by the harness' if failed else ''})")
         if failed or errors:
-            raise DistributedTestError(f"{world_size}-process run of {fn.__module__}.{fn.__qualname__}: {failed or 'a rank failed'}\n" + "\n".join(errors))
+            raise DistributedTestError(
+                f"{world_size}-process run of {fn.__module__}.{fn.__qualname__}: {failed or 'a rank failed'}\n" + "\n".join(errors)
+            )
         return [torch.load(out / f"rank-{r}.pt", weights_only=False) for r in range(world_size)]
 
 
@@ -131,7 +142,9 @@ def max_rel_diff(got: Any, want: Any, eps: float = 1e-12) -> float:
 
     if isinstance(want, dict):
         if set(got) != set(want):
-            raise AssertionError(f"keys differ: only in result {sorted(set(got) - set(want))}, only in reference {sorted(set(want) - set(got))}")
+            raise AssertionError(
+                f"keys differ: only in result {sorted(set(got) - set(want))}, only in reference {sorted(set(want) - set(got))}"
+            )
         return max((max_rel_diff(got[k], want[k], eps) for k in want), default=0.0)
     if isinstance(want, (list, tuple)):
         if len(got) != len(want):

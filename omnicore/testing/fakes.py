@@ -10,13 +10,16 @@ import importlib
 import os
 import sys
 import textwrap
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 
-def write_fake_distribution(root: Path, dist: str, version: str, entry_points: dict[str, str], modules: dict[str, str] | None = None) -> Path:
+def write_fake_distribution(
+    root: Path, dist: str, version: str, entry_points: dict[str, str], modules: dict[str, str] | None = None
+) -> Path:
     """Install a fake distribution under ``root`` (put ``root`` on ``sys.path`` to use it).
 
     Writes ``<root>/<module>.py`` for each of ``modules`` (source, dedented) and a real

@@ -29,9 +29,10 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -44,7 +45,6 @@ from omnicore.parallel.state import ParallelState, init_parallel_state
 from omnicore.registry import Registry, registry_for
 from omnicore.train.metrics import FlopsModel, flops_model, padding_waste, peak_memory_mib, peak_tflops
 from omnicore.train.optim import build_optimizer, clip_grad_norm_, warmup_cosine
-
 
 # ---------------------------------------------------------------------------------------------
 # set-up
@@ -102,12 +102,14 @@ def setup(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     model, strategies, (data_rank, data_size, replicas) = _parallelize_model(model, cfg, registry, state, log)
 
     optimizer = build_optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.min_lr_ratio))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_cosine(cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.min_lr_ratio)
+    )
     start = 0
     if resume:
         meta = load_checkpoint(latest_checkpoint(ckpt_root), model, optimizer, scheduler, state)
         start = meta["step"]
-        log(f"resumed from step {start} ({ckpt_root / ('step-%08d' % start)})")
+        log(f"resumed from step {start} ({ckpt_root / f'step-{start:08d}'})")
 
     metrics_path, bar = _open_outputs(cfg, state, out_dir, resume, start)
     model.train()
@@ -134,7 +136,9 @@ def _build_model_and_data(cfg: Config, registry: Registry, log: Callable[..., No
     return model, tokenizer, processor, stream
 
 
-def _parallelize_model(model: Any, cfg: Config, registry: Registry, state: ParallelState, log: Callable[..., None]) -> tuple[Any, list[tuple[str, Any]], tuple[int, int, int]]:
+def _parallelize_model(
+    model: Any, cfg: Config, registry: Registry, state: ParallelState, log: Callable[..., None]
+) -> tuple[Any, list[tuple[str, Any]], tuple[int, int, int]]:
     """Move ``model`` to the device and let the strategies wrap it from outside; returns the model,
     the strategies and ``(data_rank, data_size, replicas)``."""
     model = model.to(state.device)
@@ -149,7 +153,9 @@ def _parallelize_model(model: Any, cfg: Config, registry: Registry, state: Paral
     data_rank, data_size = data_split(strategies, state)
     replicas = state.world_size // data_size
     names = [n for n, _ in strategies if n.split(":")[-1] != "none"] or ["none"]
-    log(f"parallel: {state.layout.describe()}; strategies: {', '.join(names)}; data split into {data_size} shard(s), one per data-parallel group")
+    log(
+        f"parallel: {state.layout.describe()}; strategies: {', '.join(names)}; data split into {data_size} shard(s), one per data-parallel group"
+    )
     kernels = {op: c.name for op, c in cfg.model.kernel_choices().items()}
     kernels.setdefault("cross_entropy", "torch_cross_entropy")
     precision = "bf16 mixed (fp32 parameters)" if cfg.train.mixed_precision == "bf16" else cfg.run.dtype
@@ -250,7 +256,17 @@ def train_step(run: Run, step: int) -> dict[str, Any]:
     loss, tokens_global, flops_global = sums[0] / max(n_global, 1.0), sums[1], sums[2]
     part_loss = {k: sums[3 + i] / max(sums[3 + len(keys) + i], 1.0) for i, k in enumerate(keys)}
     dt = time.perf_counter() - t0
-    row = _metrics_row(run, step, loss=loss, lr=lr, grad_norm=float(grad_norm), n_global=n_global, tokens_global=tokens_global, flops_global=flops_global, dt=dt)
+    row = _metrics_row(
+        run,
+        step,
+        loss=loss,
+        lr=lr,
+        grad_norm=float(grad_norm),
+        n_global=n_global,
+        tokens_global=tokens_global,
+        flops_global=flops_global,
+        dt=dt,
+    )
     row.update({f"loss/{k}": v for k, v in part_loss.items()})
     return row
 
@@ -278,7 +294,9 @@ def check_target_split(run: Run, n_global: float, model_targets: float) -> None:
     )
 
 
-def _metrics_row(run: Run, step: int, *, loss: float, lr: float, grad_norm: float, n_global: float, tokens_global: float, flops_global: float, dt: float) -> dict[str, Any]:
+def _metrics_row(
+    run: Run, step: int, *, loss: float, lr: float, grad_norm: float, n_global: float, tokens_global: float, flops_global: float, dt: float
+) -> dict[str, Any]:
     """The metrics row of step ``step`` (0-based) from its all-reduced figures and its time ``dt``."""
     cfg, accum = run.cfg, run.cfg.train.grad_accum
     tflops = flops_global / dt / run.state.world_size / 1e12  # achieved, per device
@@ -331,7 +349,9 @@ def save(run: Run, done: int) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None, state: ParallelState | None = None) -> list[dict[str, Any]]:
+def train(
+    cfg: Config, *, resume: bool = False, registry: Registry | None = None, state: ParallelState | None = None
+) -> list[dict[str, Any]]:
     """Run training as configured; returns the per-step metrics (on every rank).
 
     Raises:
@@ -377,7 +397,9 @@ def train(cfg: Config, *, resume: bool = False, registry: Registry | None = None
 # ---------------------------------------------------------------------------------------------
 
 
-def load_samples(path: Path, processor: ChatProcessor, on_error: str, max_samples: int | None = None, *, prompt_only: bool = False) -> tuple[list[Encoded], list[str]]:
+def load_samples(
+    path: Path, processor: ChatProcessor, on_error: str, max_samples: int | None = None, *, prompt_only: bool = False
+) -> tuple[list[Encoded], list[str]]:
     """Read and encode a JSONL file. With ``on_error="skip"`` bad samples are dropped and their
     messages returned; otherwise the first :class:`SampleError` propagates."""
     errors: list[str] = []

@@ -112,7 +112,9 @@ class _BlockOffload(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, unpack)
 
 
-def offload_block_activations(blocks: list[nn.Module], *, pin_memory: bool, device_type: str = "cuda", stats_path: Path | None = None) -> OffloadStats:
+def offload_block_activations(
+    blocks: list[nn.Module], *, pin_memory: bool, device_type: str = "cuda", stats_path: Path | None = None
+) -> OffloadStats:
     """Register hooks on ``blocks`` so that the activations they save for backward live on CPU.
 
     Args:
@@ -173,7 +175,9 @@ class FSDP2Offload:
             folder.mkdir(parents=True, exist_ok=True)
             stats_path = folder / f"rank{rank}.json"
         blocks = model.blocks()
-        self.stats = offload_block_activations(blocks, pin_memory=pin, device_type=device.type if device.type != "cpu" else "cuda", stats_path=stats_path)
+        self.stats = offload_block_activations(
+            blocks, pin_memory=pin, device_type=device.type if device.type != "cpu" else "cuda", stats_path=stats_path
+        )
         if rank == 0:
             print(f"fsdp2_offload: activations of {len(blocks)} blocks saved on CPU (pin_memory={pin})", flush=True)
         for block in blocks:

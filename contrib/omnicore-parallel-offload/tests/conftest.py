@@ -18,8 +18,23 @@ SOURCE = Path(os.environ.get("OMNICORE_SOURCE", Path(__file__).resolve().parents
 BUILD_DATA = SOURCE / "examples" / "digits" / "build_data.py"
 
 # the tiny components of omnicore's tests/conftest.py
-TINY_LM = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024}
-TINY_SIGLIP = {"image_size": 28, "patch_size": 7, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+TINY_LM = {
+    "model_type": "qwen2",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+}
+TINY_SIGLIP = {
+    "image_size": 28,
+    "patch_size": 7,
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+}
 TINY_WHISPER = {"d_model": 32, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "num_mel_bins": 80}
 TINY_MOVQ = {"block_out_channels": [32, 32, 32], "latent_channels": 4, "vq_embed_dim": 4, "num_vq_embeddings": 64, "layers_per_block": 1}
 
@@ -49,9 +64,26 @@ def digits_data(tmp_path_factory) -> Path:
         pytest.skip(f"needs the omnicore source tree for {BUILD_DATA} (set OMNICORE_SOURCE)")
     out = tmp_path_factory.mktemp("digits")
     subprocess.run(
-        [sys.executable, str(BUILD_DATA), "--out", str(out), "--train-images", "24", "--train-audio", "16",
-         "--gen", "8", "--eval-images", "6", "--eval-audio", "6", "--seed", "0"],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            str(BUILD_DATA),
+            "--out",
+            str(out),
+            "--train-images",
+            "24",
+            "--train-audio",
+            "16",
+            "--gen",
+            "8",
+            "--eval-images",
+            "6",
+            "--eval-audio",
+            "6",
+            "--seed",
+            "0",
+        ],
+        check=True,
+        capture_output=True,
     )
     return out
 

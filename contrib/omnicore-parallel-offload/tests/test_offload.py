@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,15 @@ def _tiny_qwen2():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return Qwen2ForCausalLM(cfg).eval()
 
 
@@ -87,7 +94,7 @@ def test_offloaded_blocks_give_the_same_gradients_and_count_what_they_moved():
 def test_context_is_left_when_a_block_raises():
     model = _tiny_qwen2()
     stats = offload_block_activations(list(model.model.layers), pin_memory=False)
-    with pytest.raises(Exception):
+    with pytest.raises((TypeError, ValueError, AttributeError)):
         model.model.layers[0](torch.zeros(1, 4, 32))  # no position embeddings: the forward raises
     assert stats.block_forwards == 1
     before = stats.packed  # what the block saved before it raised

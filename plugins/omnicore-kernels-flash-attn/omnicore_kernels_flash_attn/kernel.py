@@ -38,7 +38,13 @@ def varlen_attention_forward(
     k = key.transpose(1, 2).reshape(b * t, key.shape[1], d)
     v = value.transpose(1, 2).reshape(b * t, value.shape[1], d)
     out = flash_attn_varlen_func(
-        q, k, v, cu, cu, max_len, max_len,
+        q,
+        k,
+        v,
+        cu,
+        cu,
+        max_len,
+        max_len,
         dropout_p=dropout if getattr(module, "training", False) else 0.0,
         softmax_scale=scaling,
         causal=getattr(module, "is_causal", True),

@@ -45,7 +45,9 @@ def test_varlen_forward_matches_per_sample_sdpa(monkeypatch):
     # cu_seqlens passed by OmniModel (transformers' varlen keyword arguments) win over position_ids
     whole = torch.tensor([0, 5], dtype=torch.int32)
     kw = dict(zip(api_kwargs(), (whole, whole, 5, 5)))
-    out2, _ = varlen_attention_forward(types.SimpleNamespace(is_causal=True, training=False), q, k, v, None, scaling=0.5, position_ids=pos, **kw)
+    out2, _ = varlen_attention_forward(
+        types.SimpleNamespace(is_causal=True, training=False), q, k, v, None, scaling=0.5, position_ids=pos, **kw
+    )
     all5 = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
     torch.testing.assert_close(out2, all5.transpose(1, 2))
     assert not torch.allclose(out2[:, 3:], out[:, 3:])

@@ -46,7 +46,9 @@ def _launch(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group:
 
 class _PipelinedExperts(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, module: nn.Module, send: list, recv: list, group: Any) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, module: nn.Module, send: list, recv: list, group: Any
+    ) -> torch.Tensor:
         C = len(send)
         ins = [[sum(r) for r in send[c]] for c in range(C)]
         outs = [[sum(r) for r in recv[c]] for c in range(C)]
@@ -113,7 +115,9 @@ class _PipelinedExperts(torch.autograd.Function):
         return torch.cat(grad_x, dim=0), g1, g2, None, None, None, None
 
 
-def comet_dispatcher(module: nn.Module, x: torch.Tensor, send: list, recv: list, w1: torch.Tensor, w2: torch.Tensor, group: Any) -> torch.Tensor:
+def comet_dispatcher(
+    module: nn.Module, x: torch.Tensor, send: list, recv: list, w1: torch.Tensor, w2: torch.Tensor, group: Any
+) -> torch.Tensor:
     """A dispatcher for :class:`omnicore.parallel.expert.EPContext`: the pipelined
     dispatch-compute-combine over ``len(send)`` chunks, in forward and backward."""
     return _PipelinedExperts.apply(x, w1, w2, module, send, recv, group)

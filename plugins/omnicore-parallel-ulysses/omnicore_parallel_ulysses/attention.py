@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import torch.distributed as dist
 
 from omnicore_parallel_ulysses.comm import all_to_all, start_all_to_all
 
@@ -85,7 +84,14 @@ def inner_attention(lm: Any) -> Any:
 
 
 def core_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position_ids: torch.Tensor, dropout: float, scaling: float | None, module: Any = None, inner: Any = None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    position_ids: torch.Tensor,
+    dropout: float,
+    scaling: float | None,
+    module: Any = None,
+    inner: Any = None,
     varlen: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """Attention on head-sharded, full-sequence q ``[B, h/sp, T, D]`` and k/v ``[B, kv/sp, T, D]``
@@ -103,7 +109,16 @@ def core_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
 
 
-def ulysses_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, dropout: float = 0.0, scaling: float | None = None, **kwargs: Any):
+def ulysses_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+):
     """The registered attention function (transformers' signature): returns ``([B, T/sp, H, D], None)``."""
     position_ids = kwargs.pop(POSITION_IDS_KWARG, None)
     state = getattr(module, "omnicore_ulysses", None)
@@ -156,7 +171,14 @@ def _project(module: Any, name: str, norm: str, hidden_states: torch.Tensor, sha
     return (n(x) if n is not None else x).transpose(1, 2)
 
 
-def async_attention_forward(self: Any, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor], attention_mask: Any = None, *args: Any, **kwargs: Any):
+def async_attention_forward(
+    self: Any,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    attention_mask: Any = None,
+    *args: Any,
+    **kwargs: Any,
+):
     """A foundation attention module's forward (bound per instance) that starts the all-to-all of
     q while k and v are projected, and that of k while v is projected; the numbers are those of
     :func:`ulysses_attention`. Without the global position_ids it runs the module's own forward."""
@@ -192,5 +214,3 @@ def attention_modules(lm: Any) -> list[Any]:
     """The foundation's self-attention modules: those with q/k/v/o projections and a head_dim."""
     need = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim")
     return [m for m in lm.modules() if all(hasattr(m, a) for a in need)]
-
-

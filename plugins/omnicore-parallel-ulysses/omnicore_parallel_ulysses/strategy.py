@@ -33,9 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field
 class UlyssesOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    sp: int | None = Field(default=None, gt=0, description="sequence-parallel size; default: the mesh's sp dim, or every rank when the mesh has none")
+    sp: int | None = Field(
+        default=None, gt=0, description="sequence-parallel size; default: the mesh's sp dim, or every rank when the mesh has none"
+    )
     reduce_gradients: bool = Field(
-        default=True, description="average gradients of parameters not sharded by FSDP2 over all ranks (turn off when another wrapper does it)"
+        default=True,
+        description="average gradients of parameters not sharded by FSDP2 over all ranks (turn off when another wrapper does it)",
     )
 
 
@@ -92,7 +95,15 @@ class Ulysses:
     def apply(self, model: Any, mesh: Any) -> Any:
         import torch.distributed as dist
 
-        from omnicore_parallel_ulysses.attention import ATTN_IMPLEMENTATION, ATTN_IMPLEMENTATION_VARLEN, SPState, attention_modules, inner_attention, install_async, register_attention
+        from omnicore_parallel_ulysses.attention import (
+            ATTN_IMPLEMENTATION,
+            ATTN_IMPLEMENTATION_VARLEN,
+            SPState,
+            attention_modules,
+            inner_attention,
+            install_async,
+            register_attention,
+        )
 
         if not (dist.is_available() and dist.is_initialized()):
             return model  # one process: nothing to split
@@ -107,7 +118,9 @@ class Ulysses:
         self.check_heads(model.lm.config.get_text_config(), sp)
         modules = attention_modules(model.lm)
         if not modules:
-            raise ValueError(f"ulysses: found no attention modules (with q_proj, k_proj, v_proj, o_proj, head_dim) in {type(model.lm).__name__}")
+            raise ValueError(
+                f"ulysses: found no attention modules (with q_proj, k_proj, v_proj, o_proj, head_dim) in {type(model.lm).__name__}"
+            )
         self.state = SPState(group, sp, dist.get_rank(group), inner_attention(model.lm))
         register_attention()
         model.lm.set_attn_implementation(ATTN_IMPLEMENTATION_VARLEN if self.state.inner is not None else ATTN_IMPLEMENTATION)

@@ -8,8 +8,23 @@ from typing import Any
 
 import torch
 
-TINY_LM = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024}
-TINY_SIGLIP = {"image_size": 28, "patch_size": 7, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+TINY_LM = {
+    "model_type": "qwen2",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+}
+TINY_SIGLIP = {
+    "image_size": 28,
+    "patch_size": 7,
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+}
 TINY_MOVQ = {"block_out_channels": [32, 32, 32], "latent_channels": 4, "vq_embed_dim": 4, "num_vq_embeddings": 64, "layers_per_block": 1}
 
 # name -> (foundation config changes, [sample lengths], where an image input span starts, where an image target span starts)
@@ -28,7 +43,14 @@ CASES: dict[str, dict[str, Any]] = {
     # boundary, odd length (padding sample), samples of equal and unequal lengths (batched and
     # padded groups), and one KV head replicated over SP
     "packed_varlen": {"lm": {}, "samples": [11, 21, 5, 5, 3], "image_at": None, "target_at": None, "attention": "sdpa_varlen"},
-    "all_varlen": {"lm": {"num_key_value_heads": 1}, "samples": [9, 101, 9, 17], "image_at": 15, "target_at": 37, "decoder": True, "attention": "sdpa_varlen"},
+    "all_varlen": {
+        "lm": {"num_key_value_heads": 1},
+        "samples": [9, 101, 9, 17],
+        "image_at": 15,
+        "target_at": 37,
+        "decoder": True,
+        "attention": "sdpa_varlen",
+    },
 }
 
 
@@ -60,28 +82,34 @@ def build(case: str):
     enc_inputs, dec_inputs = {}, {}
     placeholder = torch.zeros_like(ids, dtype=torch.bool)
     # an image input (encoder placeholders) and an image target (decoder placeholders), where the case puts them
-    for at, side, components, inputs in ((c["image_at"], "encoder", model.encoders, enc_inputs), (c["target_at"], "decoder", model.decoders, dec_inputs)):
+    for at, side, components, inputs in (
+        (c["image_at"], "encoder", model.encoders, enc_inputs),
+        (c["target_at"], "decoder", model.decoders, dec_inputs),
+    ):
         if at is None:
             continue
         comp = components["image"]
         feats = comp.preprocess(img)
         n = comp.num_tokens(feats)
-        ids[at: at + n] = model.token_ids[side]["image"]
-        placeholder[at: at + n] = True
+        ids[at : at + n] = model.token_ids[side]["image"]
+        placeholder[at : at + n] = True
         inputs["image"] = comp.collate([feats])
     # labels shifted within each sample (as omnicore's data side does), none on placeholders or sample ends
     labels = torch.full_like(ids, -100)
     pos = []
     start = 0
     for n in lengths:
-        labels[start: start + n - 1] = ids[start + 1: start + n]
+        labels[start : start + n - 1] = ids[start + 1 : start + n]
         pos.append(torch.arange(n))
         start += n
     labels[placeholder.roll(-1)] = -100
     labels[placeholder] = -100
     batch = {
-        "input_ids": ids.unsqueeze(0), "labels": labels.unsqueeze(0), "position_ids": torch.cat(pos).unsqueeze(0),
-        "encoder_inputs": enc_inputs, "decoder_inputs": dec_inputs,
+        "input_ids": ids.unsqueeze(0),
+        "labels": labels.unsqueeze(0),
+        "position_ids": torch.cat(pos).unsqueeze(0),
+        "encoder_inputs": enc_inputs,
+        "decoder_inputs": dec_inputs,
     }
     n_codes = int((ids == model.token_ids["decoder"].get("image", -1)).sum()) if c["target_at"] is not None else 0
     return model, batch, int((labels != -100).sum()) + n_codes

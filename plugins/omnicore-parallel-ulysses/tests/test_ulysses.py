@@ -21,6 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import cases  # noqa: E402
+
 from omnicore.testing.distributed import run_distributed  # noqa: E402
 
 STRATEGIES = ("ulysses", "async_ulysses")
@@ -46,7 +47,10 @@ def _worker(rank: int, world: int, names: list[str], out: str, sp: int | None) -
             dist.all_reduce(total)
             total = total / data_size  # the row's loss sum (each data group computed the whole row)
             if rank == 0:
-                torch.save({"loss": total, "grads": grads, "data": (data_rank, data_size), "local": loss, "inner_position_ids": seen}, f"{out}/{name}-{strategy}.pt")
+                torch.save(
+                    {"loss": total, "grads": grads, "data": (data_rank, data_size), "local": loss, "inner_position_ids": seen},
+                    f"{out}/{name}-{strategy}.pt",
+                )
 
 
 def _record_inner(s, name: str) -> list:
@@ -126,7 +130,9 @@ def _check_inner_positions(name: str, seen: list, sp: int) -> None:
         assert torch.equal(pos, want), f"{name}: the varlen core got position_ids {pos.tolist()}"
 
 
-@pytest.mark.parametrize("names", [["odd_length", "gqa_one_kv_head"], ["packed_crossing", "image_straddling"]], ids=["odd-length+gqa", "packed+image"])
+@pytest.mark.parametrize(
+    "names", [["odd_length", "gqa_one_kv_head"], ["packed_crossing", "image_straddling"]], ids=["odd-length+gqa", "packed+image"]
+)
 def test_sp2_matches_one_process(names, tmp_path):
     _run(2, names, tmp_path)
 
