@@ -16,7 +16,9 @@ echo "== 1/5 data: JSONL + PNG from examples/digits/raw"
 $PY examples/digits/build_data.py
 
 echo "== 2/5 image tokenizer: fit a tiny MoVQGAN on the training digits (MNIST indices 0-8999)"
-if [ ! -f examples/digits/data/movq/config.json ]; then
+# (re)fit when there is no tokenizer yet, or one in the format before omnicore_extra.safetensors
+if [ ! -f examples/digits/data/movq/config.json ] || [ -f examples/digits/data/movq/omnicore_decoder.json ]; then
+  rm -rf examples/digits/data/movq
   $PY -m omnicore_image_movqgan.fit --images 'examples/digits/data/images/0[0-8]*.png' \
       --out examples/digits/data/movq --steps "${MOVQ_STEPS:-150}"
 fi
