@@ -23,7 +23,11 @@ def lengths(root: Path) -> list[tuple[int, int, str]]:
                 whole = node.end_lineno - node.lineno + 1
                 doc = 0
                 first = node.body[0]
-                if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) and isinstance(first.value.value, str):
+                if (
+                    isinstance(first, ast.Expr)
+                    and isinstance(getattr(first, "value", None), ast.Constant)
+                    and isinstance(first.value.value, str)
+                ):
                     doc = first.end_lineno - first.lineno + 1
                 out.append((whole, whole - doc, f"{path}:{node.lineno} {node.name}"))
     return out
