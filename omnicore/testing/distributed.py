@@ -68,6 +68,27 @@ def _worker(rank: int, fn: Callable[..., Any], world_size: int, folder: str, bac
     os._exit(0)
 
 
+def _wait(processes: list[Any], out: Path, timeout: float) -> str | None:
+    """Wait for the spawned ranks; on the first failure (an error file, a non-zero exit) or after
+    ``timeout`` seconds kill the ranks still alive and return why, else return None."""
+    deadline = time.monotonic() + timeout
+    failed: str | None = None
+    while any(p.is_alive() for p in processes):
+        if any(out.glob("rank-*.err")) or any(p.exitcode not in (None, 0) for p in processes):
+            time.sleep(0.5)  # let the failing rank finish writing; others may fail too
+            failed = "a rank failed"
+            break
+        if time.monotonic() > deadline:
+            failed = f"timed out after {timeout:.0f} s"
+            break
+        time.sleep(0.05)
+    if failed:
+        for p in processes:  # only the ranks this call started
+            if p.is_alive():
+                p.kill()
+    return failed
+
+
 def run_distributed(
     fn: Callable[..., Any],
     world_size: int,
@@ -103,21 +124,7 @@ def run_distributed(
             start_method="spawn",
         )
         out = Path(folder)
-        deadline = time.monotonic() + timeout
-        failed: str | None = None
-        while any(p.is_alive() for p in ctx.processes):
-            if any(out.glob("rank-*.err")) or any(p.exitcode not in (None, 0) for p in ctx.processes):
-                time.sleep(0.5)  # let the failing rank finish writing; others may fail too
-                failed = "a rank failed"
-                break
-            if time.monotonic() > deadline:
-                failed = f"timed out after {timeout:.0f} s"
-                break
-            time.sleep(0.05)
-        if failed:
-            for p in ctx.processes:  # only the ranks this call started
-                if p.is_alive():
-                    p.kill()
+        failed = _wait(ctx.processes, out, timeout)
         for p in ctx.processes:
             p.join(5)
         errors = []
