@@ -8,6 +8,7 @@ plugin's heavy code.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from typing import Any
@@ -212,6 +213,32 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the file system said no: a user's problem to fix, in one line
+        print(f"error: {describe_os_error(exc)}", file=sys.stderr)
+        return 2
+
+
+_OS_HINTS = {
+    errno.ENOSPC: "no space left on the device; free some space or choose another --run.output_dir",
+    errno.EDQUOT: "disk quota exceeded; free some space or choose another --run.output_dir",
+    errno.EROFS: "the file system is read-only; choose a writable --run.output_dir",
+    errno.EACCES: "permission denied; choose a folder you can write to (--run.output_dir) or fix its permissions",
+    errno.EPERM: "operation not permitted; check the folder's permissions",
+    errno.EFBIG: "file too large for this file system or the file-size limit (ulimit -f); raise the limit",
+    errno.ENOENT: "no such file or folder; check the path",
+    errno.EISDIR: "a folder where a file was expected; check the path",
+    errno.ENOTDIR: "a file where a folder was expected; check the path",
+}
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One line for an ``OSError``: the file it concerns, what happened and what to do
+    (``/runs/x/metrics.jsonl: no space left on the device; free some space ...``)."""
+    where = exc.filename if exc.filename is not None else ""
+    if exc.filename2 is not None:
+        where = f"{where} -> {exc.filename2}"
+    what = _OS_HINTS.get(exc.errno) or (exc.strerror or str(exc) or type(exc).__name__)
+    return f"{where}: {what}" if where else what
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ listing, a broken plugin shown as a failed row, and clean one-line user errors f
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -444,3 +445,45 @@ def test_missing_component_checkpoint_is_a_one_line_error(tmp_path):
         assert "Traceback" not in r.stderr
         assert r.stderr.strip().splitlines()[-1].startswith("error: model.decoders.image: decoder 'movqgan': MoVQGAN checkpoint folder")
     assert not (tmp_path / "run").exists()
+
+
+# ---- file-system failures are one error line ------------------------------------------------------
+
+
+def test_output_folder_under_a_file_is_one_error_line(digits_jsonl, tmp_path, capsys):
+    """A real failure: the output folder would be inside a regular file (ENOTDIR)."""
+    import yaml
+
+    from conftest import tiny_config_dict
+    from omnicore.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    cfg = tiny_config_dict(str(digits_jsonl / "train.jsonl"), output_dir=str(blocker / "run"), max_steps=1)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["train", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {blocker}") and "a file where a folder was expected" in err[0], err
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        (errno.ENOSPC, "no space left on the device; free some space or choose another --run.output_dir"),
+        (errno.EROFS, "the file system is read-only; choose a writable --run.output_dir"),
+        (errno.EFBIG, "file too large for this file system or the file-size limit (ulimit -f); raise the limit"),
+        (errno.EIO, os.strerror(errno.EIO)),  # no hint of our own: the system's words
+    ],
+)
+def test_os_errors_name_the_file_and_what_to_do(monkeypatch, tmp_path, capsys, code, words):
+    import omnicore.cli as cli
+
+    path = str(tmp_path / "run" / "metrics.jsonl")
+
+    def fail(args, extra):
+        raise OSError(code, os.strerror(code), path)
+
+    monkeypatch.setattr(cli, "cmd_train", fail)
+    (tmp_path / "c.yaml").write_text("data: {train: t.jsonl}\n")
+    assert cli.main(["train", str(tmp_path / "c.yaml")]) == 2
+    assert capsys.readouterr().err == f"error: {path}: {words}\n"
