@@ -453,8 +453,8 @@ def test_missing_component_checkpoint_is_a_one_line_error(tmp_path):
 def test_output_folder_under_a_file_is_one_error_line(digits_jsonl, tmp_path, capsys):
     """A real failure: the output folder would be inside a regular file (ENOTDIR)."""
     import yaml
-
     from conftest import tiny_config_dict
+
     from omnicore.cli import main
 
     blocker = tmp_path / "a-file"
