@@ -92,9 +92,16 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     cfg = _config(args, extra)
     from omnicore.parallel.state import init_parallel_state, shutdown
     from omnicore.train.loop import train
+    from omnicore.train.signals import Interrupted
 
     state = init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
-    history = train(cfg, resume=args.resume, state=state)
+    try:
+        history = train(cfg, resume=args.resume, state=state)
+    except Interrupted as exc:  # SIGTERM/SIGINT: every rank saved the same step; say how to go on
+        if state.is_main:
+            print(str(exc), file=sys.stderr)
+        shutdown(state, exit_code=exc.exit_code)
+        return exc.exit_code
     if state.is_main and history:
         print(f"done: step {history[-1]['step']}, loss {history[-1]['loss']:.4f}; metrics in {cfg.run.output_dir}/metrics.jsonl")
     shutdown(state, exit_code=0)
@@ -207,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         from omnicore.data.packing import PackingError
         from omnicore.parallel.mesh import MeshError
         from omnicore.parallel.parallelize import ParallelizeError
+        from omnicore.train.optim import NonFiniteError
 
-        user_errors += (SampleError, CheckpointError, PackingError, MeshError, ParallelizeError)
+        user_errors += (SampleError, CheckpointError, PackingError, MeshError, ParallelizeError, NonFiniteError)
         return handlers[args.command](args, extra)
     except user_errors as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -6,12 +6,14 @@ configures. Errors name the file, the dotted key and, for a misspelt key, the cl
     examples/digits/config.yaml: train.max_step: unknown key; did you mean 'max_steps'?
 
 Overrides use dotted keys, as in ``omnicore train CONFIG --train.max_steps 50``; the value is parsed
-as YAML (``50`` is an int, ``true`` a bool, ``[1, 2]`` a list).
+as YAML (``50`` is an int, ``true`` a bool, ``[1, 2]`` a list). Numbers follow YAML 1.2 in files
+and overrides alike (``1e-6`` is a float, see :func:`yaml_load`).
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 from pathlib import Path
 from typing import Any, Literal
 
@@ -111,6 +113,12 @@ class DataConfig(_Strict):
         default=4096, gt=0, description="data.packing ffd: samples packed together (larger: fuller rows, more packing time)"
     )
     system_prompt: str | None = Field(default=None, description="optional system message prepended to every sample")
+    special_tokens_in_text: Literal["escape", "refuse"] = Field(
+        default="escape",
+        description="a special token string (<|im_start|>, <|im_end|>, <|pad|>, ...) written in message text: escape = tokenize it as "
+        "plain text, never as the control token; refuse = a bad sample naming FILE:LINE (data.on_error applies). Placeholder "
+        "strings (<|image_pad|>) are refused under both",
+    )
 
 
 class TrainConfig(_Strict):
@@ -141,6 +149,17 @@ class TrainConfig(_Strict):
         default=None,
         gt=0,
         description="peak dense TFLOP/s of one device for the MFU metric; unset: looked up for known GPUs, else MFU is not reported",
+    )
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        default="stop",
+        description="a step whose loss (summed over ranks) or gradient norm is NaN or inf: stop raises before the optimizer step "
+        "(the weights stay those of the last finite step; nothing is saved or exported); skip leaves weights and optimizer state "
+        "as they were, marks the metrics row skipped and goes on (the LR schedule still advances)",
+    )
+    max_skipped_steps: int = Field(
+        default=10,
+        gt=0,
+        description="with on_nonfinite: skip, how many non-finite steps in a row are skipped; the next one in a row stops the run",
     )
 
 
@@ -300,6 +319,40 @@ def format_errors(exc: ValidationError, source: str, overrides: dict[str, Any] |
     return "\n".join(lines)
 
 
+_YAML12_FLOAT = r"""^[-+]?(?:(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+|\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"""
+"""YAML 1.2 floats (``1e-6``, ``-1E+3``, ``.5``, ``2.``, ``.inf``); YAML 1.1 (PyYAML's default)
+needs a dot in ``1.0e-6`` and reads ``1e-6`` as a string."""
+
+
+def yaml_load(text: str) -> Any:
+    """Parse YAML with PyYAML's safe loader, except that numbers follow YAML 1.2: ``1e-6`` and
+    ``-1E+3`` are floats (PyYAML, following YAML 1.1, makes them strings). Used for config files and
+    command-line override values alike.
+
+    Raises:
+        yaml.YAMLError: for text that is not YAML.
+    """
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
+
+
+@functools.cache
+def _yaml_loader() -> Any:
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader with YAML 1.2 float resolution."""
+
+    Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for first in list(Loader.yaml_implicit_resolvers):
+        Loader.yaml_implicit_resolvers[first] = [r for r in Loader.yaml_implicit_resolvers[first] if r[0] != "tag:yaml.org,2002:float"]
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_YAML12_FLOAT), list("-+0123456789."))
+    return Loader
+
+
 def parse_overrides(args: list[str]) -> dict[str, Any]:
     """``["--train.max_steps", "50", "--run.seed=3"]`` -> nested dict ``{"train": {"max_steps": 50}, ...}``.
 
@@ -327,7 +380,11 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override --{key} conflicts with another override")
-        node[parts[-1]] = yaml.safe_load(value)
+        try:
+            node[parts[-1]] = yaml_load(value)
+        except yaml.YAMLError as exc:
+            detail = " ".join(str(getattr(exc, "problem", None) or exc).split())
+            raise ConfigError(f"override --{key}: value {value!r} is not valid YAML ({detail}); quote it to pass a string") from exc
     return out
 
 
@@ -354,7 +411,7 @@ def load_config(path: str | Path, overrides: list[str] | dict[str, Any] | None =
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml_load(path.read_text(encoding="utf-8-sig")) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

@@ -487,3 +487,18 @@ def test_os_errors_name_the_file_and_what_to_do(monkeypatch, tmp_path, capsys, c
     (tmp_path / "c.yaml").write_text("data: {train: t.jsonl}\n")
     assert cli.main(["train", str(tmp_path / "c.yaml")]) == 2
     assert capsys.readouterr().err == f"error: {path}: {words}\n"
+
+
+def test_nonfinite_training_is_one_error_line(digits_jsonl, tmp_path):
+    """``train.lr 1e6``: the gradient norm is NaN at step 2; the CLI stops with one line, exit 2."""
+    import yaml
+    from conftest import tiny_config_dict
+
+    cfg = tiny_config_dict(str(digits_jsonl / "train.jsonl"), output_dir=str(tmp_path / "run"), max_steps=4, lr=1e6, save_every=1)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    r = run(COMMANDS["module"] + ["train", "c.yaml"], tmp_path, timeout=300)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = [x for x in r.stderr.strip().splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith("error: non-finite training step "), r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "run" / "export").exists()

@@ -18,6 +18,17 @@ replication so ``N`` stays the global count.
 So gradient accumulation and more ranks give the gradients of one big batch, and a micro-batch
 without targets contributes exactly zero.
 
+Steps without an update (:func:`apply_update`): a step whose loss (summed over ranks) or gradient
+norm is NaN or inf stops the run before the optimizer step (``train.on_nonfinite: stop``, the
+default, raising :class:`~omnicore.train.optim.NonFiniteError`), or is skipped (``skip``: weights
+and AdamW state untouched; after ``train.max_skipped_steps`` such steps in a row the next one stops
+the run). A step where no rank has a target (global count 0) is skipped too: AdamW would still
+apply weight decay and move its moments with zero gradients. A skipped step still counts as a step:
+it consumes its data and advances the LR schedule, so step numbers, data positions and learning rates
+stay those of a run without skips. Its metrics row says ``skipped: true`` and ``skip_reason``
+(``nonfinite`` or ``no_targets``); ``skipped_steps`` counts the run's skipped steps (kept across
+``--resume``).
+
 Each metrics row (``metrics.jsonl``) also holds the step's throughput: ``tokens_per_s``,
 ``step_time_s``, ``tflops`` (achieved model TFLOP/s per device), ``mfu`` (None where the device's
 peak is unknown), ``padding_waste`` and ``peak_mem_mib`` (rank 0); see :mod:`omnicore.train.metrics`
@@ -28,7 +39,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import os
+import signal
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +59,8 @@ from omnicore.parallel.parallelize import build_strategies, data_split, parallel
 from omnicore.parallel.state import ParallelState, init_parallel_state
 from omnicore.registry import Registry, registry_for
 from omnicore.train.metrics import FlopsModel, flops_model, padding_waste, peak_memory_mib, peak_tflops
-from omnicore.train.optim import build_optimizer, clip_grad_norm_, warmup_cosine
+from omnicore.train.optim import NonFiniteError, build_optimizer, clip_grad_norm_, nonfinite_message, warmup_cosine
+from omnicore.train.signals import GracefulStop, Interrupted, stop_requested
 
 # ---------------------------------------------------------------------------------------------
 # set-up
@@ -77,6 +93,8 @@ class Run:
     start: int = 0  # steps already done (resume)
     bar: Any = None  # tqdm progress bar on rank 0 with train.progress, else None
     history: list[dict[str, Any]] = field(default_factory=list)
+    skipped_steps: int = 0  # steps without an update so far (non-finite or no targets), kept in checkpoints
+    nonfinite_in_row: int = 0  # non-finite steps since the last applied update, kept in checkpoints
 
 
 def setup(cfg: Config, *, resume: bool = False, registry: Registry | None = None, state: ParallelState | None = None) -> Run:
@@ -105,19 +123,22 @@ def setup(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, warmup_cosine(cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.min_lr_ratio)
     )
-    start = 0
+    start, skips = 0, (0, 0)
     if resume:
         meta = load_checkpoint(latest_checkpoint(ckpt_root), model, optimizer, scheduler, state)
         start = meta["step"]
+        skips = (meta.get("skipped_steps", 0), meta.get("nonfinite_in_row", 0))
         log(f"resumed from step {start} ({ckpt_root / f'step-{start:08d}'})")
 
     metrics_path, bar = _open_outputs(cfg, state, out_dir, resume, start)
     model.train()
     autocast, peak = _precision(cfg, state)
-    return Run(
+    run = Run(
         cfg, state, model, tokenizer, processor, stream, strategies, optimizer, scheduler,
         data_rank, data_size, replicas, autocast, peak, flops, out_dir, ckpt_root, metrics_path, log, start, bar,
     )  # fmt: skip
+    run.skipped_steps, run.nonfinite_in_row = skips
+    return run
 
 
 def _build_model_and_data(cfg: Config, registry: Registry, log: Callable[..., None]) -> tuple[Any, Any, ChatProcessor, PackedStream]:
@@ -250,10 +271,8 @@ def train_step(run: Run, step: int) -> dict[str, Any]:
     check_target_split(run, n_global, sum(sums[3 + len(keys) :]))
     grad_norm = clip_grad_norm_(run.model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
     lr = run.scheduler.get_last_lr()[0]  # the rate this step uses
-    run.optimizer.step()
-    run.scheduler.step()
-    run.optimizer.zero_grad(set_to_none=True)
     loss, tokens_global, flops_global = sums[0] / max(n_global, 1.0), sums[1], sums[2]
+    skip_reason = apply_update(run, step, loss, float(grad_norm), n_global)
     part_loss = {k: sums[3 + i] / max(sums[3 + len(keys) + i], 1.0) for i, k in enumerate(keys)}
     dt = time.perf_counter() - t0
     row = _metrics_row(
@@ -268,7 +287,46 @@ def train_step(run: Run, step: int) -> dict[str, Any]:
         dt=dt,
     )
     row.update({f"loss/{k}": v for k, v in part_loss.items()})
+    row.update(skipped=skip_reason is not None, skip_reason=skip_reason, skipped_steps=run.skipped_steps)
     return row
+
+
+def apply_update(run: Run, step: int, loss: float, grad_norm: float, n_global: float) -> str | None:
+    """The optimizer step of 0-based ``step``, or none: returns None when the update was applied, else
+    why not (``"nonfinite"``, ``"no_targets"``); the gradients are cleared and the LR schedule
+    advances either way (module docstring).
+
+    Every rank takes the same decision from the same numbers: ``loss`` is the all-reduced loss sum
+    over the global count (a NaN or inf on any rank makes it non-finite everywhere), ``grad_norm`` is
+    global (:func:`clip_grad_norm_` makes sharded norms whole; replicated gradients are already
+    reduced) and ``n_global`` is all-reduced.
+
+    Raises:
+        NonFiniteError: ``loss`` or ``grad_norm`` is NaN or inf under ``train.on_nonfinite: stop``, or
+            after ``train.max_skipped_steps`` skipped non-finite steps in a row; raised before any
+            change to weights, optimizer state or schedule.
+    """
+    reason = None
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        run.nonfinite_in_row += 1
+        t = run.cfg.train
+        if t.on_nonfinite == "stop" or run.nonfinite_in_row > t.max_skipped_steps:
+            raise NonFiniteError(nonfinite_message(run.cfg, step + 1, loss, grad_norm, run.nonfinite_in_row))
+        reason = "nonfinite"
+        run.log(f"step {step + 1}: skipped (loss {loss:.6g}, gradient norm {grad_norm:.6g}; train.on_nonfinite=skip)")
+    elif n_global == 0:
+        reason = "no_targets"  # AdamW with zero gradients would still decay the weights and move its moments
+    if reason is None:
+        run.optimizer.step()
+        run.nonfinite_in_row = 0
+    else:
+        run.skipped_steps += 1
+    run.optimizer.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():
+        # a skipped first step calls scheduler.step() without optimizer.step(), which torch warns about
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
+        run.scheduler.step()
+    return reason
 
 
 def check_target_split(run: Run, n_global: float, model_targets: float) -> None:
@@ -324,8 +382,10 @@ def log_step(run: Run, row: dict[str, Any]) -> None:
         return
     done = row["step"]
     if done % run.cfg.train.log_every == 0 or done == run.cfg.train.max_steps:
+        # strict JSON: a skipped step's NaN or inf values are written as null
+        clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
         with run.metrics_path.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+            fh.write(json.dumps(clean, allow_nan=False) + "\n")
     if run.bar is not None:
         post = {"loss": f"{row['loss']:.4f}", "tok_s": f"{row['tokens_per_s']:.0f}"}
         if row["mfu"] is not None:
@@ -341,7 +401,35 @@ def save(run: Run, done: int) -> None:
     cfg = run.cfg
     # the data position in micro-batches read by all data groups: resume continues the stream there
     extra = {"micro_batches": done * cfg.train.grad_accum * run.data_size, "seed": cfg.run.seed}
+    extra.update(skipped_steps=run.skipped_steps, nonfinite_in_row=run.nonfinite_in_row)
     save_checkpoint(run.ckpt_root, done, run.model, run.optimizer, run.scheduler, extra, run.state, cfg.train.keep_checkpoints)
+
+
+def _after_step(run: Run, done: int, stop: GracefulStop) -> bool:
+    """Save when due; False when the run stops here. ``train.stop_after`` ends this process early (a
+    time-limited job; --resume goes on); a stop signal on any rank saves and raises
+    :class:`~omnicore.train.signals.Interrupted` on every rank (the same step everywhere)."""
+    cfg = run.cfg
+    last = done == cfg.train.max_steps
+    stop_after = cfg.train.stop_after is not None and done >= cfg.train.stop_after
+    signum = stop_requested(stop, run.state)
+    saved = last or stop_after or signum is not None or bool(cfg.train.save_every and done % cfg.train.save_every == 0)
+    if saved:
+        save(run, done)
+    if signum is not None:
+        name = signal.Signals(signum).name
+        where = run.ckpt_root / f"step-{done:08d}"
+        cmd = f"omnicore train {cfg.source or 'CONFIG'} --resume" + (f" --run.output_dir {cfg.run.output_dir}" if cfg.source else "")
+        raise Interrupted(signum, f"stopped by {name} after step {done} of {cfg.train.max_steps}; saved {where}; continue with: {cmd}")
+    if stop_after and not last:
+        run.log(f"stopped after step {done} (train.stop_after); continue with --resume")
+        return False
+    return True
+
+
+def _is_main_process() -> bool:
+    """Rank 0 (or no launcher): torchrun sets ``RANK`` before the process group starts."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,26 +447,22 @@ def train(
         RegistryError: a component or strategy cannot be resolved.
         CheckpointError: ``resume`` with no usable checkpoint, or a fresh run into an output folder
             that already holds one.
+        NonFiniteError: a non-finite loss or gradient norm (``train.on_nonfinite``); nothing of that
+            step is saved or exported.
     """
     from omnicore.checkpoint.export import export_model
 
-    # ---- set-up: model and data, parallelism, optimizer (restored on resume), outputs ----------
-    run = setup(cfg, resume=resume, registry=registry, state=state)
-
-    # ---- the loop ------------------------------------------------------------------------------
-    for step in range(run.start, cfg.train.max_steps):
-        row = train_step(run, step)
-        run.history.append(row)
-        log_step(run, row)
-        done = step + 1
-        last = done == cfg.train.max_steps
-        # stop_after ends this process early (a time-limited job); its checkpoint lets --resume go on
-        stop = cfg.train.stop_after is not None and done >= cfg.train.stop_after
-        if last or stop or (cfg.train.save_every and done % cfg.train.save_every == 0):
-            save(run, done)
-        if stop and not last:
-            run.log(f"stopped after step {done} (train.stop_after); continue with --resume")
-            break
+    # SIGTERM/SIGINT (a scheduler's notice, Ctrl-C) from here on: finish the step, save, stop
+    with GracefulStop(announce=_is_main_process()) as stop:
+        # ---- set-up: model and data, parallelism, optimizer (restored on resume), outputs ------
+        run = setup(cfg, resume=resume, registry=registry, state=state)
+        # ---- the loop ------------------------------------------------------------------------
+        for step in range(run.start, cfg.train.max_steps):
+            row = train_step(run, step)
+            run.history.append(row)
+            log_step(run, row)
+            if not _after_step(run, step + 1, stop):
+                break
 
     # ---- wrap-up: throughput summary, then export of a finished run ----------------------------
     if run.bar is not None:

@@ -4,6 +4,8 @@
 * :func:`warmup_cosine`: linear warm-up, then cosine decay to a floor (a ``LambdaLR`` multiplier;
   also the schedule of plugins' own fits, through :mod:`omnicore.api`).
 * :func:`clip_grad_norm_`: global-norm clipping that works across DTensor meshes (expert parallelism).
+* :class:`NonFiniteError` and :func:`nonfinite_message`: a step whose loss or gradient norm is NaN or
+  inf (``train.on_nonfinite``, see :func:`omnicore.train.loop.apply_update`).
 """
 
 from __future__ import annotations
@@ -72,3 +74,32 @@ def clip_grad_norm_(parameters: Any, max_norm: float) -> torch.Tensor:
     for group in by_mesh.values():
         torch.nn.utils.clip_grads_with_norm_(group, max_norm, total.to(group[0].grad.device))
     return total
+
+
+class NonFiniteError(ValueError):
+    """A training step's loss (summed over ranks) or global gradient norm is NaN or inf, under
+    ``train.on_nonfinite: stop`` or after ``train.max_skipped_steps`` skipped steps in a row. Raised
+    before the optimizer step on every rank alike, so the model still holds the weights of the last
+    finite step and nothing of the bad step is saved or exported. The CLI reports it as one
+    ``error:`` line (exit 2)."""
+
+
+def nonfinite_message(cfg: Config, step: int, loss: float, grad_norm: float, in_row: int) -> str:
+    """The message of :class:`NonFiniteError` for 1-based ``step``: the values, what the weights are
+    now, and what to try, with the run's own settings (``in_row``: non-finite steps in a row,
+    this one included)."""
+    t = cfg.train
+    what = f"non-finite training step {step}: loss {loss:.6g}, gradient norm {grad_norm:.6g}"
+    if in_row > 1:
+        what += f" ({in_row} non-finite steps in a row; train.max_skipped_steps is {t.max_skipped_steps})"
+    tries = [f"a lower train.lr (now {t.lr:g})"]
+    tries.append("train.grad_clip 1.0" if t.grad_clip == 0 else f"a lower train.grad_clip (now {t.grad_clip:g})")
+    tries.append(f"a longer train.warmup_steps (now {t.warmup_steps})")
+    if cfg.run.dtype == "bfloat16":
+        tries.append("run.dtype float32 with train.mixed_precision bf16 (fp32 weights and optimizer state)")
+    if t.on_nonfinite == "stop":
+        tries.append("train.on_nonfinite skip, to skip rare bad steps")
+    return (
+        f"{what}; stopped before the optimizer step, so the weights are those of the last finite step and nothing was saved "
+        f"or exported for this step. Try {', '.join(tries)}; or check the data of this step"
+    )
