@@ -163,7 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     over = "dotted overrides such as --train.max_steps 50 may follow"
     sp = sub.add_parser("train", help="train from a YAML config (" + over + ")")
     sp.add_argument("config")
-    sp.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run.output_dir")
+    sp.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="CHECKPOINT",
+        help="continue from the newest checkpoint in run.output_dir that verifies, or from CHECKPOINT (a folder, or a name such as step-00000004)",
+    )
 
     sp = sub.add_parser("plan", help="check and size the parallel layout for N ranks without starting processes (" + over + ")")
     sp.add_argument("config")

@@ -40,11 +40,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import signal
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,11 +96,10 @@ class Run:
     nonfinite_in_row: int = 0  # non-finite steps since the last applied update, kept in checkpoints
 
 
-def setup(cfg: Config, *, resume: bool = False, registry: Registry | None = None, state: ParallelState | None = None) -> Run:
+def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None = None, state: ParallelState | None = None) -> Run:
     """Build everything a run needs: model and data, parallelism, optimizer and LR schedule (restored
-    from the latest checkpoint with ``resume``), output files and progress bar. Raises as
-    :func:`train` does."""
-    from omnicore.checkpoint.dcp import CheckpointError, latest_checkpoint, load_checkpoint
+    with ``resume``: see :func:`train`), output files and progress bar. Raises as :func:`train` does."""
+    from omnicore.checkpoint.dcp import CheckpointError, load_checkpoint
 
     registry = registry or registry_for(cfg)
     state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
@@ -125,10 +123,11 @@ def setup(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     )
     start, skips = 0, (0, 0)
     if resume:
-        meta = load_checkpoint(latest_checkpoint(ckpt_root), model, optimizer, scheduler, state)
+        folder = _resume_folder(ckpt_root, resume, state, log)
+        meta = load_checkpoint(folder, model, optimizer, scheduler, state, verify=False)  # verified just now
         start = meta["step"]
         skips = (meta.get("skipped_steps", 0), meta.get("nonfinite_in_row", 0))
-        log(f"resumed from step {start} ({ckpt_root / f'step-{start:08d}'})")
+        log(f"resumed from step {start} ({folder})")
 
     metrics_path, bar = _open_outputs(cfg, state, out_dir, resume, start)
     model.train()
@@ -139,6 +138,54 @@ def setup(cfg: Config, *, resume: bool = False, registry: Registry | None = None
     )  # fmt: skip
     run.skipped_steps, run.nonfinite_in_row = skips
     return run
+
+
+def _resume_folder(ckpt_root: Path, resume: bool | str, state: ParallelState, log: Callable[..., None]) -> Path:
+    """The checkpoint to resume from, its files verified against its manifest (collective). A path
+    (``--resume PATH``: a folder, or a name such as ``step-00000004``) must verify, else the error
+    names the bad file and the previous good checkpoint; plain ``--resume`` takes the newest
+    checkpoint that verifies and says so when it had to skip a corrupt one."""
+    from omnicore.checkpoint.resume import find_good_checkpoint, resolve_resume
+
+    if isinstance(resume, str):
+        return resolve_resume(ckpt_root, resume, state)
+    folder, message = find_good_checkpoint(ckpt_root, state)
+    if message:
+        log(message)
+    return folder
+
+
+@contextlib.contextmanager
+def run_lock(cfg: Config, state: ParallelState, log: Callable[..., None]) -> Iterator[None]:
+    """One run per output folder: rank 0 holds ``run.lock`` (:class:`omnicore.checkpoint.lock.RunLock`)
+    while the run lasts; every rank learns whether it got it (one all-reduce), so no rank waits for
+    a run that was refused.
+
+    Raises:
+        RunLockError: on rank 0, another live run holds the folder (its PID and host named);
+            CheckpointError on the other ranks.
+    """
+    from omnicore.checkpoint.errors import CheckpointError
+    from omnicore.checkpoint.lock import RunLock, RunLockError
+
+    lock, error = None, None
+    if state.is_main:
+        try:
+            lock = RunLock(cfg.run.output_dir).__enter__()
+        except RunLockError as exc:
+            error = exc
+    refused = state.all_reduce_sum(1.0 if error is not None else 0.0)
+    if error is not None:
+        raise error
+    if refused:
+        raise CheckpointError(f"{cfg.run.output_dir} is locked by another run (see rank 0's error)")
+    if lock is not None and lock.message:
+        log(lock.message)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.__exit__(None, None, None)
 
 
 def _build_model_and_data(cfg: Config, registry: Registry, log: Callable[..., None]) -> tuple[Any, Any, ChatProcessor, PackedStream]:
@@ -427,33 +474,36 @@ def _after_step(run: Run, done: int, stop: GracefulStop) -> bool:
     return True
 
 
-def _is_main_process() -> bool:
-    """Rank 0 (or no launcher): torchrun sets ``RANK`` before the process group starts."""
-    return os.environ.get("RANK", "0") == "0"
-
-
 # ---------------------------------------------------------------------------------------------
 # the recipe
 # ---------------------------------------------------------------------------------------------
 
 
 def train(
-    cfg: Config, *, resume: bool = False, registry: Registry | None = None, state: ParallelState | None = None
+    cfg: Config, *, resume: bool | str = False, registry: Registry | None = None, state: ParallelState | None = None
 ) -> list[dict[str, Any]]:
     """Run training as configured; returns the per-step metrics (on every rank).
+
+    ``resume``: True continues from the newest checkpoint that verifies (a corrupt newest one is
+    skipped, and the log says so); a path or a name such as ``step-00000004`` continues from that
+    one. False starts afresh (refused when the folder already holds a run).
 
     Raises:
         SampleError: a bad training sample (``FILE:LINE: ...``) when ``data.on_error`` is ``raise``.
         RegistryError: a component or strategy cannot be resolved.
-        CheckpointError: ``resume`` with no usable checkpoint, or a fresh run into an output folder
-            that already holds one.
+        CheckpointError: ``resume`` with no usable checkpoint, a fresh run into an output folder
+            that already holds one, or (``RunLockError``) a folder another live run holds.
         NonFiniteError: a non-finite loss or gradient norm (``train.on_nonfinite``); nothing of that
             step is saved or exported.
+        Interrupted: SIGTERM or SIGINT; the step was finished and saved on every rank.
     """
     from omnicore.checkpoint.export import export_model
 
-    # SIGTERM/SIGINT (a scheduler's notice, Ctrl-C) from here on: finish the step, save, stop
-    with GracefulStop(announce=_is_main_process()) as stop:
+    state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
+    log = print if state.is_main else (lambda *a, **k: None)
+    # SIGTERM/SIGINT (a scheduler's notice, Ctrl-C) from here on: finish the step, save, stop;
+    # and one run at a time in the output folder
+    with GracefulStop(announce=state.is_main) as stop, run_lock(cfg, state, log):
         # ---- set-up: model and data, parallelism, optimizer (restored on resume), outputs ------
         run = setup(cfg, resume=resume, registry=registry, state=state)
         # ---- the loop ------------------------------------------------------------------------
@@ -463,16 +513,15 @@ def train(
             log_step(run, row)
             if not _after_step(run, step + 1, stop):
                 break
-
-    # ---- wrap-up: throughput summary, then export of a finished run ----------------------------
-    if run.bar is not None:
-        run.bar.close()
-    if run.history:
-        run.log(summarize(run.history))
-    finished = bool(run.history) and run.history[-1]["step"] == cfg.train.max_steps
-    if cfg.train.export and finished:
-        path = export_model(run.model, run.tokenizer, cfg, run.out_dir / "export", run.state)
-        run.log(f"exported to {path}")
+        # ---- wrap-up: throughput summary, then export of a finished run ------------------------
+        if run.bar is not None:
+            run.bar.close()
+        if run.history:
+            run.log(summarize(run.history))
+        finished = bool(run.history) and run.history[-1]["step"] == cfg.train.max_steps
+        if cfg.train.export and finished:
+            path = export_model(run.model, run.tokenizer, cfg, run.out_dir / "export", run.state)
+            run.log(f"exported to {path}")
     return run.history
 
 
