@@ -60,7 +60,13 @@ def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None 
         folder = Path(checkpoint) if checkpoint else latest_checkpoint(Path(cfg.run.output_dir) / "checkpoints")
         load_checkpoint(folder, model, None, None, ParallelState(0, 1, 0, torch.device("cpu")))
     model.eval()
-    processor = ChatProcessor(tokenizer, dict(model.encoders), dict(model.decoders), cfg.data.system_prompt)
+    processor = ChatProcessor(
+        tokenizer,
+        dict(model.encoders),
+        dict(model.decoders),
+        cfg.data.system_prompt,
+        special_tokens_in_text=cfg.data.special_tokens_in_text,
+    )
     return model, tokenizer, processor
 
 

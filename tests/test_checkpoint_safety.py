@@ -351,3 +351,34 @@ def test_two_process_save_load_with_manifest(tmp_path):
     # the work is split: rank 0's share ([0::2] of the sorted names) holds the bad file, rank 1's does not
     assert ranks[0]["own_share"] == f"{bad}: sha256 differs from the manifest (corrupt bytes)"
     assert ranks[1]["own_share"] is None
+
+
+def test_full_disk_reported_as_a_writer_error_is_named_as_full_disk(tmp_path, monkeypatch):
+    """torch's zip writer reports a full disk as ``RuntimeError: ... unexpected pos 704 vs 598``;
+    with the file system nearly full, the error says the disk is full, and the previous checkpoint
+    stays usable. With space left, the same RuntimeError is a bug and propagates as it is."""
+    from collections import namedtuple
+
+    import torch.distributed.checkpoint.filesystem as fs
+
+    import omnicore.checkpoint.dcp as dcp_mod
+
+    previous = _save(tmp_path, 1)
+    real = fs._write_item
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 704 vs 598")
+
+    usage = namedtuple("usage", "total used free")
+    real_usage = dcp_mod.shutil.disk_usage
+    monkeypatch.setattr(fs, "_write_item", failing)
+    monkeypatch.setattr(dcp_mod.shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 4096, 4096))
+    with pytest.raises(CheckpointError) as err:
+        _save(tmp_path, 2, seed=1)
+    assert "the disk is full" in str(err.value) and str(err.value).endswith(f"the previous checkpoint {previous} is intact")
+    assert (tmp_path / "latest").read_text() == "step-00000001"
+    monkeypatch.setattr(dcp_mod.shutil, "disk_usage", real_usage)
+    with pytest.raises(BaseException) as bug:  # DCP wraps it in its CheckpointException (a BaseException)
+        _save(tmp_path, 2, seed=1)
+    assert "unexpected pos 704 vs 598" in str(bug.value) and not isinstance(bug.value, CheckpointError)
+    monkeypatch.setattr(fs, "_write_item", real)

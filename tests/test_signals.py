@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-LM = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+LM = {
+    "model_type": "qwen2",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 STEPS = 30
 
 

@@ -94,6 +94,23 @@ def _os_error_of(exc: BaseException) -> OSError | None:
     return None
 
 
+FULL_DISK_MARGIN = 64 * 2**20
+"""Bytes of free space below which a failed save is blamed on a full disk (torch's writers report
+some full-disk failures as ``RuntimeError: ... unexpected pos``, not as an OSError)."""
+
+
+def _full_disk(final: Path, previous: Path | None) -> OSError | None:
+    """An ENOSPC error for ``final``'s folder when its file system has less free space than the
+    previous checkpoint's size (or :data:`FULL_DISK_MARGIN`), else None."""
+    try:
+        free = shutil.disk_usage(final.parent).free
+    except OSError:
+        return None
+    if free >= max(FULL_DISK_MARGIN, _folder_bytes(previous)):
+        return None
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(final.parent))
+
+
 def _save_error(final: Path, exc: OSError, previous: Path | None) -> str:
     """One line: which checkpoint failed, why, and what to do."""
     keep = f"; the previous checkpoint {previous} is intact" if previous else ""
@@ -118,8 +135,10 @@ def _phase(state: Any, final: Path, previous: Path | None, fn: Callable[[], None
             fn()
     except CheckpointError as e:
         error = str(e)
+    except (KeyboardInterrupt, SystemExit):
+        raise
     except BaseException as e:  # DCP's CheckpointException is a BaseException
-        os_error = _os_error_of(e)
+        os_error = _os_error_of(e) or _full_disk(final, previous)
         if os_error is None:
             raise
         error = _save_error(final, os_error, previous)

@@ -79,6 +79,24 @@ def placeholder_ids(tokenizer: Any, encoder_modalities: list[str], decoder_modal
 
 LOADERS = {"image": load_image, "audio": load_audio}
 
+SPECIAL_TOKEN_POLICIES = ("escape", "refuse")
+"""``data.special_tokens_in_text``: what a special token string written in message text becomes.
+``escape``: plain text tokens (``<|im_end|>`` in a user message is the characters ``<``, ``|``, ...,
+never the control token, so data cannot forge a turn); ``refuse``: a :class:`SampleError` naming
+``FILE:LINE`` and the token. Placeholder strings (``<|image_pad|>``) are refused under both."""
+
+
+def control_tokens(tokenizer: Any) -> dict[str, int]:
+    """Every special token string of ``tokenizer`` with its id: its named special tokens (bos, eos,
+    pad, ``additional_special_tokens``) and every added token marked ``special``."""
+    out: dict[str, int] = {}
+    for tok in getattr(tokenizer, "all_special_tokens", []):
+        out[str(tok)] = tokenizer.convert_tokens_to_ids(tok)
+    for i, added in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        if getattr(added, "special", False):
+            out[str(added.content)] = int(i)
+    return out
+
 
 @dataclass
 class Encoded:
@@ -106,22 +124,56 @@ class ChatProcessor:
         tokenizer: a ``PreTrainedTokenizerFast`` that already holds :func:`special_tokens`.
         encoders: modality -> component implementing :class:`omnicore.components.Encoder`.
         decoders: modality -> component implementing :class:`omnicore.components.Decoder`.
+        system_prompt: a system message prepended to samples that have none.
+        special_tokens_in_text: ``data.special_tokens_in_text``, one of :data:`SPECIAL_TOKEN_POLICIES`.
+        max_tokens: ``data.max_tokens``: a longer sample is a :class:`SampleError` naming ``FILE:LINE``,
+            its length and the budget (so ``data.on_error: skip`` counts it); None: no limit here.
     """
 
-    def __init__(self, tokenizer: Any, encoders: dict[str, Any], decoders: dict[str, Any], system_prompt: str | None = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        encoders: dict[str, Any],
+        decoders: dict[str, Any],
+        system_prompt: str | None = None,
+        *,
+        special_tokens_in_text: str = "escape",
+        max_tokens: int | None = None,
+    ):
+        if special_tokens_in_text not in SPECIAL_TOKEN_POLICIES:
+            raise ValueError(f"special_tokens_in_text={special_tokens_in_text!r}; choose one of {', '.join(SPECIAL_TOKEN_POLICIES)}")
         self.tokenizer = tokenizer
         self.encoders = encoders
         self.decoders = decoders
         self.system_prompt = system_prompt
+        self.special_tokens_in_text = special_tokens_in_text
+        self.max_tokens = max_tokens
         self.token_ids = placeholder_ids(tokenizer, list(encoders), list(decoders))
         self.im_start, self.im_end = tokenizer.convert_tokens_to_ids([IM_START, IM_END])
         self.enc_ids, self.dec_ids, self.dec_start_ids = (self.token_ids[k] for k in ("encoder", "decoder", "decoder_start"))
         self.reserved = {i for table in self.token_ids.values() for i in table.values()}
+        self.reserved_strings = [
+            t for t in special_tokens(list(encoders), list(decoders)) if tokenizer.convert_tokens_to_ids(t) in self.reserved
+        ]
+        self.control = control_tokens(tokenizer)
+        self.control_ids = set(self.control.values()) | self.reserved
 
     def _text(self, text: str, where: str) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if self.reserved.intersection(ids):
-            raise SampleError(f"{where}: text contains a reserved placeholder token; placeholders come only from media parts")
+        """Token ids of user-written text, in which no special token string is ever a control token."""
+        for s in self.reserved_strings:
+            if s in text:
+                raise SampleError(f"{where}: text contains a reserved placeholder token {s}; placeholders come only from media parts")
+        if self.special_tokens_in_text == "refuse":
+            for s in self.control:
+                if s in text:
+                    raise SampleError(
+                        f"{where}: text contains the special token {s} (data.special_tokens_in_text: refuse); remove it, or set "
+                        "data.special_tokens_in_text: escape to train on it as plain text"
+                    )
+        # split_special_tokens: special token strings are tokenized as the plain text they are
+        ids = self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        if self.control_ids.intersection(ids):
+            raise SampleError(f"{where}: this tokenizer turns text into control tokens even with split_special_tokens; cannot escape them")
         return ids
 
     def _media(self, kind: str, path: str, side: str, where: str) -> tuple[dict[str, Any], Any]:
@@ -140,6 +192,13 @@ class ChatProcessor:
             raise SampleError(f"{where}: cannot preprocess {kind} {path}: {type(exc).__name__}: {exc}") from exc
         return features, comp
 
+    def _check_length(self, n: int, where: str) -> None:
+        if self.max_tokens is not None and n > self.max_tokens:
+            raise SampleError(
+                f"{where}: sample has {n} tokens, more than data.max_tokens={self.max_tokens}; raise data.max_tokens or "
+                "shorten the sample (data.on_error: skip drops it)"
+            )
+
     def encode(self, sample: Sample, *, prompt_only: bool = False) -> Encoded:
         """Token ids, pre-shifted labels and media features for one sample.
 
@@ -148,7 +207,8 @@ class ChatProcessor:
 
         Raises:
             SampleError: (``FILE:LINE: ...``) for missing or unreadable media, a media type without
-                a configured encoder/decoder, or placeholder tokens written as text.
+                a configured encoder/decoder, placeholder tokens written as text, special tokens in
+                text under ``special_tokens_in_text="refuse"``, or more than ``max_tokens`` tokens.
         """
         where = sample.where
         messages = list(sample.messages)
@@ -190,6 +250,7 @@ class ChatProcessor:
             add(self._text("\n", where), False)
         if prompt_only:
             add([self.im_start] + self._text("assistant\n", where), False)
+        self._check_length(len(ids), where)
         labels = [ids[i + 1] if trained[i + 1] else IGNORE_INDEX for i in range(len(ids) - 1)] + [IGNORE_INDEX]
         n_text = sum(1 for x in labels if x != IGNORE_INDEX)
         return Encoded(ids, labels, media, n_text + n_dec, where)

@@ -101,25 +101,43 @@ def parse_line(text: str, file: str, line: int) -> Sample:
     return Sample(messages, file, line, meta)
 
 
+def decode_line(raw: bytes, file: str, line: int) -> str:
+    """One line of a JSONL file as text: UTF-8, with a byte-order mark allowed on line 1 (as
+    Windows editors save it).
+
+    Raises:
+        SampleError: ``FILE:LINE: not valid UTF-8 ...`` naming the first bad byte.
+    """
+    try:
+        return raw.decode("utf-8-sig" if line == 1 else "utf-8")
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start : exc.start + 1].hex()
+        raise SampleError(
+            f"{file}:{line}: not valid UTF-8 (byte 0x{bad} at byte {exc.start + 1} of the line: {exc.reason}); save the file as UTF-8"
+        ) from exc
+
+
 def read_jsonl(path: str | Path, *, on_error: str = "raise", errors: list[str] | None = None) -> list[Sample]:
-    """Read every non-blank line of a JSONL file.
+    """Read every non-blank line of a JSONL file, UTF-8 with or without a byte-order mark.
 
     Args:
         on_error: ``"raise"`` stops at the first bad line; ``"skip"`` drops it and appends the
             message to ``errors`` (so the caller can count and report skipped lines).
 
     Raises:
-        SampleError: if the file is missing, or for a bad line when ``on_error="raise"``.
+        SampleError: if the file is missing, or for a bad line (malformed, or bytes that are not
+            UTF-8) when ``on_error="raise"``.
     """
     path = Path(path)
     if not path.is_file():
         raise SampleError(f"{path}: data file not found")
     samples = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
             try:
+                text = decode_line(raw, str(path), lineno)
+                if not text.strip():
+                    continue
                 samples.append(parse_line(text, str(path), lineno))
             except SampleError as exc:
                 if on_error != "skip":

@@ -29,22 +29,68 @@ class Audio:
 
 
 def load_image(path: str | Path):
-    """Open an image file as a fully decoded ``PIL.Image.Image`` (mode kept as stored).
+    """Open an image file as a fully decoded RGB ``PIL.Image.Image``, as a viewer displays it.
+
+    The EXIF orientation tag is applied (``PIL.ImageOps.exif_transpose``: a phone photo stored
+    sideways with orientation 6 comes back upright), for every mode Pillow reads. Then
+    :func:`to_rgb` converts the mode: transparency is composited over white, 16- and 32-bit
+    grey scales to 8 bits, palette, CMYK and YCbCr through Pillow's conversions.
 
     Raises:
-        MediaError: if the file is missing or Pillow cannot decode it.
+        MediaError: if the file is missing, truncated or corrupt, cannot be decoded by Pillow, or
+            declares more pixels than Pillow's decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``).
     """
-    from PIL import Image, UnidentifiedImageError
+    import warnings
+
+    from PIL import Image, ImageOps
 
     path = Path(path)
     if not path.is_file():
         raise MediaError(f"image file not found: {path}")
     try:
-        with Image.open(path) as img:
-            img.load()
-            return img.copy()
-    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
-        raise MediaError(f"cannot read image {path}: {exc}") from exc
+        with warnings.catch_warnings():
+            # Pillow only warns between MAX_IMAGE_PIXELS and twice that; both are too large to decode
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                img.load()
+                upright = ImageOps.exif_transpose(img)
+                return to_rgb(upright)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        limit = Image.MAX_IMAGE_PIXELS
+        raise MediaError(f"image {path} is too large to decode ({_one_line(exc)}); the limit is {limit} pixels: resize it") from exc
+    except Exception as exc:  # noqa: BLE001 - decoders raise OSError, ValueError, SyntaxError, struct.error... on bad files
+        raise MediaError(f"cannot read image {path}: {type(exc).__name__}: {_one_line(exc)}") from exc
+
+
+def to_rgb(img):
+    """``img`` as mode ``RGB`` with 8 bits per channel.
+
+    Modes with alpha (``RGBA``, ``LA``, ``PA``, ``P`` with a transparent colour) are composited over
+    white, as a viewer on a white page shows them; ``I;16*`` and ``I`` are 16-bit grey (divided by
+    257, so 65535 is 255); ``F`` is taken as [0, 1] when its values lie there, else as ``I``; every
+    other mode (``1``, ``L``, ``P``, ``CMYK``, ``YCbCr``, ...) goes through ``Image.convert``.
+
+    Raises:
+        ValueError: for a mode Pillow cannot convert to RGB (``LAB``, ``HSV`` with no path).
+    """
+    from PIL import Image
+
+    if img.mode == "RGB":
+        return img.copy()
+    if img.mode.startswith("I") or img.mode == "F":
+        a = np.asarray(img, dtype=np.float64)
+        scale = 255.0 if img.mode == "F" and a.size and a.min() >= 0 and a.max() <= 1 else 255.0 / 65535.0
+        grey = np.clip(np.rint(a * scale), 0, 255).astype(np.uint8)
+        return Image.fromarray(grey).convert("RGB")
+    if img.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 def load_audio(path: str | Path) -> Audio:

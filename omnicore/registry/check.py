@@ -114,6 +114,8 @@ def check_plugins(
     for row in reg.rows:
         if row.status in ("disabled", "incompatible") or (keep is not None and (row.provider, row.entry_point) not in keep):
             continue
+        if not row.entry_point:
+            continue  # a distribution whose metadata could not be read names no module to import
         mods = plugins.setdefault((row.provider, row.entry_point), set())
         if row.spec is not None:
             mods.add(row.spec.target.partition(":")[0])

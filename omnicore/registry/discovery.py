@@ -10,7 +10,8 @@ Discovery (``Registry.discover``):
    list, or missing from an allow-list) or ``incompatible`` (its declared core API range excludes
    :data:`omnicore.CORE_API_VERSION`; see :mod:`omnicore.registry.policy`). Otherwise its hook
    module is loaded inside its own ``try``: a plugin that fails to import, fails pluggy's hook
-   validation, raises from a hook or returns something that is not a
+   validation, raises from a hook (``SystemExit`` and other ``BaseException`` included; only
+   ``KeyboardInterrupt`` propagates, as the user's) or returns something that is not a
    :class:`~omnicore.components.ComponentSpec` of the hook's kind becomes one ``failed`` row whose
    reason names the distribution, its version and the entry point; its partial registrations are
    dropped (all-or-nothing per plugin), and the other plugins load as usual;
@@ -95,7 +96,9 @@ class Registry:
                 continue
             try:
                 obj = info.entry_point.load()  # type: ignore[union-attr]
-            except Exception as exc:  # any import-time error of a plugin must not take the listing down
+            except KeyboardInterrupt:
+                raise  # the user's Ctrl-C (or SIGINT) still stops discovery
+            except BaseException as exc:  # noqa: BLE001 - SystemExit or any other import-time escape must not take the listing down
                 reg._fail(
                     info.name,
                     info.provider,
@@ -134,7 +137,9 @@ class Registry:
         try:
             self.pm.register(obj, name=f"{provider}:{label}")
             self.pm.check_pending()
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - SystemExit and the like from plugin code are a failed row too
             self._unregister(obj)
             self._fail(label, provider, version, entry_point, f"{where} failed validation: {_one_line(exc)}", api=api)
             return False
@@ -152,7 +157,9 @@ class Registry:
                                 f"hook {hookspecs.HOOK_FOR_KIND[kind]} returned {spec!r}; expected ComponentSpec(kind={kind!r}, ...)"
                             )
                         collected.append(spec)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - SystemExit and the like from plugin code are a failed row too
             self._unregister(obj)
             self._fail(
                 label, provider, version, entry_point, f"{where} raised in registration: {type(exc).__name__}: {_one_line(exc)}", api=api

@@ -170,15 +170,15 @@ def entry_points_info(
     to the environment's.
     """
     policy = policy or PluginPolicy.make()
-    eps = list(entry_points) if entry_points is not None else list(metadata.entry_points(group=ENTRY_POINT_GROUP))
-    out = []
+    broken: list[EntryPointInfo] = []
+    eps = list(entry_points) if entry_points is not None else _installed_entry_points(broken)
+    out = broken
     for ep in eps:
-        dist = getattr(ep, "dist", None)
-        md = dist.metadata if dist is not None else None
-        provider = md["Name"] if md is not None else "unknown"
-        version = md["Version"] if md is not None else "?"
-        info = EntryPointInfo(ep.name, ep.value, provider, version, api_range(dist), entry_point=ep)
-        blocked = policy.blocked(ep.name, provider)
+        info = _metadata_info(ep)
+        if info.status:
+            out.append(info)
+            continue
+        blocked = policy.blocked(ep.name, info.provider)
         if blocked:
             info.status, info.reason = "disabled", f"{info.where}: {blocked}"
         else:
@@ -186,6 +186,55 @@ def entry_points_info(
         out.append(info)
     out.sort(key=lambda i: (i.provider, i.name, i.value))
     return out
+
+
+def _installed_entry_points(broken: list[EntryPointInfo]) -> list[metadata.EntryPoint]:
+    """The installed ``omnicore`` entry points. One distribution with unparsable metadata makes
+    ``importlib.metadata.entry_points()`` raise for all of them; then the distributions are read one
+    by one, and each one that cannot be read becomes a ``failed`` info appended to ``broken``."""
+    try:
+        return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    except Exception:  # noqa: BLE001 - a broken distribution; find it below
+        pass
+    eps: list[metadata.EntryPoint] = []
+    seen: set[str] = set()
+    for dist in metadata.distributions():
+        name, version = _dist_label(dist)
+        if _canon(name) in seen:
+            continue  # the first distribution of a name on sys.path wins, as in entry_points()
+        seen.add(_canon(name))
+        try:
+            eps += list(dist.entry_points.select(group=ENTRY_POINT_GROUP))
+        except Exception as exc:  # noqa: BLE001 - any parse error of the metadata files
+            where = str(getattr(dist, "_path", "")) or name
+            reason = (
+                f"distribution {name} {version} has unreadable entry points ({where}); none of them is loaded: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())}; reinstall or remove it"
+            )
+            broken.append(EntryPointInfo(name, "", name, version, "", status="failed", reason=reason))
+    return eps
+
+
+def _dist_label(dist: Any) -> tuple[str, str]:
+    """``(name, version)`` of a distribution, ``("unknown", "?")`` where its metadata cannot say."""
+    try:
+        md = dist.metadata
+        return str(md["Name"] or "unknown"), str(md["Version"] or "?")
+    except Exception:  # noqa: BLE001 - a missing or unparsable METADATA file
+        return "unknown", "?"
+
+
+def _metadata_info(ep: metadata.EntryPoint) -> EntryPointInfo:
+    """The info of one entry point from its distribution's metadata; ``failed`` when the metadata
+    cannot be read."""
+    dist = getattr(ep, "dist", None)
+    provider, version = _dist_label(dist) if dist is not None else ("unknown", "?")
+    info = EntryPointInfo(ep.name, ep.value, provider, version, "", entry_point=ep)
+    try:
+        info.api = api_range(dist)
+    except Exception as exc:  # noqa: BLE001 - unparsable Keywords
+        info.status, info.reason = "failed", f"{info.where} has unreadable metadata: {type(exc).__name__}: {exc}"
+    return info
 
 
 def _check_api(info: EntryPointInfo) -> None:

@@ -145,7 +145,9 @@ def build_component(spec: ComponentSpec, options: dict[str, Any] | None = None, 
 
     Raises:
         RegistryError: if the options model or the target cannot be imported, or if ``options``
-            fail validation (the message names the component and the offending field).
+            fail validation (the message names the component and the offending field), or if the
+            factory raises ``ValueError`` or ``TypeError`` on them (the message names the component
+            and the option keys given); every message is one line.
     """
     opts = dict(options or {})
     if spec.options_model:
@@ -157,7 +159,13 @@ def build_component(spec: ComponentSpec, options: dict[str, Any] | None = None, 
         except ValidationError as exc:
             raise RegistryError(f"options of {spec.key}: {_format_validation(exc, model_cls)}") from exc
     factory: Callable[..., Any] = import_target(spec.target)
-    return factory(opts, **kwargs)
+    try:
+        return factory(opts, **kwargs)
+    except (ValueError, TypeError) as exc:  # a value the options model let through but the factory refuses
+        given = ", ".join(sorted(options or {})) or "none given"
+        raise RegistryError(
+            f"options of {spec.key} (given: {given}): {type(exc).__name__}: {' '.join(str(exc).split())}; check these options"
+        ) from exc
 
 
 def _format_validation(exc: Any, model_cls: Any) -> str:
@@ -165,7 +173,7 @@ def _format_validation(exc: Any, model_cls: Any) -> str:
     fields = list(getattr(model_cls, "model_fields", {}))
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"])
-        msg = err["msg"]
+        msg = " ".join(str(err["msg"]).split())  # a validator's message may span lines
         if err["type"] == "extra_forbidden":
             close = difflib.get_close_matches(str(err["loc"][-1]), fields, n=1)
             hint = (

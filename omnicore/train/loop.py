@@ -194,7 +194,14 @@ def _build_model_and_data(cfg: Config, registry: Registry, log: Callable[..., No
     from omnicore.model.build import build_omni_model
 
     model, tokenizer = build_omni_model(cfg, registry)
-    processor = ChatProcessor(tokenizer, dict(model.encoders), dict(model.decoders), cfg.data.system_prompt)
+    processor = ChatProcessor(
+        tokenizer,
+        dict(model.encoders),
+        dict(model.decoders),
+        cfg.data.system_prompt,
+        special_tokens_in_text=cfg.data.special_tokens_in_text,
+        max_tokens=cfg.data.max_tokens,
+    )
     samples, errors = load_samples(cfg.resolve_path(cfg.data.train), processor, cfg.data.on_error, cfg.data.max_samples)
     if errors:
         log(f"skipped {len(errors)} bad samples (data.on_error=skip); first: {errors[0]}")

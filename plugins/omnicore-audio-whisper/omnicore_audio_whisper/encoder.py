@@ -5,8 +5,11 @@ Pipeline for one clip (:class:`WhisperAudioEncoder`):
 1. ``preprocess`` (data workers, CPU, no gradients): resample to the feature extractor's rate
    (16 kHz for every published Whisper) with :func:`omnicore.data.media.resample`, then 80 (or
    ``num_mel_bins``) log-mel bins every ``hop_length`` samples (160 at 16 kHz: 100 frames per
-   second) with transformers' ``WhisperFeatureExtractor``; every clip is padded with silence, or
-   truncated, to ``chunk_seconds``. The number of *valid* (unpadded) mel frames is kept.
+   second) with transformers' ``WhisperFeatureExtractor``; every clip is padded with silence to
+   ``chunk_seconds``. A longer clip is never truncated: with ``long_audio: split`` (the default) it
+   becomes several consecutive windows, each encoded like a clip, whose tokens form one
+   placeholder span; with ``long_audio: refuse`` it is a bad sample. The number of *valid*
+   (unpadded) mel frames of each window is kept.
 2. ``forward``: transformers' ``WhisperEncoder`` (two convolutions, the second of stride 2, then
    pre-norm transformer layers) over the whole padded chunk, average pooling of its output positions
    with stride ``pool``, a ``Linear(d_model, hidden_size)`` projector, and for each item only its
@@ -35,7 +38,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -98,7 +101,15 @@ class WhisperEncoderOptions(BaseModel):
         description=(
             "Length in seconds every clip is padded (with silence) or truncated to. Sets the mel frames "
             "(chunk_seconds * 100 at 16 kHz / hop 160) and max_source_positions = frames / 2; must give an "
-            "even whole number of frames (a multiple of 0.02 s). Audio beyond it is dropped."
+            "even whole number of frames (a multiple of 0.02 s). A longer clip follows long_audio."
+        ),
+    )
+    long_audio: Literal["split", "refuse"] = Field(
+        default="split",
+        description=(
+            "A clip longer than chunk_seconds: split = encode it as consecutive chunk_seconds windows (the last one padded), "
+            "whose tokens form one placeholder span (num_tokens is the sum over windows); refuse = a bad sample naming the "
+            "file, its duration and chunk_seconds (data.on_error: skip counts it). Audio is never cut silently."
         ),
     )
     pool: int = Field(
@@ -155,6 +166,7 @@ class WhisperAudioEncoder(nn.Module):
         chunk_seconds: float,
         pool: int,
         freeze: bool = False,
+        long_audio: str = "split",
     ) -> None:
         super().__init__()
         self.whisper = whisper
@@ -168,6 +180,7 @@ class WhisperAudioEncoder(nn.Module):
         self.chunk_frames = int(feature_extractor.nb_max_frames)
         self.chunk_samples = int(feature_extractor.n_samples)
         self.frozen = bool(freeze)
+        self.long_audio = long_audio
         if freeze:
             self.whisper.requires_grad_(False)
 
@@ -183,12 +196,16 @@ class WhisperAudioEncoder(nn.Module):
 
         Returns:
             ``{"input_features": float32 [num_mel_bins, chunk_frames], "valid_frames": int64 []}``:
-            Whisper's log-mel spectrogram of the clip padded with silence (or truncated) to
-            ``chunk_seconds``, and the number of mel frames that cover real audio,
-            ``min(ceil(num_samples_16k / hop_length), chunk_frames)``.
+            Whisper's log-mel spectrogram of the clip padded with silence to ``chunk_seconds``, and
+            the number of mel frames that cover real audio, ``ceil(num_samples_16k / hop_length)``.
+            A clip longer than ``chunk_seconds`` (with ``long_audio="split"``) is cut into ``W``
+            consecutive windows: ``input_features`` ``[W, num_mel_bins, chunk_frames]`` and
+            ``valid_frames`` ``[W]`` (every window full but the last).
 
         Raises:
-            ValueError: if the samples are not one-dimensional or the sample rate is not positive.
+            ValueError: if the samples are not one-dimensional, the sample rate is not positive, or
+                the clip is longer than ``chunk_seconds`` with ``long_audio="refuse"`` (the message
+                gives its duration and the limit).
         """
         samples = np.asarray(media.samples)
         if samples.ndim != 1:
@@ -197,11 +214,26 @@ class WhisperAudioEncoder(nn.Module):
             raise ValueError(f"whisper encoder: sample_rate must be a positive number of Hz, got {media.sample_rate}")
         audio = resample(Audio(samples=samples.astype(np.float32, copy=False), sample_rate=int(media.sample_rate)), self.sampling_rate)
         wave = np.asarray(audio.samples, dtype=np.float32)
+        if wave.shape[0] <= self.chunk_samples:
+            feats, valid = self._window(wave)
+            return {"input_features": feats, "valid_frames": torch.tensor(valid, dtype=torch.long)}
+        if self.long_audio == "refuse":
+            raise ValueError(
+                f"audio is {wave.shape[0] / self.sampling_rate:.2f} s long, longer than the whisper encoder's window "
+                f"chunk_seconds={self.chunk_seconds:g} s (long_audio: refuse); cut the clip, or set long_audio: split"
+            )
+        windows = [self._window(wave[i : i + self.chunk_samples]) for i in range(0, wave.shape[0], self.chunk_samples)]
+        return {
+            "input_features": torch.stack([f for f, _ in windows]),
+            "valid_frames": torch.tensor([v for _, v in windows], dtype=torch.long),
+        }
+
+    def _window(self, wave: np.ndarray) -> tuple[torch.Tensor, int]:
+        """Log-mel ``[num_mel_bins, chunk_frames]`` of at most ``chunk_samples`` samples padded with
+        silence, and its valid frames ``ceil(len / hop_length)`` (0 for an empty clip)."""
+        valid = min(-(-wave.shape[0] // self.hop_length), self.chunk_frames)
         if wave.shape[0] == 0:
             wave = np.zeros(1, dtype=np.float32)
-            valid = 0
-        else:
-            valid = min(-(-wave.shape[0] // self.hop_length), self.chunk_frames)
         feats = self.feature_extractor(
             wave,
             sampling_rate=self.sampling_rate,
@@ -214,34 +246,34 @@ class WhisperAudioEncoder(nn.Module):
             raise RuntimeError(
                 f"unexpected log-mel shape {feats.shape}; expected ({self.feature_extractor.feature_size}, {self.chunk_frames})"
             )
-        return {
-            "input_features": torch.from_numpy(np.ascontiguousarray(feats, dtype=np.float32)),
-            "valid_frames": torch.tensor(valid, dtype=torch.long),
-        }
+        return torch.from_numpy(np.ascontiguousarray(feats, dtype=np.float32)), valid
 
     def num_tokens(self, features: dict[str, Any]) -> int:
-        """Placeholder tokens for one item: :func:`num_tokens_for_frames` of its ``valid_frames``.
+        """Placeholder tokens for one item: :func:`num_tokens_for_frames` of its ``valid_frames``,
+        summed over its windows (a split long clip is one span of all its windows' tokens).
 
         Depends only on the valid (unpadded) audio length, never on the padding.
         """
-        return num_tokens_for_frames(int(features["valid_frames"]), self.pool)
+        valid = torch.as_tensor(features["valid_frames"]).reshape(-1)
+        return sum(num_tokens_for_frames(int(v), self.pool) for v in valid)
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """Stack items in order: ``input_features`` ``[B, num_mel_bins, chunk_frames]``, ``valid_frames`` ``[B]``.
+        """Stack items' windows in order: ``input_features`` ``[B, num_mel_bins, chunk_frames]``,
+        ``valid_frames`` ``[B]``, where ``B`` counts windows (one per item, more for a split long clip).
 
         Raises:
             ValueError: if ``items`` is empty or the items' feature shapes differ.
         """
         if not items:
             raise ValueError("whisper encoder: collate() needs at least one item")
-        shapes = {tuple(it["input_features"].shape) for it in items}
+        shapes = {tuple(it["input_features"].shape[-2:]) for it in items}
         if len(shapes) != 1:
             raise ValueError(
                 f"whisper encoder: items have different feature shapes {sorted(shapes)}; preprocess them with the same encoder"
             )
         return {
-            "input_features": torch.stack([torch.as_tensor(it["input_features"]) for it in items]),
-            "valid_frames": torch.stack([torch.as_tensor(it["valid_frames"], dtype=torch.long).reshape(()) for it in items]),
+            "input_features": torch.cat([torch.as_tensor(it["input_features"]).reshape(-1, *next(iter(shapes))) for it in items]),
+            "valid_frames": torch.cat([torch.as_tensor(it["valid_frames"], dtype=torch.long).reshape(-1) for it in items]),
         }
 
     def dummy_batch(self) -> dict[str, torch.Tensor]:
@@ -369,7 +401,13 @@ def build(options: dict[str, Any], *, hidden_size: int) -> WhisperAudioEncoder:
         whisper = WhisperEncoder(config)
 
     encoder = WhisperAudioEncoder(
-        whisper, feature_extractor, hidden_size=int(hidden_size), chunk_seconds=opts.chunk_seconds, pool=opts.pool, freeze=opts.freeze
+        whisper,
+        feature_extractor,
+        hidden_size=int(hidden_size),
+        chunk_seconds=opts.chunk_seconds,
+        pool=opts.pool,
+        freeze=opts.freeze,
+        long_audio=opts.long_audio,
     )
     if ckpt is not None:
         meta = load_extra_weights(ckpt, encoder.projector, component=COMPONENT, required=False, legacy_files=LEGACY_FILES)
