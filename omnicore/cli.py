@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import sys
 from typing import Any
 
@@ -211,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         except RegistryError as exc:  # OMNICORE_STRICT=1 and a plugin failed
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except BrokenPipeError:  # `omnicore plugins | head`: the reader has all it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+            return 0
     from omnicore.config import ConfigError
 
     handlers = {"train": cmd_train, "plan": cmd_plan, "eval": cmd_eval, "generate": cmd_generate}

@@ -502,3 +502,18 @@ def test_nonfinite_training_is_one_error_line(digits_jsonl, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: non-finite training step "), r.stderr
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "run" / "export").exists()
+
+
+def test_listing_into_a_closed_pipe_exits_quietly(tmp_path):
+    """``omnicore plugins --no-load | head -1``: the reader is gone before the listing is written;
+    the listing ends with status 0 and no traceback (the pipe's read end is closed up front, so
+    the first write fails every time)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run(
+            COMMANDS["module"] + ["plugins", "--no-load"], cwd=tmp_path, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    finally:
+        os.close(write)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr

@@ -68,6 +68,7 @@ class RunLock:
         self.path = Path(out_dir) / LOCK_NAME
         self.message: str | None = None
         self._mine: dict[str, Any] | None = None
+        self._created: list[Path] = []  # folders acquire() made, removed again if left empty
 
     def __enter__(self) -> RunLock:
         self.acquire()
@@ -92,7 +93,9 @@ class RunLock:
 
     def acquire(self) -> None:
         """Take the lock (see the class docstring); a stale lock is replaced and noted in :attr:`message`."""
+        missing = [p for p in [self.path.parent, *self.path.parent.parents] if not p.exists()]
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._created = missing  # innermost first
         for _ in range(3):  # a lock that vanishes between our tries (its run ended) is simply retried
             if self._try_create():
                 return
@@ -143,10 +146,15 @@ class RunLock:
             )
 
     def release(self) -> None:
-        """Delete the lock file if it is still ours."""
+        """Delete the lock file if it is still ours, and the folders :meth:`acquire` created if they
+        are empty now (a run that failed before writing anything leaves no trace)."""
         if self._mine is None:
             return
         with contextlib.suppress(OSError, ValueError):
             if json.loads(self.path.read_text()) == self._mine:
                 self.path.unlink()
         self._mine = None
+        for folder in self._created:
+            with contextlib.suppress(OSError):  # not empty (the run wrote there), or gone
+                folder.rmdir()
+        self._created = []

@@ -77,7 +77,7 @@ def _build(registry: Registry, field: str, kind: str, name: str, options: dict[s
     except RegistryError:
         raise
     except (ValueError, OSError) as exc:
-        raise RegistryError(f"{field}: {kind} {name!r}: {exc}") from exc
+        raise RegistryError(f"{field}: {kind} {name!r}: {' '.join(str(exc).split())}") from exc  # one line
 
 
 def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any, Any]:

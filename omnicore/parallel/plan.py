@@ -90,7 +90,7 @@ class PlanReport:
         if self.layout_ok:
             out.append(
                 f"memory per rank: parameters {_fmt(self.param_bytes_per_rank)}, gradients {_fmt(self.param_bytes_per_rank)}, "
-                f"AdamW states {_fmt(self.optimizer_bytes_per_rank)} ({self.params:,} parameters, {_fmt(self.total_param_bytes)} unsharded)"
+                f"AdamW states of the trainable parameters {_fmt(self.optimizer_bytes_per_rank)} ({self.params:,} parameters, {_fmt(self.total_param_bytes)} unsharded)"
             )
         if self.violations:
             out.append(f"{len(self.violations)} violated constraint(s):")

@@ -145,9 +145,9 @@ def build_component(spec: ComponentSpec, options: dict[str, Any] | None = None, 
 
     Raises:
         RegistryError: if the options model or the target cannot be imported, or if ``options``
-            fail validation (the message names the component and the offending field), or if the
-            factory raises ``ValueError`` or ``TypeError`` on them (the message names the component
-            and the option keys given); every message is one line.
+            fail validation (the message names the component and the offending field; one line). A
+            factory's own errors propagate (:func:`omnicore.model.build.build_omni_model` names
+            the config field of a ``ValueError`` or ``OSError``).
     """
     opts = dict(options or {})
     if spec.options_model:
@@ -159,13 +159,7 @@ def build_component(spec: ComponentSpec, options: dict[str, Any] | None = None, 
         except ValidationError as exc:
             raise RegistryError(f"options of {spec.key}: {_format_validation(exc, model_cls)}") from exc
     factory: Callable[..., Any] = import_target(spec.target)
-    try:
-        return factory(opts, **kwargs)
-    except (ValueError, TypeError) as exc:  # a value the options model let through but the factory refuses
-        given = ", ".join(sorted(options or {})) or "none given"
-        raise RegistryError(
-            f"options of {spec.key} (given: {given}): {type(exc).__name__}: {' '.join(str(exc).split())}; check these options"
-        ) from exc
+    return factory(opts, **kwargs)
 
 
 def _format_validation(exc: Any, model_cls: Any) -> str:
