@@ -94,7 +94,7 @@ def straight(config, tmp_path_factory) -> dict[int, dict[int, float]]:
     return out
 
 
-@pytest.mark.parametrize(("nproc", "sig"), [(1, signal.SIGTERM), (1, signal.SIGINT), (2, signal.SIGTERM)])
+@pytest.mark.parametrize(("nproc", "sig"), [(1, signal.SIGTERM), (1, signal.SIGINT), (2, signal.SIGTERM), (2, signal.SIGINT)])
 def test_signal_saves_and_resume_equals_a_straight_run(config, straight, tmp_path, nproc, sig):
     out = tmp_path / "run"
     r = _signal_after_steps(_cmd(config, out, nproc), out, [sig])
