@@ -3,10 +3,10 @@
     .venv/bin/python bench/faults.py [--tries 20] [--nproc 1,2] [--steps 8] [--seed 0]
 
 For each process count, one straight run gives the reference losses. Then, ``--tries`` times: a fresh
-run into a new folder is killed with SIGKILL (the whole process group, torchrun and its workers,
-as a machine or a scheduler does without warning) after a random delay drawn uniformly over the
-straight run's duration, so kills land in start-up, in steps and in checkpoint saves
-(``train.save_every 1``). The run is then continued with ``--resume`` (or started afresh when no
+run into a new folder is killed with SIGKILL (torchrun and every worker at once, found through ``/proc``,
+as a machine failure does without warning): on even tries after a random delay drawn uniformly
+over the straight run's duration (start-up, steps, saves), on odd tries inside the checkpoint save
+of a random step (0-30 ms after its temporary folder appears; ``train.save_every 1``). The run is then continued with ``--resume`` (or started afresh when no
 checkpoint was written yet) until it finishes. A try *survives* when the continuation finishes
 (exit 0) and the losses of every step, the last row written for each step, equal the straight
 run's within ``--rtol``. Writes ``bench/results/faults.json`` and prints a table.
@@ -89,22 +89,55 @@ def losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows}
 
 
-def kill_after(cfg: Path, out: Path, nproc: int, delay: float) -> dict:
-    """Start a fresh run, SIGKILL its process group after ``delay`` seconds; what it left behind."""
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants, from ``/proc/*/stat`` (torchrun starts its workers in
+    sessions of their own, so killing its process group would leave them running)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        q = todo.pop()
+        out.append(q)
+        todo += children.get(q, [])
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every descendant at once (a machine failure: nobody gets to clean up)."""
+    for q in process_tree(pid):
+        try:
+            os.kill(q, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def kill_after(cfg: Path, out: Path, nproc: int, delay: float, in_save: int | None = None, jitter: float = 0.0) -> dict:
+    """Start a fresh run and SIGKILL it after ``delay`` seconds, or, with ``in_save = k``,
+    ``jitter`` seconds after the save of step ``k`` has begun (its ``.tmp-step-k`` folder exists:
+    the kill lands inside the save); what it left behind."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.Popen(
-        command(cfg, out, nproc, False), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        p.wait(timeout=delay)
-        finished = True
-    except subprocess.TimeoutExpired:
-        finished = False
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
+    p = subprocess.Popen(command(cfg, out, nproc, False), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0, finished = time.perf_counter(), False
+    target = out / "checkpoints" / f".tmp-step-{in_save:08d}" if in_save is not None else None
+    while True:
+        if p.poll() is not None:
+            finished = True
+            break
+        if (target is not None and target.exists()) or (target is None and time.perf_counter() - t0 >= delay):
+            time.sleep(jitter if target is not None else 0.0)
+            kill_tree(p.pid)
+            p.wait()
+            break
+        time.sleep(0.001 if target is not None else 0.01)
     ckpts = out / "checkpoints"
     return {
-        "delay_s": round(delay, 2),
+        "kill": f"in the save of step {in_save}" if in_save is not None else "at a random time",
+        "delay_s": round(time.perf_counter() - t0, 2),
         "finished_before_kill": finished,
         "during_save": any(ckpts.glob(".tmp-step-*")) if ckpts.is_dir() else False,
         "steps_logged": len(losses(out)),
@@ -112,8 +145,8 @@ def kill_after(cfg: Path, out: Path, nproc: int, delay: float) -> dict:
     }
 
 
-def one_try(cfg: Path, out: Path, nproc: int, delay: float, want: dict[int, float], rtol: float) -> dict:
-    rec = kill_after(cfg, out, nproc, delay)
+def one_try(cfg: Path, out: Path, nproc: int, kill: tuple[float, int | None, float], want: dict[int, float], rtol: float) -> dict:
+    rec = kill_after(cfg, out, nproc, *kill)
     if not rec["finished_before_kill"]:
         r = run_to_end(cfg, out, nproc, resume=rec["latest"] is not None)
         rec["resume_rc"] = r.returncode
@@ -150,10 +183,13 @@ def main(argv: list[str] | None = None) -> int:
         want = losses(work / f"straight-{nproc}")
         records = []
         for i in range(a.tries):
-            rec = one_try(cfg, work / f"try-{nproc}-{i:02d}", nproc, rng.uniform(0.05, 1.0) * duration, want, a.rtol)
+            # even tries: a random time; odd tries: inside the save of a random step
+            in_save = rng.randint(1, a.steps - 1) if i % 2 else None
+            kill = (rng.uniform(0.05, 1.0) * duration, in_save, rng.uniform(0.0, 0.03))
+            rec = one_try(cfg, work / f"try-{nproc}-{i:02d}", nproc, kill, want, a.rtol)
             records.append(rec)
             print(
-                f"nproc {nproc} try {i:2d}: kill at {rec['delay_s']:5.1f} s, logged {rec['steps_logged']}, "
+                f"nproc {nproc} try {i:2d}: kill {rec['kill']} at {rec['delay_s']:5.1f} s, logged {rec['steps_logged']}, "
                 f"during save {rec['during_save']}, survived {rec['survived']}",
                 flush=True,
             )
