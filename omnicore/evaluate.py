@@ -176,7 +176,9 @@ def evaluate(cfg: Config, *, checkpoint: str | None = None, export: str | None =
 def generate_cli(
     cfg: Config, *, prompt: str, image: str | None, audio: str | None, out_dir: str, checkpoint: str | None, export: str | None
 ) -> Iterator[str]:
-    """``omnicore generate``: yields lines to print (the text, then each saved PNG's path)."""
+    """``omnicore generate``: yields lines to print: ``text: '...'`` (the generated text, quoted, so
+    that text the model wrote after an image is not mistaken for an answer), then ``saved PATH``
+    for each generated image."""
     model, tokenizer, processor = load_trained(cfg, checkpoint, export)
     parts = [Part(k, v) for k, v in (("image", image), ("audio", audio)) if v] + [Part("text", prompt)]
     sample = Sample([Message("user", parts)], "<command line>", 0)
@@ -188,7 +190,7 @@ def generate_cli(
         temperature=cfg.generate.temperature,
         seed=cfg.run.seed,
     )
-    yield out["text"]
+    yield f"text: {out['text']!r}"
     folder = Path(out_dir)
     for m, imgs in out["images"].items():
         for i, img in enumerate(imgs):

@@ -431,3 +431,39 @@ def test_on_error_skip_counts_bad_lines(env, digit_lines, garbage, tmp_path):
     assert len(read_jsonl(path, on_error="skip", errors=errs)) == 6 and len(errs) == 2
     with pytest.raises(SampleError, match=re.escape(f"{path}:2: ")):
         load_samples(path, proc, "raise")
+
+
+def _first_fit_by_scan(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """The textbook first-fit: scan the open bins in order (quadratic), as the reference."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i, n in enumerate(lengths):
+        for b, free in enumerate(room):
+            if n <= free:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(max_tokens - n)
+    return bins
+
+
+def test_first_fit_with_the_free_space_index_equals_the_scan():
+    """The O(n log B) first-fit gives exactly the bins of the scan, on 300 random cases (budgets
+    from 1 to 1024, lengths up to the budget, up to 400 samples, growing past several tree sizes)."""
+    import random
+
+    from omnicore.data.packing import FreeSpaceIndex, pack_first_fit
+
+    rng = random.Random(0)
+    for _ in range(300):
+        budget = rng.choice([1, 7, 64, 512, 1024])
+        lengths = [rng.randint(1, budget) for _ in range(rng.randint(0, 400))]
+        assert pack_first_fit(lengths, budget) == _first_fit_by_scan(lengths, budget)
+    index = FreeSpaceIndex()
+    for free in (5, 0, 9, 3, 9):
+        index.append(free)
+    assert [index.first_fit(n) for n in (1, 4, 6, 9, 10)] == [0, 0, 2, 2, None]
+    index.set(2, 1)
+    assert (index.first_fit(6), index.first_fit(2)) == (4, 0)

@@ -99,3 +99,22 @@ def test_eval_accuracy_counts_exact_matches(built, digits_jsonl, tmp_path, monke
     for task, hits in want.items():
         assert result["tasks"][task]["total"] == len(hits)
         assert result["tasks"][task]["correct"] == sum(hits)
+
+
+def test_generate_cli_labels_the_text_and_saves_images(built, tmp_path, monkeypatch):
+    """``omnicore generate`` prints the text labelled and quoted (an image prompt's stray text is not
+    read as an answer), then one ``saved PATH`` line per image, equal to :func:`generate`'s."""
+    import omnicore.evaluate as ev
+
+    model, tok, processor = built
+    cfg = Config.model_validate(tiny_config_dict("unused.jsonl"))
+    monkeypatch.setattr(ev, "load_trained", lambda *a, **k: (model, tok, processor))
+    lines = list(
+        ev.generate_cli(cfg, prompt="Draw the digit 7.", image=None, audio=None, out_dir=str(tmp_path), checkpoint=None, export=None)
+    )
+    want = generate(model, tok, _prompt(processor, [Part("text", "Draw the digit 7.")]), max_new_tokens=cfg.generate.max_new_tokens)
+    assert lines[0] == f"text: {want['text']!r}"
+    saved = [x for x in lines[1:] if x.startswith("saved ")]
+    assert len(saved) == sum(len(v) for v in want["images"].values())
+    for line in saved:
+        assert (tmp_path / line.split("/")[-1]).is_file()
