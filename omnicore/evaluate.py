@@ -60,13 +60,7 @@ def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None 
         folder = Path(checkpoint) if checkpoint else latest_checkpoint(Path(cfg.run.output_dir) / "checkpoints")
         load_checkpoint(folder, model, None, None, ParallelState(0, 1, 0, torch.device("cpu")))
     model.eval()
-    processor = ChatProcessor(
-        tokenizer,
-        dict(model.encoders),
-        dict(model.decoders),
-        cfg.data.system_prompt,
-        special_tokens_in_text=cfg.data.special_tokens_in_text,
-    )
+    processor = ChatProcessor.for_model(tokenizer, model, cfg.data)
     return model, tokenizer, processor
 
 
@@ -156,14 +150,7 @@ def evaluate(cfg: Config, *, checkpoint: str | None = None, export: str | None =
     t0 = time.perf_counter()
     tasks: dict[str, dict[str, Any]] = {}
     for s in samples:
-        out = generate(
-            model,
-            tokenizer,
-            processor.encode(s, prompt_only=True),
-            max_new_tokens=cfg.generate.max_new_tokens,
-            temperature=cfg.generate.temperature,
-            seed=cfg.run.seed,
-        )
+        out = _generate(cfg, model, tokenizer, processor.encode(s, prompt_only=True))
         r = tasks.setdefault(str(s.meta.get("task", "default")), {"correct": 0, "total": 0})
         r["total"] += 1
         r["correct"] += int(out["text"].strip() == _answer(s))
@@ -171,6 +158,13 @@ def evaluate(cfg: Config, *, checkpoint: str | None = None, export: str | None =
         r["accuracy"] = r["correct"] / max(r["total"], 1)
     correct, total = sum(r["correct"] for r in tasks.values()), sum(r["total"] for r in tasks.values())
     return {"accuracy": correct / max(total, 1), "correct": correct, "total": total, "seconds": time.perf_counter() - t0, "tasks": tasks}
+
+
+def _generate(cfg: Config, model: Any, tokenizer: Any, prompt: Encoded) -> dict[str, Any]:
+    """:func:`generate` with the config's ``generate`` section and seed."""
+    return generate(
+        model, tokenizer, prompt, max_new_tokens=cfg.generate.max_new_tokens, temperature=cfg.generate.temperature, seed=cfg.run.seed
+    )
 
 
 def generate_cli(
@@ -182,14 +176,7 @@ def generate_cli(
     model, tokenizer, processor = load_trained(cfg, checkpoint, export)
     parts = [Part(k, v) for k, v in (("image", image), ("audio", audio)) if v] + [Part("text", prompt)]
     sample = Sample([Message("user", parts)], "<command line>", 0)
-    out = generate(
-        model,
-        tokenizer,
-        processor.encode(sample, prompt_only=True),
-        max_new_tokens=cfg.generate.max_new_tokens,
-        temperature=cfg.generate.temperature,
-        seed=cfg.run.seed,
-    )
+    out = _generate(cfg, model, tokenizer, processor.encode(sample, prompt_only=True))
     yield f"text: {out['text']!r}"
     folder = Path(out_dir)
     for m, imgs in out["images"].items():

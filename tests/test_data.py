@@ -466,4 +466,4 @@ def test_first_fit_with_the_free_space_index_equals_the_scan():
         index.append(free)
     assert [index.first_fit(n) for n in (1, 4, 6, 9, 10)] == [0, 0, 2, 2, None]
     index.set(2, 1)
-    assert (index.first_fit(6), index.first_fit(2)) == (4, 0)
+    assert (index.first_fit(6), index.first_fit(2), index.free(2)) == (4, 0, 1)

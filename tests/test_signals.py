@@ -13,15 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TINY_LM
 
-LM = {
-    "model_type": "qwen2",
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
 STEPS = 30
 
 
@@ -35,7 +28,7 @@ def config(tmp_path_factory) -> Path:
     (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = {
         "run": {"output_dir": "unused", "seed": 0},
-        "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": LM, "tokenizer": "byte"}}},
+        "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": dict(TINY_LM), "tokenizer": "byte"}}},
         "data": {"train": "train.jsonl", "max_tokens": 512},
         "train": {"max_steps": STEPS, "lr": 3e-3, "warmup_steps": 1, "progress": False, "export": False},
     }

@@ -183,7 +183,7 @@ def save_checkpoint(
         meta = dict(trainer_state, step=step, scheduler=scheduler.state_dict(), world_size=state.world_size)
         (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=1))
         merge_manifest(tmp, state.world_size, [".metadata", "trainer_state.json"])
-        _replace_folder(tmp, final)
+        replace_folder(tmp, final)
         _atomic_write_text(root / "latest", final.name)
         prune_checkpoints(root, final, keep)
 
@@ -203,7 +203,7 @@ def _previous(root: Path) -> Path | None:
     return folder if folder.is_dir() and folder != root else None
 
 
-def _replace_folder(src: Path, dst: Path) -> None:
+def replace_folder(src: Path, dst: Path) -> None:
     """Rename ``src`` to ``dst``; an existing ``dst`` is moved aside first and deleted after, so
     there is no moment without one complete folder named ``dst`` or its replacement."""
     if dst.exists():

@@ -14,7 +14,6 @@ export intact.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ def export_model(model: Any, tokenizer: Any, cfg: Any, out_dir: str | Path, stat
     out = Path(out_dir)
     if not state.is_main:
         return None
+    from omnicore.checkpoint.dcp import replace_folder
     from omnicore.model.build import build_omni_model
 
     plain, _ = build_omni_model(cfg)
@@ -37,14 +37,7 @@ def export_model(model: Any, tokenizer: Any, cfg: Any, out_dir: str | Path, stat
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     write_export(plain, tokenizer, cfg, tmp)
-    if out.exists():
-        old = out.with_name(f".{out.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
+    replace_folder(tmp, out)
     return out
 
 

@@ -158,6 +158,20 @@ class ChatProcessor:
         self.control = control_tokens(tokenizer)
         self.control_ids = set(self.control.values()) | self.reserved
 
+    @classmethod
+    def for_model(cls, tokenizer: Any, model: Any, data: Any, *, budget: bool = False) -> ChatProcessor:
+        """The processor a run uses: ``model``'s encoders and decoders (modality -> component) and
+        the config's ``data`` section (system prompt, special-token policy; with ``budget``, its
+        ``max_tokens`` too, so that an over-long training sample is a sample error)."""
+        return cls(
+            tokenizer,
+            dict(model.encoders),
+            dict(model.decoders),
+            data.system_prompt,
+            special_tokens_in_text=data.special_tokens_in_text,
+            max_tokens=data.max_tokens if budget else None,
+        )
+
     def _text(self, text: str, where: str) -> list[int]:
         """Token ids of user-written text, in which no special token string is ever a control token."""
         for s in self.reserved_strings:

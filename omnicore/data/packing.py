@@ -61,6 +61,10 @@ class FreeSpaceIndex:
             self.tree[i] = max(self.tree[2 * i], self.tree[2 * i + 1])
             i //= 2
 
+    def free(self, b: int) -> int:
+        """The room bin ``b`` has left."""
+        return self.tree[self.size + b]
+
     def first_fit(self, n: int) -> int | None:
         """The lowest bin index with room for ``n``, or None."""
         if self.tree[1] < n:
@@ -82,7 +86,6 @@ def pack_first_fit(lengths: list[int], max_tokens: int) -> list[list[int]]:
         PackingError: if one length exceeds ``max_tokens``.
     """
     bins: list[list[int]] = []
-    room: list[int] = []
     index = FreeSpaceIndex()
     for i, n in enumerate(lengths):
         if n > max_tokens:
@@ -90,12 +93,10 @@ def pack_first_fit(lengths: list[int], max_tokens: int) -> list[list[int]]:
         b = index.first_fit(n)
         if b is None:
             bins.append([i])
-            room.append(max_tokens - n)
             index.append(max_tokens - n)
         else:
             bins[b].append(i)
-            room[b] -= n
-            index.set(b, room[b])
+            index.set(b, index.free(b) - n)
     return bins
 
 

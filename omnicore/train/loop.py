@@ -59,7 +59,7 @@ from omnicore.parallel.state import ParallelState, init_parallel_state
 from omnicore.registry import Registry, registry_for
 from omnicore.train.metrics import FlopsModel, flops_model, padding_waste, peak_memory_mib, peak_tflops
 from omnicore.train.optim import NonFiniteError, build_optimizer, clip_grad_norm_, nonfinite_message, warmup_cosine
-from omnicore.train.signals import GracefulStop, Interrupted, stop_requested
+from omnicore.train.signals import SIGNALS, GracefulStop, Interrupted, signal_flags, signal_from_flags
 
 # ---------------------------------------------------------------------------------------------
 # set-up
@@ -94,6 +94,8 @@ class Run:
     history: list[dict[str, Any]] = field(default_factory=list)
     skipped_steps: int = 0  # steps without an update so far (non-finite or no targets), kept in checkpoints
     nonfinite_in_row: int = 0  # non-finite steps since the last applied update, kept in checkpoints
+    stop: GracefulStop | None = None  # SIGTERM/SIGINT watcher while the loop runs
+    stop_signal: int | None = None  # a signal some rank received, agreed in the last step's all-reduce
 
 
 def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None = None, state: ParallelState | None = None) -> Run:
@@ -194,14 +196,7 @@ def _build_model_and_data(cfg: Config, registry: Registry, log: Callable[..., No
     from omnicore.model.build import build_omni_model
 
     model, tokenizer = build_omni_model(cfg, registry)
-    processor = ChatProcessor(
-        tokenizer,
-        dict(model.encoders),
-        dict(model.decoders),
-        cfg.data.system_prompt,
-        special_tokens_in_text=cfg.data.special_tokens_in_text,
-        max_tokens=cfg.data.max_tokens,
-    )
+    processor = ChatProcessor.for_model(tokenizer, model, cfg.data, budget=True)
     samples, errors = load_samples(cfg.resolve_path(cfg.data.train), processor, cfg.data.on_error, cfg.data.max_samples)
     if errors:
         log(f"skipped {len(errors)} bad samples (data.on_error=skip); first: {errors[0]}")
@@ -314,15 +309,17 @@ def train_step(run: Run, step: int) -> dict[str, Any]:
         totals.flops += run.flops.step_flops([len(x.input_ids) for x in samples]) / run.replicas
         totals.add(forward_backward_step(run, mb, scale))
         totals.tokens += mb.num_tokens / run.replicas
-    # one all-reduce for every figure of the step's metrics (before the update: the target check
-    # below must stop a wrong run before its first optimizer step)
+    # one all-reduce for every figure of the step's metrics and any rank's stop signal (before the
+    # update: the target check below must stop a wrong run before its first optimizer step)
     keys = sorted({"text", *(f"decoder.{m}" for m in run.processor.decoders)})
     sums = state.all_reduce_sums(
         [float(totals.loss_sum), totals.tokens, totals.flops]
         + [totals.part_sums.get(k, 0.0) for k in keys]
         + [totals.part_counts.get(k, 0) for k in keys]
+        + signal_flags(run.stop)
     )
-    check_target_split(run, n_global, sum(sums[3 + len(keys) :]))
+    run.stop_signal = signal_from_flags(sums[len(sums) - len(SIGNALS) :])
+    check_target_split(run, n_global, sum(sums[3 + len(keys) : 3 + 2 * len(keys)]))
     grad_norm = clip_grad_norm_(run.model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
     lr = run.scheduler.get_last_lr()[0]  # the rate this step uses
     loss, tokens_global, flops_global = sums[0] / max(n_global, 1.0), sums[1], sums[2]
@@ -459,14 +456,14 @@ def save(run: Run, done: int) -> None:
     save_checkpoint(run.ckpt_root, done, run.model, run.optimizer, run.scheduler, extra, run.state, cfg.train.keep_checkpoints)
 
 
-def _after_step(run: Run, done: int, stop: GracefulStop) -> bool:
+def _after_step(run: Run, done: int) -> bool:
     """Save when due; False when the run stops here. ``train.stop_after`` ends this process early (a
     time-limited job; --resume goes on); a stop signal on any rank saves and raises
     :class:`~omnicore.train.signals.Interrupted` on every rank (the same step everywhere)."""
     cfg = run.cfg
     last = done == cfg.train.max_steps
     stop_after = cfg.train.stop_after is not None and done >= cfg.train.stop_after
-    signum = stop_requested(stop, run.state)
+    signum = run.stop_signal
     saved = last or stop_after or signum is not None or bool(cfg.train.save_every and done % cfg.train.save_every == 0)
     if saved:
         save(run, done)
@@ -513,12 +510,13 @@ def train(
     with GracefulStop(announce=state.is_main) as stop, run_lock(cfg, state, log):
         # ---- set-up: model and data, parallelism, optimizer (restored on resume), outputs ------
         run = setup(cfg, resume=resume, registry=registry, state=state)
+        run.stop = stop
         # ---- the loop ------------------------------------------------------------------------
         for step in range(run.start, cfg.train.max_steps):
             row = train_step(run, step)
             run.history.append(row)
             log_step(run, row)
-            if not _after_step(run, step + 1, stop):
+            if not _after_step(run, step + 1):
                 break
         # ---- wrap-up: throughput summary, then export of a finished run ------------------------
         if run.bar is not None:

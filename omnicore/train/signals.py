@@ -80,13 +80,17 @@ class GracefulStop:
         self._old.clear()
 
 
-def stop_requested(stop: GracefulStop | None, state: Any) -> int | None:
-    """The signal a rank received, the same answer on every rank (one all-reduce), or None.
-    Collective: every rank calls it once per step. When ranks received different signals, the
-    smallest number wins (SIGINT 2 before SIGTERM 15)."""
-    mine = stop.received if stop is not None and stop.received is not None else 0
-    # one sum gives both "did any rank get one" and, through a one-hot per signal, which one
-    flags = [1.0 if mine == s else 0.0 for s in SIGNALS]
-    flags = state.all_reduce_sums(flags) if getattr(state, "distributed", False) else flags
+def signal_flags(stop: GracefulStop | None) -> list[float]:
+    """This rank's stop request as a one-hot over :data:`SIGNALS` (all zeros: none). The training
+    step adds these to its metrics all-reduce, so agreeing on a stop costs no collective of its own;
+    :func:`signal_from_flags` reads the sums."""
+    mine = stop.received if stop is not None else None
+    return [1.0 if mine == s else 0.0 for s in SIGNALS]
+
+
+def signal_from_flags(flags: list[float]) -> int | None:
+    """The signal any rank received, from the summed :func:`signal_flags` of all ranks (the same on
+    every rank), or None. When ranks received different signals, the smallest number wins (SIGINT
+    2 before SIGTERM 15)."""
     got = [int(s) for s, f in zip(SIGNALS, flags) if f > 0]
     return min(got) if got else None
