@@ -8,9 +8,11 @@ from omnicore.components import KINDS, ComponentSpec
 from omnicore.hookspecs import hookimpl
 
 __version__ = "0.1.0"
-CORE_API_VERSION = "1.1"
+CORE_API_VERSION = "1.2"
 """Version of the plugin-facing API (hook specs, contracts and :mod:`omnicore.api`), separate from the
 package version. 1.1 added omnicore.api and the complete parallel-strategy and kernel contracts
-(all additions: plugins written for 1.0 keep working)."""
+(all additions: plugins written for 1.0 keep working). 1.2 added processors apart from weights
+(``ComponentSpec.processor``, :class:`omnicore.components.Processor`,
+``Registry.build_processor``); a plugin written for 1.1 keeps working as its own processor."""
 
 __all__ = ["KINDS", "ComponentSpec", "hookimpl", "__version__", "CORE_API_VERSION"]

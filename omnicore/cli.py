@@ -223,11 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         from omnicore.checkpoint.dcp import CheckpointError
         from omnicore.data.jsonl import SampleError
         from omnicore.data.packing import PackingError
+        from omnicore.data.pipeline import DataResumeError, DataWorkerError
         from omnicore.parallel.mesh import MeshError
         from omnicore.parallel.parallelize import ParallelizeError
         from omnicore.train.optim import NonFiniteError
 
         user_errors += (SampleError, CheckpointError, PackingError, MeshError, ParallelizeError, NonFiniteError)
+        user_errors += (DataResumeError, DataWorkerError)
         return handlers[args.command](args, extra)
     except user_errors as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -17,11 +17,21 @@ kind       factory signature                                returns
 ========== ================================================ ===========================================
 encoder    ``factory(options: dict, *, hidden_size: int)``  an ``nn.Module`` implementing :class:`Encoder`
 decoder    ``factory(options: dict, *, hidden_size: int)``  an ``nn.Module`` implementing :class:`Decoder`
+processor  ``factory(options: dict)`` (an encoder's or      an object implementing :class:`Processor`
+           decoder's ``processor``, see below)              (no ``nn.Module``, no weights)
 foundation ``factory(options: dict)``                       an object implementing :class:`Foundation`
 parallel   ``factory(options: dict)``                       an object implementing :class:`ParallelStrategy`
                                                             (and :class:`SequenceParallel` if it splits batches)
 kernel     ``factory(options: dict)``                       an object implementing :class:`Kernel`
 ========== ================================================ ===========================================
+
+Encoders and decoders come in two parts, as transformers splits ``AutoProcessor`` from
+``AutoModel``: the *processor* (:class:`Processor`: read media, ``preprocess``, ``num_tokens``,
+``collate``) runs in data workers and is built from the component's options alone, without building
+the ``nn.Module`` or reading weights; the module (:class:`Encoder`, :class:`Decoder`) is the model
+side. A spec names the processor's factory in ``ComponentSpec.processor`` (core API 1.2); a spec
+without one (API 1.1) is its own processor, built with its weights
+(:meth:`omnicore.registry.Registry.build_processor` warns).
 """
 
 from __future__ import annotations
@@ -47,10 +57,16 @@ class ComponentSpec:
         requires: capabilities the component needs at build time, e.g. ``("cuda",)``.
         options_model: optional ``"module:Class"`` of a pydantic model that validates the
             component's ``options`` from config (imported lazily, at build time).
+        processor: encoders and decoders only: ``"package.module:factory"`` of the data-side part,
+            imported lazily; ``factory(options)`` (options validated by ``options_model`` as for
+            the component) returns a :class:`Processor` without building any ``nn.Module`` or
+            reading weights. Its module must not import model code. None (API 1.1): the component
+            is its own processor. Needs core API 1.2.
 
     Raises:
-        ValueError: on construction, if ``kind`` is unknown, ``name`` is empty or ``target`` is not
-            of the form ``module:attr``.
+        ValueError: on construction, if ``kind`` is unknown, ``name`` is empty, ``target`` or
+            ``processor`` is not of the form ``module:attr``, or ``processor`` is given for a kind
+            other than encoder or decoder.
     """
 
     kind: str
@@ -60,6 +76,7 @@ class ComponentSpec:
     modalities: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     options_model: str | None = None
+    processor: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -67,13 +84,26 @@ class ComponentSpec:
             raise ValueError(f"ComponentSpec kind {self.kind!r} is not one of {', '.join(KINDS)}")
         if not self.name or not all(c.isalnum() or c in "_-" for c in self.name):
             raise ValueError(f"ComponentSpec name {self.name!r} must be non-empty and use only letters, digits, '_' and '-'")
-        if ":" not in self.target or self.target.startswith(":") or self.target.endswith(":"):
+        if not _is_target(self.target):
             raise ValueError(f"ComponentSpec {self.kind}/{self.name}: target {self.target!r} must be 'module:attr'")
+        if self.processor is not None:
+            if self.kind not in ("encoder", "decoder"):
+                raise ValueError(
+                    f"ComponentSpec {self.kind}/{self.name}: processor= is only for encoders and decoders (the data side of a "
+                    "medium); remove it"
+                )
+            if not _is_target(self.processor):
+                raise ValueError(f"ComponentSpec {self.kind}/{self.name}: processor {self.processor!r} must be 'module:factory'")
 
     @property
     def key(self) -> str:
         """``kind/name``, the string used in messages and in ``omnicore plugins``."""
         return f"{self.kind}/{self.name}"
+
+
+def _is_target(value: str) -> bool:
+    """Whether ``value`` has the form ``module:attr`` (both parts non-empty)."""
+    return isinstance(value, str) and ":" in value and not value.startswith(":") and not value.endswith(":")
 
 
 # --------------------------------------------------------------------------------------------
@@ -83,12 +113,18 @@ class ComponentSpec:
 
 
 @runtime_checkable
-class Encoder(Protocol):
-    """An input-side modality encoder (VeOmni's ``lm_encode``): media to ``H``-wide embeddings.
+class Processor(Protocol):
+    """The data side of an encoder or decoder (the transformers ``AutoProcessor`` to the module's
+    ``AutoModel``): media to CPU features, their token count, and batching.
 
-    An encoder is an ``nn.Module`` whose output is already projected to the foundation's hidden size
-    ``H`` (the factory receives ``hidden_size``). The data side and the model share one formula for
-    the number of placeholder tokens: :meth:`num_tokens`.
+    Built by ``ComponentSpec.processor``'s ``factory(options)`` from the component's options alone:
+    no ``nn.Module`` is built and no weights are read (a checkpoint folder's configuration files,
+    such as ``config.json`` or ``preprocessor_config.json``, may be). Data workers (``DataLoader``
+    worker processes) use only processors, so a processor must be picklable (workers may be
+    spawned) and its module must import no model code. The module of the same component, built
+    from the same options, must agree with it exactly: the same features, the same
+    :meth:`num_tokens` (the number of output embeddings, or of codes, of the module) and the same
+    collated batch, which the module's ``forward`` (encoders) or ``encode`` (decoders) takes.
     """
 
     modality: str
@@ -99,17 +135,37 @@ class Encoder(Protocol):
 
         ``media`` is a ``PIL.Image.Image`` for images and an :class:`omnicore.data.media.Audio`
         (float32 samples in [-1, 1], shape ``[num_samples]``, and ``sample_rate`` in Hz) for audio.
-        Returns a dict of tensors for one item (no batch dim).
+        Returns a dict of CPU tensors for one item (no batch dim).
         """
 
     def num_tokens(self, features: dict[str, Any]) -> int:
-        """Number of placeholder tokens (and of output embeddings) for one item's features."""
+        """Number of placeholder tokens for one item's features: for an encoder, the number of
+        output embeddings of the module; for a decoder, the number of code positions the target
+        occupies. The one formula the data side and the model share."""
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        """Batch a list of per-item feature dicts (in order) for :meth:`forward`."""
+        """Batch a list of per-item feature dicts (in order) for the module's ``forward``
+        (encoder) or ``encode`` (decoder)."""
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """An input-side modality encoder (VeOmni's ``lm_encode``): media to ``H``-wide embeddings.
+
+    An encoder is an ``nn.Module`` whose output is already projected to the foundation's hidden size
+    ``H`` (the factory receives ``hidden_size``). Its data side is a :class:`Processor` (built
+    apart, from the same options, by ``ComponentSpec.processor``); the data side and the model
+    share one formula for the number of placeholder tokens, :meth:`Processor.num_tokens`. A module
+    may hold its processor as ``processor`` (first-party ones do; ``omnicore generate`` then uses
+    it); a module without one (API 1.1) implements :class:`Processor` itself.
+    """
+
+    modality: str
+    """``"image"``, ``"audio"``, ..."""
 
     def forward(self, batch: dict[str, Any]) -> Any:
-        """Encode a collated batch: returns ``[sum(num_tokens(item)), H]`` in item order."""
+        """Encode a batch from :meth:`Processor.collate`: returns ``[sum(num_tokens(item)), H]`` in
+        item order."""
 
     def dummy_batch(self) -> dict[str, Any]:
         """A one-item collated batch used when a rank's micro-batch lacks this modality.
@@ -135,22 +191,16 @@ class Decoder(Protocol):
     teacher forcing: targets become codes (:meth:`encode`), the codes are embedded as the foundation's
     inputs (:meth:`embed`), and the hidden state *before* each code position is scored against the
     codebook (:meth:`head`). Generation samples codes one at a time and :meth:`decode` turns them back.
+    Its data side (target media to features, code counts, batching) is a :class:`Processor`, as
+    for :class:`Encoder`.
     """
 
     modality: str
     codebook_size: int
 
-    def preprocess(self, media: Any) -> dict[str, Any]:
-        """Turn one loaded target medium into CPU features (see :meth:`Encoder.preprocess`)."""
-
-    def num_tokens(self, features: dict[str, Any]) -> int:
-        """Number of code positions the target occupies in the sequence."""
-
-    def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
-        """Batch a list of per-item feature dicts (in order)."""
-
     def encode(self, batch: dict[str, Any]) -> Any:
-        """Target features to codes: LongTensor ``[sum(num_tokens(item))]`` in item order, no grad."""
+        """Target features (a batch from :meth:`Processor.collate`) to codes: LongTensor
+        ``[sum(num_tokens(item))]`` in item order, no grad."""
 
     def embed(self, codes: Any) -> Any:
         """Codes ``[N]`` (long) to input embeddings ``[N, H]``."""
@@ -411,11 +461,13 @@ class CrossEntropyKernel(Protocol):
 CONTRACTS: dict[str, tuple[type, ...]] = {
     "encoder": (Encoder,),
     "decoder": (Decoder,),
+    "processor": (Processor,),
     "foundation": (Foundation,),
     "parallel": (ParallelStrategy, ParallelStrategyOptional, SequenceParallel),
     "kernel": (Kernel, CrossEntropyKernel),
 }
-"""The protocols that make up each kind's contract (required first, then optional or per-op parts)."""
+"""The protocols that make up each kind's contract (required first, then optional or per-op parts);
+``processor`` is the data side of encoders and decoders (``ComponentSpec.processor``)."""
 
 
 def contract_members(kind: str) -> set[str]:
@@ -423,7 +475,7 @@ def contract_members(kind: str) -> set[str]:
     :data:`CONTRACTS`' protocols: attributes and methods).
 
     Raises:
-        KeyError: ``kind`` is not one of :data:`KINDS`.
+        KeyError: ``kind`` is not one of :data:`CONTRACTS` (:data:`KINDS` and ``processor``).
     """
     out: set[str] = set()
     for proto in CONTRACTS[kind]:

@@ -17,7 +17,7 @@ import functools
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -95,11 +95,96 @@ class ModelConfig(_Strict):
         return out
 
 
+SOURCE_COLUMNS: tuple[str, ...] = ("messages", "image", "audio", "prompt", "response")
+"""The keys of ``SourceConfig.columns``: what a table column means in a chat sample."""
+
+
+class SourceConfig(_Strict):
+    """One training data source: JSONL shards (``path``) or a table read through Hugging Face
+    ``datasets`` (``dataset``). Read by :func:`omnicore.data.sources.open_source`."""
+
+    name: str | None = Field(
+        default=None, description="name in metrics and messages; default: the file stem, folder or dataset name (must be unique per run)"
+    )
+    path: str | None = Field(
+        default=None,
+        description="chat JSONL: a file, a glob (shards/*.jsonl, ** allowed) or a folder (every *.jsonl in it, sorted); relative to "
+        "the config file",
+    )
+    dataset: str | None = Field(
+        default=None,
+        description="a table read through Hugging Face datasets: a local Parquet/Arrow/JSONL/JSON file, glob or folder (relative to "
+        "the config file), or a dataset name already in the local HF cache (never downloaded)",
+    )
+    format: Literal["auto", "jsonl", "parquet", "arrow", "json"] = Field(
+        default="auto", description="file format of a local `dataset`: auto = by file extension"
+    )
+    split: str = Field(default="train", description="`dataset`: the split to read (local files: every matched file is this split)")
+    streaming: bool = Field(
+        default=False, description="`dataset`: read rows as iterated (no Arrow cache written; row count unknown) instead of map-style"
+    )
+    weight: float = Field(default=1.0, gt=0, description="mixing weight: this source's share of samples is weight / sum of weights")
+    columns: dict[str, str] | None = Field(
+        default=None,
+        description="`dataset`: which column is what, keys among messages, image, audio, prompt, response (values: column names). "
+        "Unset: the table's `messages` column",
+    )
+    prompt: str | None = Field(default=None, description="`dataset` with `columns`: constant user text when there is no prompt column")
+    media_role: Literal["user", "assistant"] = Field(
+        default="user",
+        description="`columns`: the image/audio column is an input of the user message (an encoder reads it) or a generation target "
+        "in the assistant message (a decoder)",
+    )
+    on_exhausted: Literal["restart", "stop"] = Field(
+        default="restart", description="when this source runs out: restart it (next epoch of it) or stop the run"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SourceConfig:
+        if (self.path is None) == (self.dataset is None):
+            raise ValueError("give exactly one of `path` (chat JSONL) or `dataset` (a table read through Hugging Face datasets)")
+        if self.path is not None:
+            table_only = sorted(
+                k for k in ("format", "split", "streaming", "columns", "prompt", "media_role") if k in self.model_fields_set
+            )
+            if table_only:
+                raise ValueError(f"{', '.join(table_only)} apply to `dataset` sources only; a `path` source is chat JSONL, read lazily")
+        if self.columns is not None:
+            _check_columns(self.columns, self.prompt, self.media_role)
+        elif self.prompt is not None:
+            raise ValueError("`prompt` needs `columns` (it is the user text of a column-mapped table)")
+        return self
+
+
+def _check_columns(columns: dict[str, str], prompt: str | None, media_role: str) -> None:
+    """Raise ValueError unless ``columns`` maps known keys to a chat sample with a user and an assistant part."""
+    unknown = sorted(set(columns) - set(SOURCE_COLUMNS))
+    if unknown:
+        raise ValueError(f"columns: unknown key(s) {unknown}; use {', '.join(SOURCE_COLUMNS)}")
+    if "messages" in columns:
+        if len(columns) > 1 or prompt is not None:
+            raise ValueError("columns: `messages` holds the whole chat; give it alone (no other columns, no prompt)")
+        return
+    if "prompt" in columns and prompt is not None:
+        raise ValueError("give either columns.prompt (a column) or prompt (a constant text), not both")
+    media = bool({"image", "audio"} & set(columns))
+    if not ("prompt" in columns or prompt is not None or (media and media_role == "user")):
+        raise ValueError("the user message would be empty: map a prompt column (or an image/audio column), or set a constant `prompt`")
+    if not ("response" in columns or (media and media_role == "assistant")):
+        raise ValueError("the assistant message would be empty: map `response` (e.g. columns: {image: image, response: text})")
+
+
 class DataConfig(_Strict):
-    train: str = Field(description="training JSONL in the chat 'messages' format; media paths relative to the file")
+    train: str | None = Field(
+        default=None,
+        description="one training JSONL in the chat 'messages' format (shorthand for sources: [{path: ...}]); media paths relative to the file",
+    )
+    sources: list[SourceConfig] = Field(
+        default_factory=list, description="training data sources, mixed by weight (instead of train); see SourceConfig"
+    )
     eval: str | None = Field(default=None, description="held-out JSONL for `omnicore eval` (answers are text)")
     max_tokens: int = Field(default=1024, gt=0, description="token budget of one packed micro-batch (all samples share one row)")
-    max_samples: int | None = Field(default=None, gt=0, description="use only the first N training samples")
+    max_samples: int | None = Field(default=None, gt=0, description="use only the first N rows of each source (per epoch)")
     on_error: Literal["raise", "skip"] = Field(
         default="raise", description="bad sample (missing/unreadable media, malformed line): stop with the file and line, or skip and count"
     )
@@ -110,8 +195,26 @@ class DataConfig(_Strict):
         "packing_window samples, rows shuffled after: fuller rows, rows of similar-length samples)",
     )
     packing_window: int = Field(
-        default=4096, gt=0, description="data.packing ffd: samples packed together (larger: fuller rows, more packing time)"
+        default=1024,
+        gt=0,
+        description="samples packed together: each window of this many samples of a data shard is packed into rows on its own "
+        "(larger: fuller rows; the training process holds one window of preprocessed samples per shard)",
     )
+    shuffle_buffer: int = Field(
+        default=10000, ge=0, description="records (not yet decoded) in each shard's streaming shuffle buffer; 0 or 1: no shuffling"
+    )
+    num_workers: int = Field(
+        default=2,
+        ge=0,
+        description="DataLoader worker processes per rank that read, decode and preprocess; 0: read in the training process",
+    )
+    prefetch_factor: int = Field(
+        default=4,
+        gt=0,
+        description="chunks (16 samples each) every worker keeps ready, at least; raised so that the next packing window of every "
+        "shard is decoded while the current one trains",
+    )
+    pin_memory: bool | None = Field(default=None, description="pin micro-batches in page-locked memory; unset: on with CUDA")
     system_prompt: str | None = Field(default=None, description="optional system message prepended to every sample")
     special_tokens_in_text: Literal["escape", "refuse"] = Field(
         default="escape",
@@ -119,6 +222,16 @@ class DataConfig(_Strict):
         "plain text, never as the control token; refuse = a bad sample naming FILE:LINE (data.on_error applies). Placeholder "
         "strings (<|image_pad|>) are refused under both",
     )
+
+    @model_validator(mode="after")
+    def _one_kind_of_input(self) -> DataConfig:
+        if (self.train is None) == (not self.sources):
+            raise ValueError("give data.train (one JSONL file) or data.sources (a list of sources), exactly one of them")
+        return self
+
+    def source_list(self) -> list[SourceConfig]:
+        """The sources to read: ``sources``, or the one file of ``train``."""
+        return list(self.sources) if self.sources else [SourceConfig(path=self.train)]
 
 
 class TrainConfig(_Strict):
@@ -314,7 +427,7 @@ def format_errors(exc: ValidationError, source: str, overrides: dict[str, Any] |
         elif err["type"] == "missing":
             msg = "required key is missing"
         else:
-            msg = err["msg"]
+            msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"{where}: {dotted}: {msg}")
     return "\n".join(lines)
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import signal
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +111,59 @@ def test_startup_reuses_plugins_startup():
     # the ratio is the two medians' quotient, and the listing really ran (it takes longer than `pass`)
     assert r["ratio"] == pytest.approx(r["omnicore_plugins_median_ms"] / r["python_c_pass_median_ms"])
     assert r["omnicore_plugins_median_ms"] > r["python_c_pass_median_ms"]
+
+
+def test_data_scale_dataset_repeats_real_media_round_robin(tmp_path):
+    import data_scale
+
+    pool = data_scale.build_digits(tmp_path / "pool", *data_scale.POOL)
+    lines = data_scale.media_samples(pool, tmp_path / "set")
+    assert len(lines) == len(pool.read_text().splitlines()) == 48
+    media = sorted(p.name for p in (tmp_path / "set" / "media").iterdir())
+    paths = [part["path"] for line in lines for m in json.loads(line)["messages"] for part in m["content"] if "path" in part]
+    # every sample points at a copied file, and every copy is referenced
+    assert (
+        sorted({p.removeprefix("media/") for p in paths}) == media and len(media) == 48
+    )  # one file per sample: 24 + 8 images, 16 recordings
+    out = data_scale.write_dataset(tmp_path / "set" / "train.jsonl", 101, lines)
+    written = out.read_text().splitlines()
+    assert len(written) == 101 and written == [lines[i % 48] for i in range(101)]
+    with pytest.raises(ValueError, match="no sample lines"):
+        data_scale.write_dataset(tmp_path / "x.jsonl", 3, [])
+
+
+def test_data_scale_wait_share_skips_step_one():
+    import data_scale
+
+    rows = [{"step": 1, "data_wait_s": 5.0, "step_time_s": 6.0}] + [
+        {"step": s, "data_wait_s": 0.1 * s, "step_time_s": 1.0} for s in (2, 3, 4)
+    ]
+    r = data_scale.wait_share(rows)
+    assert (
+        r["share"] == pytest.approx(0.9 / 3) and r["steps"] == 3 and r["max_wait_s"] == pytest.approx(0.4) and r["first_step_wait_s"] == 5.0
+    )
+    with pytest.raises(ValueError, match="after step 1"):
+        data_scale.wait_share(rows[:1])
+
+
+def test_data_scale_memory_counts_the_child_tree():
+    """A parent holding ~0 extra and a child holding 200 MiB: the tree's RSS sum sees the child."""
+    import subprocess
+
+    import data_scale
+
+    code = "import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', 'b = bytearray(200 << 20); import time; time.sleep(30)']); c.wait()"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        for _ in range(100):
+            m = data_scale.memory(proc.pid)
+            if m["processes"] == 2 and m["rss_tree"] - m["rss_main"] > 200 << 20:
+                break
+            time.sleep(0.1)
+        assert m["processes"] == 2 and data_scale.process_tree(proc.pid)[0] == proc.pid
+        assert m["rss_tree"] - m["rss_main"] > 200 << 20  # the child's bytearray, counted in the tree only
+        assert m["rss_main"] < 100 << 20 and m["pss_tree"] > 200 << 20
+    finally:
+        for pid in reversed(data_scale.process_tree(proc.pid)):
+            os.kill(pid, signal.SIGKILL)
+        proc.wait()

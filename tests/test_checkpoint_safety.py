@@ -116,7 +116,7 @@ def test_tampered_metadata_is_refused_without_running(tmp_path):
     folder = _save(tmp_path, 1)
     marker = tmp_path / "MARKER"
     (folder / ".metadata").write_bytes(pickle.dumps(_Marker(marker)))
-    with pytest.raises(CheckpointError, match=r"\.metadata: 133 bytes, the manifest says \d+"):  # caught by the manifest first
+    with pytest.raises(CheckpointError, match=r"\.metadata: \d+ bytes, the manifest says \d+"):  # caught by the manifest first
         load_checkpoint(folder, *_parts(1), ONE)
     _rewrite_manifest(folder)  # an attacker who also fixes the checksums meets the restricted unpickler
     with pytest.raises(CheckpointError, match=r"\.metadata: not a valid DCP metadata file.*builtins\.exec"):

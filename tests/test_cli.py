@@ -388,11 +388,11 @@ def test_plugins_no_load_imports_no_plugin_code(tmp_path, no_load_site):
     assert (data["future"]["status"], data["future"]["api"]) == ("incompatible", ">=2,<3")
     assert (
         data["future"]["reason"]
-        == "entry point 'future = nl_future' of omnicore-future 3.1.0 requires omnicore API >=2,<3; omnicore 0.1.0 provides API 1.1"
+        == "entry point 'future = nl_future' of omnicore-future 3.1.0 requires omnicore API >=2,<3; omnicore 0.1.0 provides API 1.2"
     )
     assert (data["whisper"]["value"], data["whisper"]["api"], data["whisper"]["version"]) == (
         "omnicore_audio_whisper.plugin",
-        ">=1.1,<2",
+        ">=1.2,<2",
         "0.1.0",
     )
 

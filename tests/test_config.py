@@ -211,7 +211,7 @@ def test_top_level_must_be_mapping(tmp_path):
 
 def test_missing_data_train_is_required(tmp_path):
     p = write(tmp_path, "data:\n  max_tokens: 64\n")
-    assert error_of(p) == f"{p}: data.train: required key is missing"
+    assert error_of(p) == f"{p}: data: give data.train (one JSONL file) or data.sources (a list of sources), exactly one of them"
     p = write(tmp_path, "train:\n  max_steps: 3\n", name="nodata.yaml")
     assert error_of(p) == f"{p}: data: required key is missing"
     p = write(tmp_path, "", name="empty.yaml")

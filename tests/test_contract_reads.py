@@ -82,7 +82,9 @@ def recording(monkeypatch):
 
 
 def test_contract_lists_are_the_protocols():
-    assert set(CONTRACTS) == {"encoder", "decoder", "foundation", "parallel", "kernel"}
+    assert set(CONTRACTS) == {"encoder", "decoder", "processor", "foundation", "parallel", "kernel"}
+    assert contract_members("processor") == {"modality", "preprocess", "num_tokens", "collate"}
+    assert contract_members("encoder") == {"modality", "forward", "dummy_batch", "save_pretrained"}
     assert contract_members("parallel") == {"mesh_dims", "apply", "phase", "apply_with_state", "validate", "plan", "data_split"}
     assert contract_members("kernel") == {"op", "available", "activate", "linear_cross_entropy_sum"}
 

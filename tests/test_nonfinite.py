@@ -156,7 +156,9 @@ def test_skip_stops_after_max_skipped_steps_in_a_row(text_cfg, tmp_path, watch):
 
 
 def test_a_step_without_targets_leaves_weights_and_adamw_state(text_cfg, tmp_path, watch, monkeypatch):  # noqa: F811
-    real = loop.collate
+    from omnicore.data import pipeline
+
+    real = pipeline.collate
     calls = [0]
 
     def collate(*a, **k):  # the micro-batch of step 2 (the second collate call) loses its targets
@@ -166,7 +168,7 @@ def test_a_step_without_targets_leaves_weights_and_adamw_state(text_cfg, tmp_pat
             mb = dataclasses.replace(mb, labels=torch.full_like(mb.labels, -100), n_targets=0)
         return mb
 
-    monkeypatch.setattr(loop, "collate", collate)
+    monkeypatch.setattr(pipeline, "collate", collate)
     rows = loop.train(_config(text_cfg, tmp_path / "empty", max_steps=3, weight_decay=0.1))
     assert [(r["targets"] == 0, r["skipped"], r["skip_reason"], r["skipped_steps"]) for r in rows] == [
         (False, False, None, 0),

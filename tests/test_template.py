@@ -73,7 +73,7 @@ def test_generated_files(generated):
     enc = dirs[0]
     pyproject = (enc / "pyproject.toml").read_text()
     assert '[project.entry-points.omnicore]\npatchconv = "omnicore_encoder_patchconv.plugin"' in pyproject
-    assert "omnicore-api >=1.1,<2" in pyproject
+    assert "omnicore-api >=1.2,<2" in pyproject
     names = {
         p.relative_to(enc).as_posix() for p in enc.rglob("*") if p.is_file() and "egg-info" not in p.as_posix() and "build" not in p.parts
     }
@@ -82,8 +82,13 @@ def test_generated_files(generated):
         "pyproject.toml",
         "omnicore_encoder_patchconv/plugin.py",
         "omnicore_encoder_patchconv/encoder.py",
+        "omnicore_encoder_patchconv/processor.py",
         "tests/test_contract.py",
     } <= names
+    # encoders and decoders register their data side apart from the module (core API 1.2)
+    assert (
+        'processor="omnicore_encoder_patchconv.processor:build_processor"' in (enc / "omnicore_encoder_patchconv" / "plugin.py").read_text()
+    )
     # one component file per kind: the other kinds' files are not generated
     assert not (enc / "omnicore_encoder_patchconv" / "decoder.py").exists()
     assert (dirs[5] / "omnicore_kernel_tiny_kernel" / "kernel.py").is_file()

@@ -57,7 +57,12 @@ from omnicore.hookspecs import hookimpl
 
 @hookimpl
 def omnicore_encoders():
-    return [ComponentSpec(kind="encoder", name="toy", target="toy_encoder:build", modalities=("image",), description="a toy")]
+    return [
+        ComponentSpec(
+            kind="encoder", name="toy", target="toy_encoder:build", processor="toy_encoder:build_processor", modalities=("image",),
+            description="a toy",
+        )
+    ]
 """
 
 TOY = '''
@@ -68,15 +73,13 @@ import torch
 from torch import nn
 from safetensors.torch import load_file, save_file
 
-class Toy(nn.Module):
+class ToyProcessor:
     modality = "image"
 
-    def __init__(self, hidden_size, bug=""):
-        super().__init__()
-        self.proj = nn.Linear(16, hidden_size)
+    def __init__(self, bug=""):
         self.bug = bug
-        if bug == "unused_param":
-            self.unused = nn.Linear(2, 2)
+        if bug == "module_in_processor":
+            self.layer = nn.Linear(2, 2)
 
     def preprocess(self, media):
         img = media.convert("L").resize((8, 8))
@@ -87,6 +90,20 @@ class Toy(nn.Module):
 
     def collate(self, items):
         return {"pixels": torch.stack([it["pixels"] for it in items])}
+
+def build_processor(options):
+    return ToyProcessor(options.get("bug", ""))
+
+class Toy(nn.Module):
+    modality = "image"
+
+    def __init__(self, hidden_size, bug=""):
+        super().__init__()
+        self.proj = nn.Linear(16, hidden_size)
+        self.bug = bug
+        self.processor = ToyProcessor(bug)
+        if bug == "unused_param":
+            self.unused = nn.Linear(2, 2)
 
     def forward(self, batch):
         x = batch["pixels"]
@@ -176,7 +193,11 @@ def test_toy_encoder_passes_the_whole_suite(toy_dist, tmp_path):
     for name in dir(suite):
         if name.startswith("test_"):
             method = getattr(suite, name)
-            method(tmp_path / name) if "tmp_path" in method.__code__.co_varnames else method()
+            with pytest.MonkeyPatch.context() as mp:
+                if "monkeypatch" in method.__code__.co_varnames:
+                    method(mp)
+                else:
+                    method(tmp_path / name) if "tmp_path" in method.__code__.co_varnames else method()
 
 
 @pytest.mark.parametrize(
@@ -187,12 +208,17 @@ def test_toy_encoder_passes_the_whole_suite(toy_dist, tmp_path):
         ("num_tokens", "test_num_tokens_matches_forward_per_item", "item 0"),
         ("unused_param", "test_dummy_batch_reaches_every_parameter", "unused.weight"),
         ("lossy_save", "test_save_pretrained_round_trip", "not close|not equal"),
+        ("num_tokens", "test_processor_agrees_with_module", r"num_tokens \[5, 5, 5\]"),
+        ("module_in_processor", "test_processor_builds_from_options_alone", r"constructed nn.Modules: \['Linear'\]"),
     ],
 )
 def test_encoder_suite_catches_bugs(toy_dist, tmp_path, bug, check, message):
     method = getattr(_suite(bug), check)
-    with pytest.raises(AssertionError, match=message):
-        method(tmp_path) if "tmp_path" in method.__code__.co_varnames else method()
+    with pytest.raises(AssertionError, match=message), pytest.MonkeyPatch.context() as mp:
+        if "monkeypatch" in method.__code__.co_varnames:
+            method(mp)
+        else:
+            method(tmp_path) if "tmp_path" in method.__code__.co_varnames else method()
 
 
 def test_hook_module_check_catches_torch_import(fake_distribution):

@@ -88,7 +88,13 @@ def test_checkpoint_is_atomic_and_latest_points_to_complete(one_process_run):
     assert (root / "latest").read_text().strip() == f"step-{STEPS:08d}"
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [f"step-{STEPS // 2:08d}", f"step-{STEPS:08d}"]
     meta = json.loads((root / f"step-{STEPS:08d}" / "trainer_state.json").read_text())
-    assert meta["step"] == STEPS and meta["micro_batches"] == STEPS * 2
+    assert meta["step"] == STEPS
+    # the data position: grad_accum 2 -> two virtual shards; the samples they used are those the metrics counted
+    data = meta["data"]
+    assert data["num_shards"] == 2 and sorted(data["shards"]) == ["0", "1"] and data["sources"] == ["train"]
+    used = sum(sh["seen"][0] for sh in data["shards"].values())
+    last = json.loads((run1 / "metrics.jsonl").read_text().splitlines()[-1])
+    assert used == last["samples/train"] > STEPS * 2
     assert not list(root.glob(".tmp-*"))
 
 

@@ -7,7 +7,7 @@ omnicore side: :func:`omnicore.train.loop.train` in-process on a text-only confi
 
 Hand-written side (:func:`handwritten_train`): the same Qwen2 config built directly with
 ``AutoModelForCausalLM.from_config`` after ``torch.manual_seed(seed)`` (so the same initial
-weights), the same packed micro-batches (omnicore's ``PackedStream`` decides which encoded samples
+weights), the same packed micro-batches (omnicore's data pipeline decides which encoded samples
 form each step's row; the loop concatenates their token ids, pre-shifted labels and restarting
 ``position_ids`` itself, inside the timed step), the same loss (sum of fp32 cross-entropy over the
 labels divided by the step's target count), AdamW with the same groups (decay on >= 2-D tensors),
@@ -97,13 +97,19 @@ def encode(cfg_dict: dict[str, Any]) -> tuple[list[Any], Any]:
     return samples, tokenizer
 
 
-def step_rows(samples: list[Any], max_tokens: int, seed: int, steps: int) -> list[list[Any]]:
-    """The encoded samples of each step's packed row, exactly as omnicore's loop takes them
-    (``PackedStream(...).micro_batch(step)`` with ``grad_accum = 1``, one process)."""
-    from omnicore.data.packing import PackedStream
+def step_rows(cfg_dict: dict[str, Any], tokenizer: Any, steps: int) -> list[Any]:
+    """The collated micro-batch of each step, exactly as omnicore's loop takes them: its data
+    pipeline (:class:`omnicore.data.pipeline.DataPipeline`) with ``grad_accum = 1``, one process."""
+    from omnicore.config import Config
+    from omnicore.data.chat import ChatProcessor
+    from omnicore.data.pipeline import DataPipeline
+    from omnicore.data.sources import open_source
 
-    stream = PackedStream(samples, max_tokens, seed, shuffle=True)
-    return [stream.micro_batch(s) for s in range(steps)]
+    cfg = Config.model_validate(cfg_dict)
+    chat = ChatProcessor(tokenizer, {}, {}, max_tokens=cfg.data.max_tokens)
+    sources = [open_source(s, Path.cwd()) for s in cfg.data.source_list()]
+    pipe = DataPipeline(sources, chat, cfg.data, cfg.run.seed, data_rank=0, data_size=1, grad_accum=1)
+    return [pipe.step()[0] for _ in range(steps)]
 
 
 def run_omnicore(cfg_dict: dict[str, Any]) -> list[dict[str, Any]]:
@@ -146,8 +152,9 @@ def adamw(model: Any, train: dict[str, Any], total_steps: int) -> tuple[Any, Any
     return opt, sched
 
 
-def handwritten_train(cfg_dict: dict[str, Any], vocab_size: int, rows: list[list[Any]]) -> list[dict[str, Any]]:
-    """The hand-written loop over ``rows`` (one packed row per step); returns per-step ``loss``,
+def handwritten_train(cfg_dict: dict[str, Any], vocab_size: int, rows: list[Any]) -> list[dict[str, Any]]:
+    """The hand-written loop over ``rows`` (one collated packed row per step, a
+    :class:`~omnicore.data.packing.MicroBatch`); returns per-step ``loss``,
     ``tokens`` and ``step_time_s`` (seconds)."""
     import torch
     import torch.nn.functional as F
@@ -159,14 +166,7 @@ def handwritten_train(cfg_dict: dict[str, Any], vocab_size: int, rows: list[list
     history = []
     for step, row in enumerate(rows):
         t0 = time.perf_counter()
-        ids, labels, pos = [], [], []
-        for s in row:
-            ids += s.input_ids
-            labels += s.labels
-            pos += range(len(s.input_ids))
-        input_ids = torch.tensor([ids])
-        target = torch.tensor([labels])
-        position_ids = torch.tensor([pos])
+        input_ids, target, position_ids = row.input_ids, row.labels, row.position_ids
         n = int((target != -100).sum())
         logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits.float()
         loss_sum = F.cross_entropy(logits.view(-1, logits.shape[-1]), target.view(-1), ignore_index=-100, reduction="sum")
@@ -177,7 +177,7 @@ def handwritten_train(cfg_dict: dict[str, Any], vocab_size: int, rows: list[list
         opt.zero_grad(set_to_none=True)
         loss = loss_sum.item() / max(n, 1)
         dt = time.perf_counter() - t0
-        history.append({"step": step + 1, "loss": loss, "tokens": len(ids), "step_time_s": dt})
+        history.append({"step": step + 1, "loss": loss, "tokens": int(input_ids.shape[1]), "step_time_s": dt})
     return history
 
 
@@ -186,8 +186,8 @@ def measure(
 ) -> dict[str, Any]:
     """Interleaved repeats of both loops (see the module docstring). Times in milliseconds."""
     cfg = config_dict(train_path, "unused", max_tokens=max_tokens, max_steps=steps, lm=lm, seed=seed)
-    samples, tokenizer = encode(cfg)
-    rows = step_rows(samples, max_tokens, seed, steps)
+    _, tokenizer = encode(cfg)
+    rows = step_rows(cfg, tokenizer, steps)
     omni_t: list[float] = []
     hand_t: list[float] = []
     pair_ratios = []

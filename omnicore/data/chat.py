@@ -5,10 +5,10 @@ The template (ours, in the style of ChatML)::
     <|im_start|>user\\n{parts}<|im_end|>\\n<|im_start|>assistant\\n{parts}<|im_end|>\\n
 
 A media part on the *input* side (any role but assistant) becomes ``N`` copies of the encoder's
-placeholder ``<|{modality}_pad|>``, where ``N = encoder.num_tokens(features)``: the one formula that
-data and model share. A media part in an *assistant* message is a generation target: it becomes
-``<|{modality}_start|>`` followed by ``N`` copies of ``<|{modality}_out|>``, with
-``N = decoder.num_tokens(features)``.
+placeholder ``<|{modality}_pad|>``, where ``N = processor.num_tokens(features)`` of the encoder's
+processor (:class:`omnicore.components.Processor`): the one formula that data and model share. A
+media part in an *assistant* message is a generation target: it becomes ``<|{modality}_start|>``
+followed by ``N`` copies of ``<|{modality}_out|>``, with ``N`` from the decoder's processor.
 
 Labels are shifted here, on the full sequence, before any packing or sharding: ``labels[i]`` is the
 target for position ``i`` (the id of token ``i + 1``) or ``-100``. Text targets are the assistant
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnicore.data.jsonl import Sample, SampleError
-from omnicore.data.media import MediaError, load_audio, load_image
+from omnicore.data.media import MediaError, describe_media, load_audio, load_image
 
 IGNORE_INDEX = -100
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|pad|>"
@@ -79,6 +79,18 @@ def placeholder_ids(tokenizer: Any, encoder_modalities: list[str], decoder_modal
 
 LOADERS = {"image": load_image, "audio": load_audio}
 
+
+def processor_of(component: Any) -> Any:
+    """The data side of a built encoder or decoder module: its ``processor`` attribute when that is
+    a :class:`omnicore.components.Processor` (first-party components hold the one their
+    ``ComponentSpec.processor`` builds), else the module itself (a component written for core API
+    1.1 implements ``preprocess``, ``num_tokens`` and ``collate`` itself)."""
+    from omnicore.components import Processor
+
+    proc = getattr(component, "processor", None)
+    return proc if isinstance(proc, Processor) else component
+
+
 SPECIAL_TOKEN_POLICIES = ("escape", "refuse")
 """``data.special_tokens_in_text``: what a special token string written in message text becomes.
 ``escape``: plain text tokens (``<|im_end|>`` in a user message is the characters ``<``, ``|``, ...,
@@ -122,8 +134,9 @@ class ChatProcessor:
 
     Args:
         tokenizer: a ``PreTrainedTokenizerFast`` that already holds :func:`special_tokens`.
-        encoders: modality -> component implementing :class:`omnicore.components.Encoder`.
-        decoders: modality -> component implementing :class:`omnicore.components.Decoder`.
+        encoders: modality -> the encoder's :class:`omnicore.components.Processor`
+            (:func:`omnicore.model.build.build_processors`; no weights needed).
+        decoders: modality -> the decoder's :class:`omnicore.components.Processor`.
         system_prompt: a system message prepended to samples that have none.
         special_tokens_in_text: ``data.special_tokens_in_text``, one of :data:`SPECIAL_TOKEN_POLICIES`.
         max_tokens: ``data.max_tokens``: a longer sample is a :class:`SampleError` naming ``FILE:LINE``,
@@ -160,13 +173,14 @@ class ChatProcessor:
 
     @classmethod
     def for_model(cls, tokenizer: Any, model: Any, data: Any, *, budget: bool = False) -> ChatProcessor:
-        """The processor a run uses: ``model``'s encoders and decoders (modality -> component) and
-        the config's ``data`` section (system prompt, special-token policy; with ``budget``, its
-        ``max_tokens`` too, so that an over-long training sample is a sample error)."""
+        """The processor a run uses: the processors of ``model``'s encoders and decoders (see
+        :func:`processor_of`) and the config's ``data`` section (system prompt, special-token
+        policy; with ``budget``, its ``max_tokens`` too, so that an over-long training sample is a
+        sample error)."""
         return cls(
             tokenizer,
-            dict(model.encoders),
-            dict(model.decoders),
+            {m: processor_of(c) for m, c in model.encoders.items()},
+            {m: processor_of(c) for m, c in model.decoders.items()},
             data.system_prompt,
             special_tokens_in_text=data.special_tokens_in_text,
             max_tokens=data.max_tokens if budget else None,
@@ -190,7 +204,7 @@ class ChatProcessor:
             raise SampleError(f"{where}: this tokenizer turns text into control tokens even with split_special_tokens; cannot escape them")
         return ids
 
-    def _media(self, kind: str, path: str, side: str, where: str) -> tuple[dict[str, Any], Any]:
+    def _media(self, kind: str, path: str | bytes, side: str, where: str) -> tuple[dict[str, Any], Any]:
         table = self.encoders if side == "encoder" else self.decoders
         comp = table.get(kind)
         if comp is None:
@@ -203,7 +217,7 @@ class ChatProcessor:
         try:
             features = comp.preprocess(media)
         except Exception as exc:
-            raise SampleError(f"{where}: cannot preprocess {kind} {path}: {type(exc).__name__}: {exc}") from exc
+            raise SampleError(f"{where}: cannot preprocess {kind} {describe_media(path, None)}: {type(exc).__name__}: {exc}") from exc
         return features, comp
 
     def _check_length(self, n: int, where: str) -> None:

@@ -8,7 +8,9 @@ One sample per line::
         {"role": "assistant", "content": [{"type": "text", "text": "7"}]}]}
 
 ``content`` is a list of typed parts (``text`` with ``text``; ``image`` or ``audio`` with ``path``,
-relative to the JSONL file's folder) or a plain string. Other top-level keys (for example ``task``)
+relative to the JSONL file's folder) or a plain string. A table's ``messages`` column
+(:mod:`omnicore.data.sources`) uses the same format, and there a media part may also hold the encoded
+bytes: ``{"type": "image", "image": b"..."}`` or Hugging Face's ``{"bytes": ..., "path": ...}``. Other top-level keys (for example ``task``)
 are kept as metadata. Every error names the file and the 1-based line.
 """
 
@@ -29,10 +31,11 @@ class SampleError(Exception):
 
 @dataclass
 class Part:
-    """One content part: ``type`` is ``text`` or a media type; ``value`` is the text or the resolved path."""
+    """One content part: ``type`` is ``text`` or a media type; ``value`` is the text, the resolved
+    media path, or (media read from a table) the encoded media bytes."""
 
     type: str
-    value: str
+    value: str | bytes
 
 
 @dataclass
@@ -43,16 +46,20 @@ class Message:
 
 @dataclass
 class Sample:
-    """A parsed line: its messages, its origin (``file``, ``line``) and the other top-level keys."""
+    """A parsed line or table row: its messages, its origin (``file``, ``line``) and the other
+    top-level keys. ``origin``, when set, replaces ``FILE:LINE`` in :attr:`where` (a table row:
+    ``data.parquet row 12``)."""
 
     messages: list[Message]
     file: str
     line: int
     meta: dict[str, Any] = field(default_factory=dict)
+    origin: str | None = None
 
     @property
     def where(self) -> str:
-        return f"{self.file}:{self.line}"
+        """``FILE:LINE`` (1-based line), or :attr:`origin` when set; every error about the sample starts with it."""
+        return self.origin if self.origin is not None else f"{self.file}:{self.line}"
 
 
 def _parse_part(raw: Any, base: Path, where: str, m: int, p: int) -> Part:
@@ -64,11 +71,51 @@ def _parse_part(raw: Any, base: Path, where: str, m: int, p: int) -> Part:
             raise SampleError(f"{where}: messages[{m}].content[{p}] of type 'text' needs a string 'text'")
         return Part("text", raw["text"])
     if kind in MEDIA_TYPES:
-        rel = raw.get("path") or raw.get(kind)
-        if not isinstance(rel, str) or not rel:
+        value = media_value(raw.get("path") or raw.get(kind), base)
+        if value is None:
             raise SampleError(f"{where}: messages[{m}].content[{p}] of type {kind!r} needs a 'path' (relative to the JSONL file)")
-        return Part(kind, str((base / rel) if not Path(rel).is_absolute() else Path(rel)))
+        return Part(kind, value)
     raise SampleError(f"{where}: messages[{m}].content[{p}] has unknown type {kind!r}; use text, {', '.join(MEDIA_TYPES)}")
+
+
+def media_value(raw: Any, base: Path) -> str | bytes | None:
+    """A media reference as a :class:`Part` value: a path string (resolved against ``base`` when
+    relative), encoded bytes, or Hugging Face's ``{"bytes": ..., "path": ...}`` struct (bytes win;
+    else its path). None when ``raw`` is none of these or empty."""
+    if isinstance(raw, dict):
+        raw = raw.get("bytes") or raw.get("path")
+    if isinstance(raw, (bytes, bytearray)) and raw:
+        return bytes(raw)
+    if isinstance(raw, str) and raw:
+        return str(base / raw) if not Path(raw).is_absolute() else raw
+    return None
+
+
+def parse_messages(raw_messages: Any, base: Path, where: str) -> list[Message]:
+    """The chat ``messages`` list (already parsed from JSON, or a table cell) as :class:`Message` objects.
+
+    Args:
+        base: the folder relative media paths are resolved against.
+        where: the origin (``FILE:LINE``, or ``TABLE row N``) that starts every error.
+
+    Raises:
+        SampleError: for a missing or empty list, an unknown role or part type, a part without its value.
+    """
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise SampleError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    messages = []
+    for m, raw in enumerate(raw_messages):
+        if not isinstance(raw, dict) or raw.get("role") not in ROLES:
+            raise SampleError(f"{where}: messages[{m}] needs a 'role' of {', '.join(ROLES)}")
+        content = raw.get("content")
+        if isinstance(content, str):
+            parts = [Part("text", content)]
+        elif isinstance(content, list):
+            parts = [_parse_part(c, base, where, m, p) for p, c in enumerate(content)]
+        else:
+            raise SampleError(f"{where}: messages[{m}].content must be a string or a list of parts")
+        messages.append(Message(raw["role"], parts))
+    return messages
 
 
 def parse_line(text: str, file: str, line: int) -> Sample:
@@ -84,19 +131,7 @@ def parse_line(text: str, file: str, line: int) -> Sample:
         raise SampleError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
     if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list) or not obj["messages"]:
         raise SampleError(f"{where}: each line must be an object with a non-empty 'messages' list")
-    base = Path(file).parent
-    messages = []
-    for m, raw in enumerate(obj["messages"]):
-        if not isinstance(raw, dict) or raw.get("role") not in ROLES:
-            raise SampleError(f"{where}: messages[{m}] needs a 'role' of {', '.join(ROLES)}")
-        content = raw.get("content")
-        if isinstance(content, str):
-            parts = [Part("text", content)]
-        elif isinstance(content, list):
-            parts = [_parse_part(c, base, where, m, p) for p, c in enumerate(content)]
-        else:
-            raise SampleError(f"{where}: messages[{m}].content must be a string or a list of parts")
-        messages.append(Message(raw["role"], parts))
+    messages = parse_messages(obj["messages"], Path(file).parent, where)
     meta = {k: v for k, v in obj.items() if k != "messages"}
     return Sample(messages, file, line, meta)
 

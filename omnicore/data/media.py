@@ -1,4 +1,4 @@
-"""Loading media files named by samples, with errors that name the file.
+"""Loading media named by samples (files, or encoded bytes from a table), with errors that name them.
 
 Images are decoded by Pillow, audio by soundfile (libsndfile). Resampling is the encoder's business
 (each encoder knows the rate it expects): see :func:`resample`.
@@ -28,38 +28,54 @@ class Audio:
         return len(self.samples) / float(self.sample_rate)
 
 
-def load_image(path: str | Path):
-    """Open an image file as a fully decoded RGB ``PIL.Image.Image``, as a viewer displays it.
+def load_image(source: str | Path | bytes, *, name: str | None = None):
+    """Open an image (a file, or its encoded bytes) as a fully decoded RGB ``PIL.Image.Image``, as a
+    viewer displays it.
 
     The EXIF orientation tag is applied (``PIL.ImageOps.exif_transpose``: a phone photo stored
     sideways with orientation 6 comes back upright), for every mode Pillow reads. Then
     :func:`to_rgb` converts the mode: transparency is composited over white, 16- and 32-bit
     grey scales to 8 bits, palette, CMYK and YCbCr through Pillow's conversions.
 
+    Args:
+        source: a path, or the bytes of an encoded image (PNG, JPEG, ... as a table column holds them).
+        name: where bytes came from (for example ``data.parquet row 12``), for error messages.
+
     Raises:
-        MediaError: if the file is missing, truncated or corrupt, cannot be decoded by Pillow, or
-            declares more pixels than Pillow's decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``).
+        MediaError: if the file is missing, the file or bytes are truncated or corrupt, cannot be
+            decoded by Pillow, or declare more pixels than Pillow's decompression-bomb limit
+            (``Image.MAX_IMAGE_PIXELS``). The message names the path, or ``name`` for bytes.
     """
+    import io
     import warnings
 
     from PIL import Image, ImageOps
 
-    path = Path(path)
-    if not path.is_file():
-        raise MediaError(f"image file not found: {path}")
+    what = describe_media(source, name)
+    if not isinstance(source, (bytes, bytearray)):
+        source = Path(source)
+        if not source.is_file():
+            raise MediaError(f"image file not found: {source}")
     try:
         with warnings.catch_warnings():
             # Pillow only warns between MAX_IMAGE_PIXELS and twice that; both are too large to decode
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
+            with Image.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source) as img:
                 img.load()
                 upright = ImageOps.exif_transpose(img)
                 return to_rgb(upright)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         limit = Image.MAX_IMAGE_PIXELS
-        raise MediaError(f"image {path} is too large to decode ({_one_line(exc)}); the limit is {limit} pixels: resize it") from exc
+        raise MediaError(f"image {what} is too large to decode ({_one_line(exc)}); the limit is {limit} pixels: resize it") from exc
     except Exception as exc:  # noqa: BLE001 - decoders raise OSError, ValueError, SyntaxError, struct.error... on bad files
-        raise MediaError(f"cannot read image {path}: {type(exc).__name__}: {_one_line(exc)}") from exc
+        raise MediaError(f"cannot read image {what}: {type(exc).__name__}: {_one_line(exc)}") from exc
+
+
+def describe_media(source: str | Path | bytes, name: str | None) -> str:
+    """A path as itself; bytes as ``(N bytes from NAME)``, so an error says which record held them."""
+    if isinstance(source, (bytes, bytearray)):
+        return f"({len(source)} bytes from {name})" if name else f"({len(source)} bytes)"
+    return str(source)
 
 
 def to_rgb(img):
@@ -93,23 +109,33 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def load_audio(path: str | Path) -> Audio:
-    """Read an audio file as mono float32 (channels are averaged).
+def load_audio(source: str | Path | bytes, *, name: str | None = None) -> Audio:
+    """Read audio (a file, or its encoded bytes: WAV, FLAC, OGG, ...) as mono float32 (channels are
+    averaged).
+
+    Args:
+        source: a path, or the bytes of an encoded audio file (as a table column holds them).
+        name: where bytes came from (for example ``data.parquet row 12``), for error messages.
 
     Raises:
-        MediaError: if the file is missing, cannot be decoded by libsndfile, or holds no samples.
+        MediaError: if the file is missing, the file or bytes cannot be decoded by libsndfile, or
+            hold no samples. The message names the path, or ``name`` for bytes.
     """
+    import io
+
     import soundfile as sf
 
-    path = Path(path)
-    if not path.is_file():
-        raise MediaError(f"audio file not found: {path}")
+    what = describe_media(source, name)
+    if not isinstance(source, (bytes, bytearray)):
+        source = Path(source)
+        if not source.is_file():
+            raise MediaError(f"audio file not found: {source}")
     try:
-        data, rate = sf.read(str(path), dtype="float32", always_2d=True)
+        data, rate = sf.read(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else str(source), dtype="float32", always_2d=True)
     except Exception as exc:  # soundfile raises LibsndfileError / RuntimeError for bad files
-        raise MediaError(f"cannot read audio {path}: {exc}") from exc
+        raise MediaError(f"cannot read audio {what}: {exc}") from exc
     if data.shape[0] == 0:
-        raise MediaError(f"audio file {path} holds no samples")
+        raise MediaError(f"audio {what} holds no samples")
     return Audio(samples=data.mean(axis=1).astype(np.float32), sample_rate=int(rate))
 
 

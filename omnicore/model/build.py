@@ -23,10 +23,12 @@ def prepare_tokenizer(tokenizer: Any, encoder_modalities: list[str], decoder_mod
     return tokenizer
 
 
-def _check_modality(component: Any, kind: str, key: str, name: str) -> None:
+def _check_modality(component: Any, kind: str, key: str, name: str, part: str = "") -> None:
     got = getattr(component, "modality", None)
     if got != key:
-        raise RegistryError(f"model.{kind}s.{key}: {kind} {name!r} handles modality {got!r}, not {key!r}; put it under model.{kind}s.{got}")
+        raise RegistryError(
+            f"model.{kind}s.{key}: {kind} {name!r}{part} handles modality {got!r}, not {key!r}; put it under model.{kind}s.{got}"
+        )
 
 
 def _resolve_checkpoints(options: dict[str, Any], base: Path | None) -> dict[str, Any]:
@@ -78,6 +80,37 @@ def _build(registry: Registry, field: str, kind: str, name: str, options: dict[s
         raise
     except (ValueError, OSError) as exc:
         raise RegistryError(f"{field}: {kind} {name!r}: {' '.join(str(exc).split())}") from exc  # one line
+
+
+def build_processors(cfg: Config, registry: Registry | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The data side of ``cfg.model``: ``(encoder processors, decoder processors)``, each modality
+    key -> :class:`omnicore.components.Processor`, built from the components' options alone.
+
+    Nothing of the model is imported or built: no foundation, no ``nn.Module``, no weights read
+    (:meth:`omnicore.registry.Registry.build_processor`; a plugin written for API 1.1 is the
+    exception, built whole with a warning). A relative ``checkpoint`` in a component's options is
+    taken relative to the config file, as :func:`build_omni_model` does. This is what data workers
+    use.
+
+    Raises:
+        RegistryError: naming the config field (``model.encoders.<key>``): a component is unknown,
+            fails its options, its processor factory raises ``ValueError`` or ``OSError`` (a missing
+            checkpoint folder), or its processor handles another modality than its key.
+    """
+    registry = registry or registry_for(cfg)
+    base = Path(cfg.source).parent if cfg.source else None
+    out: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+    for kind, table, built in (("encoder", cfg.model.encoders, out[0]), ("decoder", cfg.model.decoders, out[1])):
+        for key, c in table.items():
+            field = f"model.{kind}s.{key}"
+            try:
+                built[key] = registry.build_processor(kind, c.name, _resolve_checkpoints(c.options, base))
+            except RegistryError as exc:
+                raise RegistryError(f"{field}: {exc}") from exc
+            except (ValueError, OSError) as exc:
+                raise RegistryError(f"{field}: {kind} {c.name!r}: {' '.join(str(exc).split())}") from exc
+            _check_modality(built[key], kind, key, c.name, "'s processor")
+    return out
 
 
 def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any, Any]:

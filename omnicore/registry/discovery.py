@@ -24,6 +24,7 @@ Lookup and building are :mod:`omnicore.registry.resolve`'s; :class:`Registry` de
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable
 from importlib import metadata
 from typing import Any
@@ -33,7 +34,7 @@ import pluggy
 from omnicore import CORE_API_VERSION, hookspecs
 from omnicore.components import KINDS, ComponentSpec
 from omnicore.registry.policy import ENV_STRICT, PluginPolicy, entry_points_info
-from omnicore.registry.resolve import build_component, component_rows, find_component, missing_requirements
+from omnicore.registry.resolve import build_component, build_processor_of, component_rows, find_component, missing_requirements
 from omnicore.registry.rows import BUILTIN_PROVIDER, RegistryError, Row
 
 
@@ -50,6 +51,7 @@ class Registry:
         self.pm.add_hookspecs(hookspecs)
         self.rows: list[Row] = []
         self.policy = policy or PluginPolicy.make()
+        self._warned_processors: set[str] = set()
 
     # ---- discovery ---------------------------------------------------------------------------
 
@@ -224,6 +226,43 @@ class Registry:
                 validation (the message names the component and the offending field).
         """
         return build_component(self.resolve(kind, name), options, **kwargs)
+
+    def build_processor(self, kind: str, name: str, options: dict[str, Any] | None = None, *, hidden_size: int = 64) -> Any:
+        """The data side (:class:`~omnicore.components.Processor`) of encoder or decoder ``name``,
+        from its options alone: no ``nn.Module`` is built and no weights are read.
+
+        Resolves ``kind/name``, validates ``options`` with its options model and calls the factory
+        named by ``ComponentSpec.processor``. A spec without one (a plugin written for core API 1.1)
+        falls back to building the whole component, weights included, and using it as its own
+        processor; that warns once per component and registry, because every data worker would then
+        build the weights.
+
+        Args:
+            kind: ``"encoder"`` or ``"decoder"``.
+            name: as in config (``provider:name`` works).
+            options: the component's options, as for :meth:`build`.
+            hidden_size: only for the fallback: the ``hidden_size`` the component is built with (its
+                data side does not depend on it; give the foundation's when a checkpoint checks it).
+
+        Raises:
+            RegistryError: ``kind`` is not encoder or decoder, or as :meth:`build` raises (unknown
+                component, import failure, invalid options).
+        """
+        if kind not in ("encoder", "decoder"):
+            raise RegistryError(f"only encoders and decoders have processors, not {kind!r} components ({kind}/{name})")
+        spec = self.resolve(kind, name)
+        if spec.processor is not None:
+            return build_processor_of(spec, options)
+        if spec.key not in self._warned_processors:
+            self._warned_processors.add(spec.key)
+            warnings.warn(
+                f"{spec.key} registers no processor (a plugin written for omnicore API 1.1), so building its data side builds "
+                "the whole component with its weights, in every data worker; register the data side in its ComponentSpec "
+                "with processor='package.module:factory' (factory(options) returns an omnicore.components.Processor)",
+                UserWarning,
+                stacklevel=2,
+            )
+        return build_component(spec, options, hidden_size=hidden_size)
 
 
 def registry_for(cfg: Any) -> Registry:

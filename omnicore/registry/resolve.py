@@ -149,6 +149,19 @@ def build_component(spec: ComponentSpec, options: dict[str, Any] | None = None, 
             factory's own errors propagate (:func:`omnicore.model.build.build_omni_model` names
             the config field of a ``ValueError`` or ``OSError``).
     """
+    opts = validate_options(spec, options)
+    factory: Callable[..., Any] = import_target(spec.target)
+    return factory(opts, **kwargs)
+
+
+def validate_options(spec: ComponentSpec, options: dict[str, Any] | None) -> dict[str, Any]:
+    """``options`` validated (and completed with defaults) by ``spec``'s options model; a copy of
+    them when it has none.
+
+    Raises:
+        RegistryError: if the options model cannot be imported or ``options`` fail it (the message
+            names the component and the offending field; one line).
+    """
     opts = dict(options or {})
     if spec.options_model:
         model_cls = import_target(spec.options_model)
@@ -158,8 +171,23 @@ def build_component(spec: ComponentSpec, options: dict[str, Any] | None = None, 
             opts = model_cls.model_validate(opts).model_dump()
         except ValidationError as exc:
             raise RegistryError(f"options of {spec.key}: {_format_validation(exc, model_cls)}") from exc
-    factory: Callable[..., Any] = import_target(spec.target)
-    return factory(opts, **kwargs)
+    return opts
+
+
+def build_processor_of(spec: ComponentSpec, options: dict[str, Any] | None = None) -> Any:
+    """Validate ``options`` with ``spec``'s options model and call its ``processor`` factory.
+
+    This is :meth:`~omnicore.registry.Registry.build_processor` for a spec that names a processor.
+
+    Raises:
+        RegistryError: if the spec names no processor, the options model or the processor factory
+            cannot be imported, or ``options`` fail validation. The factory's own errors propagate.
+    """
+    if spec.processor is None:
+        raise RegistryError(f"{spec.key} registers no processor (ComponentSpec.processor is None)")
+    opts = validate_options(spec, options)
+    factory: Callable[..., Any] = import_target(spec.processor)
+    return factory(opts)
 
 
 def _format_validation(exc: Any, model_cls: Any) -> str:

@@ -15,6 +15,11 @@ The component is built through a registry exactly as training builds it: by defa
 ``plugin = "my_pkg.plugin"`` (or a plugin object) to test an isolated registry of that plugin plus
 the built-ins instead, before it is installed.
 
+Encoders and decoders are checked with their processor (``Registry.build_processor``, as data
+workers build it): it must be registered with ``ComponentSpec(processor=...)``, build without
+constructing any ``nn.Module``, survive a pickle round trip, and agree with the module (its collated
+batch gives exactly ``sum(num_tokens)`` output rows or codes).
+
 Every check uses real values from the component (shapes, dtypes, code ranges, exact equality after
 reloading). Hooks a subclass may override: ``make_media()`` (the media items to preprocess),
 ``checkpoint_options(path)`` (options that load a ``save_pretrained`` folder) and the class
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import os
+import pickle
 import subprocess
 import sys
 from typing import Any, ClassVar
@@ -40,7 +46,7 @@ import pytest
 import torch
 from torch import nn
 
-from omnicore.components import Decoder, Encoder, Foundation, Kernel, ParallelStrategy
+from omnicore.components import Decoder, Encoder, Foundation, Kernel, ParallelStrategy, Processor
 
 HEAVY_MODULES: tuple[str, ...] = ("torch", "transformers", "diffusers")
 """Modules a hook module must not import (``omnicore plugins`` imports every hook module)."""
@@ -219,12 +225,35 @@ class ComponentContract:
 
 
 class ModuleComponentContract(ComponentContract):
-    """Shared by encoders and decoders, which are ``nn.Module`` s built with ``hidden_size``."""
+    """Shared by encoders and decoders, which are ``nn.Module`` s built with ``hidden_size``, and
+    whose data side is a :class:`~omnicore.components.Processor` built apart from the options."""
 
     hidden_size: ClassVar[int] = 32
 
     def build_kwargs(self) -> dict[str, Any]:
         return {"hidden_size": self.hidden_size}
+
+    def build_processor(self, options: dict[str, Any] | None = None, *, registry: Any = None) -> Any:
+        """The component's processor from ``options`` (default :attr:`options`), as data workers build it."""
+        reg = registry or self.registry()
+        opts = copy.deepcopy(self.options if options is None else options)
+        return reg.build_processor(self.kind, self.name, opts, hidden_size=self.hidden_size)
+
+    def make_media(self, modality: str) -> list[Any]:
+        """Media items for the checks (default: :func:`sample_media` of the component's modality)."""
+        return sample_media(modality, n=3, seed=self.seed)
+
+    @property
+    def _proc(self) -> Any:
+        """The processor of :attr:`options`, built once per test."""
+        if getattr(self, "_proc_cache", None) is None:
+            self._proc_cache = self.build_processor()
+        return self._proc_cache
+
+    def _run(self, module: Any, batch: dict[str, Any]) -> torch.Tensor:
+        """The module's rows for a collated batch: ``forward`` (encoders) or ``encode`` (decoders)."""
+        with torch.no_grad():
+            return module(batch) if self.kind == "encoder" else module.encode(batch)
 
     def test_builds_on_meta_device(self):
         """``with torch.device("meta")``: every parameter and buffer on meta, same names and shapes as on CPU."""
@@ -236,6 +265,48 @@ class ModuleComponentContract(ComponentContract):
         assert got == want
         real = [k for k, v in _tensors(meta).items() if not v.is_meta]
         assert not real, f"built under torch.device('meta') but these tensors are real: {real[:5]}"
+
+    def test_processor_builds_from_options_alone(self, monkeypatch):
+        """The spec registers ``processor=``, and building it constructs no ``nn.Module`` (no weights)."""
+        spec = self._row().spec
+        assert spec.processor, (
+            f"{spec.key}: register the data side with ComponentSpec(processor='package.module:factory'); without it every "
+            "data worker builds the whole component with its weights"
+        )
+        built: list[str] = []
+        init = nn.Module.__init__
+
+        def counting_init(module, *args, **kwargs):
+            built.append(type(module).__name__)
+            init(module, *args, **kwargs)
+
+        monkeypatch.setattr(nn.Module, "__init__", counting_init)
+        proc = self.build_processor()
+        monkeypatch.undo()
+        assert not built, f"building the processor of {spec.key} constructed nn.Modules: {built[:5]}"
+        assert isinstance(proc, Processor) and not isinstance(proc, nn.Module)
+        assert proc.modality in spec.modalities, f"spec.modalities {spec.modalities} lacks the processor's {proc.modality!r}"
+
+    def test_processor_is_picklable(self):
+        """A pickle round trip of the processor (spawned data workers) gives equal features and token counts."""
+        proc = self.build_processor()
+        copy_ = pickle.loads(pickle.dumps(proc))
+        for i, media in enumerate(self.make_media(proc.modality)):
+            a, b = proc.preprocess(media), copy_.preprocess(media)
+            assert a.keys() == b.keys(), f"item {i}"
+            for k in a:
+                assert torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])), f"item {i}: feature {k!r} differs after pickling"
+            assert copy_.num_tokens(b) == proc.num_tokens(a), f"item {i}"
+
+    def test_processor_agrees_with_module(self):
+        """The processor's collate feeds the module, which gives ``sum(num_tokens)`` rows, item by item too."""
+        proc, module = self.build_processor(), self.build().eval()
+        assert proc.modality == module.modality
+        feats = [proc.preprocess(m) for m in self.make_media(proc.modality)]
+        counts = [int(proc.num_tokens(f)) for f in feats]
+        assert self._run(module, proc.collate(feats)).shape[0] == sum(counts), f"num_tokens {counts}"
+        for i, f in enumerate(feats):
+            assert self._run(module, proc.collate([f])).shape[0] == counts[i], f"item {i}"
 
 
 # ---- encoders --------------------------------------------------------------------------------
@@ -252,18 +323,15 @@ class EncoderContract(ModuleComponentContract):
     seeded_init: ClassVar[bool] = True
     """Whether two seeds give different weights (False for a component with no random init)."""
 
-    def make_media(self, modality: str) -> list[Any]:
-        """Media items for the checks (default: :func:`sample_media` of the encoder's modality)."""
-        return sample_media(modality, n=3, seed=self.seed)
-
-    def _features(self, enc: Any) -> list[dict[str, Any]]:
+    def _features(self, enc: Any, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        proc = self.build_processor(options)
         media = self.make_media(enc.modality)
         assert len(media) >= 2, "make_media() must return at least two items"
-        return [enc.preprocess(m) for m in media]
+        return [proc.preprocess(m) for m in media]
 
     def _encode(self, enc: Any, feats: list[dict[str, Any]]) -> torch.Tensor:
         with torch.no_grad():
-            return enc(enc.collate(feats))
+            return enc(self._proc.collate(feats))
 
     def test_implements_protocol(self):
         enc = self.build()
@@ -275,7 +343,7 @@ class EncoderContract(ModuleComponentContract):
         """forward(collate(items)) is ``[sum num_tokens, hidden_size]``, floating point, finite."""
         enc = self.build().eval()
         feats = self._features(enc)
-        counts = [int(enc.num_tokens(f)) for f in feats]
+        counts = [int(self._proc.num_tokens(f)) for f in feats]
         assert all(c >= 1 for c in counts), counts
         out = self._encode(enc, feats)
         assert tuple(out.shape) == (sum(counts), self.hidden_size)
@@ -286,7 +354,7 @@ class EncoderContract(ModuleComponentContract):
         """Each item alone gives exactly ``num_tokens(item)`` rows."""
         enc = self.build().eval()
         for i, f in enumerate(self._features(enc)):
-            assert self._encode(enc, [f]).shape[0] == enc.num_tokens(f), f"item {i}"
+            assert self._encode(enc, [f]).shape[0] == self._proc.num_tokens(f), f"item {i}"
 
     def test_collate_keeps_item_order(self):
         """Item ``i`` encoded alone equals its slice of the batch output (and items differ)."""
@@ -296,7 +364,7 @@ class EncoderContract(ModuleComponentContract):
         start = 0
         slices = []
         for i, f in enumerate(feats):
-            n = int(enc.num_tokens(f))
+            n = int(self._proc.num_tokens(f))
             torch.testing.assert_close(
                 self._encode(enc, [f]), out[start : start + n], atol=self.atol, rtol=self.rtol, msg=lambda m, i=i: f"item {i}: {m}"
             )
@@ -321,7 +389,7 @@ class EncoderContract(ModuleComponentContract):
         out = self._encode(a, feats)
         a.save_pretrained(str(tmp_path / "ckpt"))
         b = self.build(self.checkpoint_options(str(tmp_path / "ckpt")), seed=self.seed + 123).eval()
-        torch.testing.assert_close(self._encode(b, [b.preprocess(m) for m in self.make_media(b.modality)]), out, atol=0, rtol=0)
+        torch.testing.assert_close(self._encode(b, self._features(b, self.checkpoint_options(str(tmp_path / "ckpt")))), out, atol=0, rtol=0)
         sa, sb = a.state_dict(), b.state_dict()
         assert sa.keys() == sb.keys()
         for k in sa:
@@ -353,13 +421,11 @@ class DecoderContract(ModuleComponentContract):
     image_size: ClassVar[tuple[int, int] | None] = None
     seeded_init: ClassVar[bool] = True
 
-    def make_media(self, modality: str) -> list[Any]:
-        return sample_media(modality, n=3, seed=self.seed)
-
     def _batch(self, dec: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        feats = [dec.preprocess(m) for m in self.make_media(dec.modality)]
+        proc = self._proc
+        feats = [proc.preprocess(m) for m in self.make_media(dec.modality)]
         assert len(feats) >= 2, "make_media() must return at least two items"
-        return feats, dec.collate(feats)
+        return feats, proc.collate(feats)
 
     def test_implements_protocol(self):
         dec = self.build()
@@ -374,7 +440,7 @@ class DecoderContract(ModuleComponentContract):
         with torch.no_grad():
             codes = dec.encode(batch)
         assert codes.dtype == torch.long and codes.ndim == 1
-        assert codes.shape[0] == sum(int(dec.num_tokens(f)) for f in feats)
+        assert codes.shape[0] == sum(int(self._proc.num_tokens(f)) for f in feats)
         assert int(codes.min()) >= 0 and int(codes.max()) < dec.codebook_size
 
     def test_collate_keeps_item_order(self):
@@ -384,8 +450,8 @@ class DecoderContract(ModuleComponentContract):
             codes = dec.encode(batch)
             start = 0
             for i, f in enumerate(feats):
-                n = int(dec.num_tokens(f))
-                assert torch.equal(dec.encode(dec.collate([f])), codes[start : start + n]), f"item {i}"
+                n = int(self._proc.num_tokens(f))
+                assert torch.equal(dec.encode(self._proc.collate([f])), codes[start : start + n]), f"item {i}"
                 start += n
 
     def test_embed_and_head_shapes(self):
@@ -404,7 +470,7 @@ class DecoderContract(ModuleComponentContract):
         dec = self.build().eval()
         feats, batch = self._batch(dec)
         with torch.no_grad():
-            codes = dec.encode(batch)[: int(dec.num_tokens(feats[0]))]
+            codes = dec.encode(batch)[: int(self._proc.num_tokens(feats[0]))]
             out = dec.decode(codes)
         assert out is not None
         if dec.modality == "image":
@@ -451,7 +517,8 @@ class DecoderContract(ModuleComponentContract):
         for x, y in zip(want, self._outputs(b, batch)):
             torch.testing.assert_close(y, x, atol=0, rtol=0)
         with torch.no_grad():
-            n = int(b.num_tokens(b.preprocess(self.make_media(b.modality)[0])))
+            proc_b = self.build_processor(self.checkpoint_options(str(tmp_path / "ckpt")))
+            n = int(proc_b.num_tokens(proc_b.preprocess(self.make_media(b.modality)[0])))
             ia, ib = a.decode(want[0][:n]), b.decode(want[0][:n])
         assert np.array_equal(np.asarray(ia), np.asarray(ib))
 

@@ -53,7 +53,7 @@ import torch
 from omnicore.config import Config
 from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError, read_jsonl
-from omnicore.data.packing import PackedStream, collate
+from omnicore.data.pipeline import DataExhausted, DataPipeline, DataResumeError, merge_states
 from omnicore.parallel.parallelize import build_strategies, data_split, parallelize
 from omnicore.parallel.state import ParallelState, init_parallel_state
 from omnicore.registry import Registry, registry_for
@@ -75,7 +75,7 @@ class Run:
     model: torch.nn.Module
     tokenizer: Any
     processor: ChatProcessor
-    stream: PackedStream
+    data: DataPipeline
     strategies: list[tuple[str, Any]]
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -96,6 +96,7 @@ class Run:
     nonfinite_in_row: int = 0  # non-finite steps since the last applied update, kept in checkpoints
     stop: GracefulStop | None = None  # SIGTERM/SIGINT watcher while the loop runs
     stop_signal: int | None = None  # a signal some rank received, agreed in the last step's all-reduce
+    saved_at: int = -1  # the step of the last checkpoint this process wrote
 
 
 def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None = None, state: ParallelState | None = None) -> Run:
@@ -115,9 +116,12 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
             "continue it with --resume, or pick another --run.output_dir"
         )
 
-    model, tokenizer, processor, stream = _build_model_and_data(cfg, registry, log)
+    model, tokenizer, processor, sources = _build_model_and_data(cfg, registry, log)
     flops = flops_model(model.lm)  # counted before sharding turns parameters into shards
     model, strategies, (data_rank, data_size, replicas) = _parallelize_model(model, cfg, registry, state, log)
+    pin = cfg.data.pin_memory if cfg.data.pin_memory is not None else state.device.type == "cuda"
+    data = DataPipeline(sources, processor, cfg.data, cfg.run.seed, data_rank=data_rank, data_size=data_size,
+                        grad_accum=cfg.train.grad_accum, pin_memory=pin)  # fmt: skip
 
     optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -127,6 +131,7 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
     if resume:
         folder = _resume_folder(ckpt_root, resume, state, log)
         meta = load_checkpoint(folder, model, optimizer, scheduler, state, verify=False)  # verified just now
+        _resume_data(data, meta, folder)
         start = meta["step"]
         skips = (meta.get("skipped_steps", 0), meta.get("nonfinite_in_row", 0))
         log(f"resumed from step {start} ({folder})")
@@ -135,7 +140,7 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
     model.train()
     autocast, peak = _precision(cfg, state)
     run = Run(
-        cfg, state, model, tokenizer, processor, stream, strategies, optimizer, scheduler,
+        cfg, state, model, tokenizer, processor, data, strategies, optimizer, scheduler,
         data_rank, data_size, replicas, autocast, peak, flops, out_dir, ckpt_root, metrics_path, log, start, bar,
     )  # fmt: skip
     run.skipped_steps, run.nonfinite_in_row = skips
@@ -190,20 +195,51 @@ def run_lock(cfg: Config, state: ParallelState, log: Callable[..., None]) -> Ite
             lock.__exit__(None, None, None)
 
 
-def _build_model_and_data(cfg: Config, registry: Registry, log: Callable[..., None]) -> tuple[Any, Any, ChatProcessor, PackedStream]:
-    """The model and tokenizer from the registry's components, their processor, and the packed
-    stream of training samples."""
-    from omnicore.model.build import build_omni_model
+def _build_model_and_data(cfg: Config, registry: Registry, log: Callable[..., None]) -> tuple[Any, Any, ChatProcessor, list[Any]]:
+    """The model and tokenizer from the registry's components, the chat processor of the data side
+    (the tokenizer and the components' processors, no weights) and the opened data sources (nothing
+    read yet)."""
+    from omnicore.data.sources import open_source
+    from omnicore.model.build import build_omni_model, build_processors
 
     model, tokenizer = build_omni_model(cfg, registry)
-    processor = ChatProcessor.for_model(tokenizer, model, cfg.data, budget=True)
-    samples, errors = load_samples(cfg.resolve_path(cfg.data.train), processor, cfg.data.on_error, cfg.data.max_samples)
-    if errors:
-        log(f"skipped {len(errors)} bad samples (data.on_error=skip); first: {errors[0]}")
-    stream = PackedStream(samples, cfg.data.max_tokens, cfg.run.seed, cfg.data.shuffle, cfg.data.packing, cfg.data.packing_window)
+    encoders, decoders = build_processors(cfg, registry)
+    d = cfg.data
+    processor = ChatProcessor(
+        tokenizer, encoders, decoders, d.system_prompt, special_tokens_in_text=d.special_tokens_in_text, max_tokens=d.max_tokens
+    )
+    base = Path(cfg.source).parent if cfg.source else Path.cwd()
+    sources = []
+    for i, sc in enumerate(d.source_list()):
+        try:
+            sources.append(open_source(sc, base))
+        except ValueError as exc:
+            raise SampleError(f"{'data.train' if d.train is not None else f'data.sources[{i}]'}: {exc}") from exc
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        raise SampleError(f"data.sources: two sources are named alike ({names}); give each a distinct name")
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"model: {n_params / 1e6:.2f} M parameters; data: {len(samples)} samples from {cfg.data.train}")
-    return model, tokenizer, processor, stream
+    desc = ", ".join(f"{s.name} (weight {s.config.weight:g})" for s in sources)
+    log(f"model: {n_params / 1e6:.2f} M parameters; data: {desc}; {d.num_workers} worker(s) per rank")
+    return model, tokenizer, processor, sources
+
+
+def _resume_data(data: DataPipeline, meta: dict[str, Any], folder: Path) -> None:
+    """Continue the data stream where the checkpoint left it.
+
+    Raises:
+        DataResumeError: the checkpoint has no data position (written before the streaming pipeline),
+            or this run's layout cannot continue it (:func:`omnicore.data.pipeline.check_resume`).
+    """
+    if "data" not in meta:
+        raise DataResumeError(
+            f"{folder}: the checkpoint holds no data position (written by an omnicore before the streaming data pipeline); "
+            "start a new run, or load its weights with model options"
+        )
+    try:
+        data.load_state_dict(meta["data"])
+    except DataResumeError as exc:
+        raise DataResumeError(f"{folder}: {exc}") from exc
 
 
 def _parallelize_model(
@@ -293,32 +329,37 @@ class _StepTotals:
             self.part_counts[k] = self.part_counts.get(k, 0) + c
 
 
-def train_step(run: Run, step: int) -> dict[str, Any]:
+def train_step(run: Run, step: int) -> dict[str, Any] | None:
     """One optimizer step (0-based ``step``) over ``train.grad_accum`` micro-batches; returns its
-    metrics row, the same on every rank."""
+    metrics row, the same on every rank, or None on every rank when some rank's data ran out (a
+    source with ``on_exhausted: stop``): nothing of the step is applied."""
     cfg, state = run.cfg, run.state
     t0 = time.perf_counter()
-    batches = list(run.stream.iter_step(step, cfg.train.grad_accum, run.data_rank, run.data_size))
-    micro = [collate(mb, run.processor.encoders, run.processor.decoders) for mb in batches]
-    # one all-reduce gives the step's global target count (the loss denominator)
-    n_global = state.all_reduce_sum(sum(mb.n_targets for mb in micro)) / run.replicas
+    got = _step_batches(run)
+    if got is None:
+        return None
+    micro, n_global = got
     # dp = world size: the ranks gradients are averaged over (FSDP2's group, or a strategy's own all-reduce)
     scale = state.world_size / max(n_global, 1.0)
     totals = _StepTotals()
-    for mb, samples in zip(micro, batches):
-        totals.flops += run.flops.step_flops([len(x.input_ids) for x in samples]) / run.replicas
+    for mb in micro:
+        totals.flops += run.flops.step_flops(mb.cu_seqlens.diff().tolist()) / run.replicas
         totals.add(forward_backward_step(run, mb, scale))
         totals.tokens += mb.num_tokens / run.replicas
     # one all-reduce for every figure of the step's metrics and any rank's stop signal (before the
     # update: the target check below must stop a wrong run before its first optimizer step)
     keys = sorted({"text", *(f"decoder.{m}" for m in run.processor.decoders)})
+    seen, skipped = run.data.counts()
     sums = state.all_reduce_sums(
         [float(totals.loss_sum), totals.tokens, totals.flops]
         + [totals.part_sums.get(k, 0.0) for k in keys]
         + [totals.part_counts.get(k, 0) for k in keys]
+        + [run.data.take_wait()]
+        + [float(x) for x in seen + skipped]
         + signal_flags(run.stop)
     )
     run.stop_signal = signal_from_flags(sums[len(sums) - len(SIGNALS) :])
+    data_figures = _data_figures(run, sums[3 + 2 * len(keys) : len(sums) - len(SIGNALS)])
     check_target_split(run, n_global, sum(sums[3 + len(keys) : 3 + 2 * len(keys)]))
     grad_norm = clip_grad_norm_(run.model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
     lr = run.scheduler.get_last_lr()[0]  # the rate this step uses
@@ -326,20 +367,38 @@ def train_step(run: Run, step: int) -> dict[str, Any]:
     skip_reason = apply_update(run, step, loss, float(grad_norm), n_global)
     part_loss = {k: sums[3 + i] / max(sums[3 + len(keys) + i], 1.0) for i, k in enumerate(keys)}
     dt = time.perf_counter() - t0
-    row = _metrics_row(
-        run,
-        step,
-        loss=loss,
-        lr=lr,
-        grad_norm=float(grad_norm),
-        n_global=n_global,
-        tokens_global=tokens_global,
-        flops_global=flops_global,
-        dt=dt,
-    )
+    row = _metrics_row(run, step, loss=loss, lr=lr, grad_norm=float(grad_norm), n_global=n_global,
+                       tokens_global=tokens_global, flops_global=flops_global, dt=dt)  # fmt: skip
     row.update({f"loss/{k}": v for k, v in part_loss.items()})
+    row.update(data_figures)
     row.update(skipped=skip_reason is not None, skip_reason=skip_reason, skipped_steps=run.skipped_steps)
     return row
+
+
+def _step_batches(run: Run) -> tuple[list[Any], float] | None:
+    """This rank's micro-batches of the step and the step's global target count (the loss
+    denominator), from one all-reduce that also tells whether any rank's data ran out: then None on
+    every rank, together."""
+    try:
+        micro, ended = run.data.step(), 0.0
+    except DataExhausted:
+        micro, ended = [], 1.0
+    n_sum, any_ended = run.state.all_reduce_sums([float(sum(mb.n_targets for mb in micro)), ended])
+    if any_ended:
+        return None
+    return micro, n_sum / run.replicas
+
+
+def _data_figures(run: Run, sums: list[float]) -> dict[str, Any]:
+    """Metrics of the data side from the all-reduced ``[wait, seen per source, skipped per source]``:
+    ``data_wait_s`` (mean over ranks of the step's seconds spent waiting for micro-batches),
+    ``samples/<source>`` and ``skipped/<source>`` (run totals, every data group counted once)."""
+    names = run.data.source_names
+    n = len(names)
+    out: dict[str, Any] = {"data_wait_s": sums[0] / run.state.world_size}
+    out.update({f"samples/{name}": int(round(v / run.replicas)) for name, v in zip(names, sums[1 : 1 + n])})
+    out.update({f"skipped/{name}": int(round(v / run.replicas)) for name, v in zip(names, sums[1 + n : 1 + 2 * n])})
+    return out
 
 
 def apply_update(run: Run, step: int, loss: float, grad_norm: float, n_global: float) -> str | None:
@@ -422,7 +481,6 @@ def _metrics_row(
         "mfu": tflops / run.peak_tflops if run.peak_tflops else None,
         "padding_waste": padding_waste(int(round(tokens_global)), accum * run.data_size, cfg.data.max_tokens),
         "peak_mem_mib": peak_memory_mib(run.state.device),
-        "epoch": run.stream.epoch_of((step + 1) * accum * run.data_size),
     }
 
 
@@ -446,14 +504,22 @@ def log_step(run: Run, row: dict[str, Any]) -> None:
 
 
 def save(run: Run, done: int) -> None:
-    """Checkpoint the run after ``done`` steps (model, optimizer, LR schedule and the data position)."""
+    """Checkpoint the run after ``done`` steps (model, optimizer, LR schedule and the data position
+    of every data shard, gathered from all ranks)."""
     from omnicore.checkpoint.dcp import save_checkpoint
 
     cfg = run.cfg
-    # the data position in micro-batches read by all data groups: resume continues the stream there
-    extra = {"micro_batches": done * cfg.train.grad_accum * run.data_size, "seed": cfg.run.seed}
+    local = run.data.state_dict()
+    if run.state.distributed:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * run.state.world_size
+        dist.all_gather_object(gathered, local)
+        local = merge_states(gathered)
+    extra = {"data": local, "seed": cfg.run.seed}
     extra.update(skipped_steps=run.skipped_steps, nonfinite_in_row=run.nonfinite_in_row)
     save_checkpoint(run.ckpt_root, done, run.model, run.optimizer, run.scheduler, extra, run.state, cfg.train.keep_checkpoints)
+    run.saved_at = done
 
 
 def _after_step(run: Run, done: int) -> bool:
@@ -476,6 +542,16 @@ def _after_step(run: Run, done: int) -> bool:
         run.log(f"stopped after step {done} (train.stop_after); continue with --resume")
         return False
     return True
+
+
+def _out_of_data(run: Run, done: int) -> None:
+    """The data ran out before step ``done + 1``: save (unless just saved) and say so."""
+    if done > run.start and run.saved_at != done:
+        save(run, done)
+    run.log(
+        f"data: a source with on_exhausted: stop ran out after step {done} of {run.cfg.train.max_steps}; the run ends here "
+        "(set on_exhausted: restart on that source for more epochs)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -501,8 +577,6 @@ def train(
             step is saved or exported.
         Interrupted: SIGTERM or SIGINT; the step was finished and saved on every rank.
     """
-    from omnicore.checkpoint.export import export_model
-
     state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
     log = print if state.is_main else (lambda *a, **k: None)
     # SIGTERM/SIGINT (a scheduler's notice, Ctrl-C) from here on: finish the step, save, stop;
@@ -511,23 +585,39 @@ def train(
         # ---- set-up: model and data, parallelism, optimizer (restored on resume), outputs ------
         run = setup(cfg, resume=resume, registry=registry, state=state)
         run.stop = stop
-        # ---- the loop ------------------------------------------------------------------------
-        for step in range(run.start, cfg.train.max_steps):
-            row = train_step(run, step)
-            run.history.append(row)
-            log_step(run, row)
-            if not _after_step(run, step + 1):
-                break
-        # ---- wrap-up: throughput summary, then export of a finished run ------------------------
-        if run.bar is not None:
-            run.bar.close()
-        if run.history:
-            run.log(summarize(run.history))
-        finished = bool(run.history) and run.history[-1]["step"] == cfg.train.max_steps
-        if cfg.train.export and finished:
-            path = export_model(run.model, run.tokenizer, cfg, run.out_dir / "export", run.state)
-            run.log(f"exported to {path}")
+        try:
+            _loop(run)
+        finally:
+            run.data.close()
     return run.history
+
+
+def _loop(run: Run) -> None:
+    """The steps, then the wrap-up (throughput summary, export of a finished run)."""
+    from omnicore.checkpoint.export import export_model
+
+    cfg = run.cfg
+    # ---- the loop ------------------------------------------------------------------------
+    out_of_data = False
+    for step in range(run.start, cfg.train.max_steps):
+        row = train_step(run, step)
+        if row is None:  # a source with on_exhausted: stop ran out on some rank
+            out_of_data = True
+            _out_of_data(run, step)
+            break
+        run.history.append(row)
+        log_step(run, row)
+        if not _after_step(run, step + 1):
+            break
+    # ---- wrap-up: throughput summary, then export of a finished run ------------------------
+    if run.bar is not None:
+        run.bar.close()
+    if run.history:
+        run.log(summarize(run.history))
+    finished = out_of_data or (bool(run.history) and run.history[-1]["step"] == cfg.train.max_steps)
+    if cfg.train.export and finished:
+        path = export_model(run.model, run.tokenizer, cfg, run.out_dir / "export", run.state)
+        run.log(f"exported to {path}")
 
 
 # ---------------------------------------------------------------------------------------------

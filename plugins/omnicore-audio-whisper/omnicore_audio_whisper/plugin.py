@@ -2,7 +2,8 @@
 
 Torch-free on purpose: ``omnicore plugins`` imports every hook module. The spec names its factory
 and options model as strings; :mod:`omnicore_audio_whisper.encoder` (torch, transformers) is
-imported only when the encoder is built.
+imported only when the encoder is built, :mod:`omnicore_audio_whisper.processor` (no model code)
+when its data side is built (in data workers).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ def omnicore_encoders() -> list[ComponentSpec]:
             kind="encoder",
             name="whisper",
             target="omnicore_audio_whisper.encoder:build",
-            options_model="omnicore_audio_whisper.encoder:WhisperEncoderOptions",
+            options_model="omnicore_audio_whisper.processor:WhisperEncoderOptions",
+            processor="omnicore_audio_whisper.processor:build_processor",
             modalities=("audio",),
             description=(
                 "Whisper audio encoder (transformers' WhisperEncoder), log-mel at 16 kHz, average-pooled "

@@ -33,128 +33,22 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from omnicore.api import load_extra_weights, load_hf_pretrained, save_extra_weights
+from omnicore_image_movqgan.processor import (
+    COMPONENT,
+    DEFAULT_CONFIG,
+    DEFAULT_IMAGE_SIZE,
+    LEGACY_FILES,
+    VQ_CONFIG_FILE,
+    MoVQGANOptions,
+    MoVQGANProcessor,
+    downsample_factor,
+    make_vq_config,
+)
 
-COMPONENT = "decoder/movqgan"
-"""The component name recorded with the LM adapter in ``omnicore_extra.safetensors``."""
-LEGACY_FILES = ("lm_adapter.safetensors", "omnicore_decoder.json")
-"""What versions before the shared extra-weights format wrote instead (no longer read)."""
-VQ_CONFIG_FILE = "config.json"
-DEFAULT_IMAGE_SIZE = 32
-
-DEFAULT_CONFIG: dict[str, Any] = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "block_out_channels": (32, 32, 32),
-    "down_block_types": ("DownEncoderBlock2D",) * 3,
-    "up_block_types": ("UpDecoderBlock2D",) * 3,
-    "layers_per_block": 1,
-    "latent_channels": 4,
-    "num_vq_embeddings": 256,
-    "norm_num_groups": 32,
-    "sample_size": 32,
-    "mid_block_add_attention": True,
-}
-"""The tiny from-scratch MoVQ used when ``options.config`` leaves a key out (0.30 M parameters):
-32x32 RGB -> 8x8 = 64 codes from a 256-entry codebook of 4-d vectors. Recommended for MNIST-sized
-digits: 150 steps of :func:`omnicore_image_movqgan.fit.fit_vq` (batch 32) on 3,000 MNIST digits gave
-a held-out reconstruction MSE of 0.020 in [-1, 1] units in 72 s on one busy CPU core (README)."""
-
-
-class MoVQGANOptions(BaseModel):
-    """Options of ``decoder/movqgan`` (validated by the registry before :func:`build` is called).
-
-    Raises:
-        pydantic.ValidationError: on unknown keys, or when both ``checkpoint`` and ``config`` are given.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    checkpoint: str | None = Field(
-        None,
-        description=(
-            "Local folder holding a diffusers VQModel (config.json + diffusion_pytorch_model.safetensors), "
-            "e.g. the 'movq' subfolder of Kandinsky 2.2, or a folder written by MoVQGANDecoder.save_pretrained "
-            "(then the LM adapter is restored too). None: build a tiny model from 'config'."
-        ),
-    )
-    config: dict[str, Any] = Field(
-        default_factory=dict,
-        description=(
-            "VQModel keyword arguments for a from-scratch model; missing keys come from DEFAULT_CONFIG, "
-            "down/up_block_types follow len(block_out_channels) when not given, norm_type is forced to 'spatial'."
-        ),
-    )
-    image_size: int | None = Field(
-        None,
-        ge=1,
-        description=(
-            "Side S in pixels of the square RGB image targets are resized to; must be a multiple of the "
-            "downsample factor. None: the value saved with the checkpoint's LM adapter (omnicore_extra.safetensors), "
-            "else the checkpoint VQModel's sample_size, else 32."
-        ),
-    )
-    freeze_vq: bool = Field(
-        True,
-        description=("Keep the VQ autoencoder frozen (a fixed tokenizer during LM training); only the code embedding and the head train."),
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> MoVQGANOptions:
-        if self.checkpoint is not None and self.config:
-            raise ValueError("give either 'checkpoint' (a folder to load) or 'config' (a model to build), not both")
-        return self
-
-
-def make_vq_config(config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Complete user ``config`` into ``VQModel`` kwargs for a MoVQ (``norm_type="spatial"``).
-
-    Missing keys come from :data:`DEFAULT_CONFIG`; when ``block_out_channels`` is given without block
-    types, plain ``DownEncoderBlock2D``/``UpDecoderBlock2D`` are used, one per level.
-
-    Raises:
-        ValueError: if ``norm_type`` is set to something other than ``"spatial"``; if the block lists
-            differ in length; if a channel count is not a multiple of 32 (diffusers' ``SpatialNorm``
-            uses 32 groups) or of ``norm_num_groups``; if ``vq_embed_dim`` differs from
-            ``latent_channels`` (the spatial norm is conditioned on the codebook vectors with
-            ``latent_channels`` inputs); if ``in_channels``/``out_channels`` are not 3 (RGB).
-    """
-    user = dict(config or {})
-    if user.get("norm_type", "spatial") != "spatial":
-        raise ValueError(f"MoVQGAN needs norm_type='spatial' (MoVQ's spatially conditioned norm); got {user['norm_type']!r}")
-    cfg = dict(DEFAULT_CONFIG)
-    if "block_out_channels" in user:
-        n = len(user["block_out_channels"])
-        cfg["down_block_types"] = ("DownEncoderBlock2D",) * n
-        cfg["up_block_types"] = ("UpDecoderBlock2D",) * n
-    cfg.update(user)
-    cfg["norm_type"] = "spatial"
-    boc = tuple(int(c) for c in cfg["block_out_channels"])
-    cfg["block_out_channels"] = boc
-    cfg["down_block_types"] = tuple(cfg["down_block_types"])
-    cfg["up_block_types"] = tuple(cfg["up_block_types"])
-    if not (len(boc) == len(cfg["down_block_types"]) == len(cfg["up_block_types"])) or not boc:
-        raise ValueError(
-            f"block_out_channels {boc}, down_block_types {cfg['down_block_types']} and up_block_types "
-            f"{cfg['up_block_types']} must be non-empty and of equal length"
-        )
-    groups = int(cfg["norm_num_groups"])
-    for c in boc:
-        if c % 32 or c % groups:
-            raise ValueError(f"block_out_channels {boc}: every entry must be a multiple of 32 and of norm_num_groups={groups}")
-    if cfg.get("vq_embed_dim") not in (None, cfg["latent_channels"]):
-        raise ValueError(f"vq_embed_dim={cfg['vq_embed_dim']} must equal latent_channels={cfg['latent_channels']} with norm_type='spatial'")
-    if cfg["in_channels"] != 3 or cfg["out_channels"] != 3:
-        raise ValueError(f"MoVQGAN works on RGB: in_channels and out_channels must be 3, got {cfg['in_channels']}, {cfg['out_channels']}")
-    return cfg
-
-
-def downsample_factor(vq_config: Any) -> int:
-    """``2 ** (len(block_out_channels) - 1)``: pixels per code along each side."""
-    return 2 ** (len(vq_config["block_out_channels"] if isinstance(vq_config, dict) else vq_config.block_out_channels) - 1)
+__all__ = ["DEFAULT_CONFIG", "MoVQGANDecoder", "MoVQGANOptions", "MoVQGANProcessor", "build", "make_vq_config"]
 
 
 class MoVQGANDecoder(nn.Module):
@@ -170,6 +64,9 @@ class MoVQGANDecoder(nn.Module):
         modality: ``"image"``.
         codebook_size: C, ``vq.config.num_vq_embeddings``.
         downsample_factor: f; ``grid_size`` = S / f; ``num_image_tokens`` = (S / f) ** 2.
+        processor: the data side (:class:`~omnicore_image_movqgan.processor.MoVQGANProcessor`),
+            the same one ``build_processor`` makes from the same options; ``preprocess``,
+            ``num_tokens`` and ``collate`` delegate to it.
         vq: the wrapped ``VQModel``; ``code_embed`` (``nn.Embedding(C, H)``), ``lm_head``
             (``nn.Linear(H, C)``): the LM adapter.
 
@@ -188,10 +85,9 @@ class MoVQGANDecoder(nn.Module):
             raise ValueError(f"MoVQGAN needs an RGB VQModel (in/out_channels 3), got {cfg.in_channels}/{cfg.out_channels}")
         self.vq = vq
         self.hidden_size = int(hidden_size)
-        self.image_size = int(image_size)
-        self.downsample_factor = downsample_factor(cfg)
-        if self.image_size % self.downsample_factor:
-            raise ValueError(f"image_size {self.image_size} must be a multiple of the downsample factor {self.downsample_factor}")
+        self.processor = MoVQGANProcessor(int(image_size), downsample_factor(cfg))
+        self.image_size = self.processor.image_size
+        self.downsample_factor = self.processor.downsample_factor
         self.grid_size = self.image_size // self.downsample_factor
         self.num_image_tokens = self.grid_size**2
         self.codebook_size = int(cfg.num_vq_embeddings)
@@ -217,47 +113,19 @@ class MoVQGANDecoder(nn.Module):
     def device(self) -> torch.device:
         return self.code_embed.weight.device
 
-    # ---- data side ---------------------------------------------------------------------------
+    # ---- data side: the processor's ----------------------------------------------------------
 
     def preprocess(self, media: Any) -> dict[str, torch.Tensor]:
-        """One ``PIL.Image`` -> ``{"pixel_values": float32 [3, S, S] in [-1, 1]}``.
-
-        The image is converted to RGB and resized (bicubic, aspect ratio not kept) to S x S.
-
-        Raises:
-            TypeError: if ``media`` is not a ``PIL.Image.Image``.
-        """
-        from PIL import Image
-
-        if not isinstance(media, Image.Image):
-            raise TypeError(f"MoVQGAN preprocess expects a PIL.Image.Image, got {type(media).__name__}")
-        img = media.convert("RGB")
-        if img.size != (self.image_size, self.image_size):
-            img = img.resize((self.image_size, self.image_size), Image.BICUBIC)
-        arr = np.asarray(img, dtype=np.float32) / 127.5 - 1.0
-        return {"pixel_values": torch.from_numpy(arr).permute(2, 0, 1).contiguous()}
+        """:meth:`MoVQGANProcessor.preprocess` of :attr:`processor`."""
+        return self.processor.preprocess(media)
 
     def num_tokens(self, features: dict[str, Any]) -> int:
-        """``(h / f) * (w / f)`` for ``pixel_values`` of ``[3, h, w]`` (``(S / f) ** 2`` after preprocess).
-
-        Raises:
-            ValueError: if h or w is not a multiple of f.
-        """
-        h, w = features["pixel_values"].shape[-2:]
-        f = self.downsample_factor
-        if h % f or w % f:
-            raise ValueError(f"image of {h}x{w} pixels is not a multiple of the downsample factor {f}")
-        return (h // f) * (w // f)
+        """:meth:`MoVQGANProcessor.num_tokens` of :attr:`processor`."""
+        return self.processor.num_tokens(features)
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """Stack per-item features: ``{"pixel_values": [B, 3, S, S]}``.
-
-        Raises:
-            ValueError: on an empty list.
-        """
-        if not items:
-            raise ValueError("MoVQGAN collate got no items")
-        return {"pixel_values": torch.stack([it["pixel_values"] for it in items])}
+        """:meth:`MoVQGANProcessor.collate` of :attr:`processor`."""
+        return self.processor.collate(items)
 
     # ---- tokenizer ---------------------------------------------------------------------------
 

@@ -43,16 +43,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import nn
 
 from omnicore.api import load_extra_weights, load_hf_pretrained, save_extra_weights
+from omnicore_image_siglip.processor import PREPROCESSOR_FILE, SiglipEncoderOptions, SiglipImageProcessor
+
+__all__ = ["SiglipEncoderOptions", "SiglipImageEncoder", "SiglipImageProcessor", "build"]
 
 logger = logging.getLogger(__name__)
 
 COMPONENT = "encoder/siglip"
 """The component name recorded with the projector in ``omnicore_extra.safetensors``."""
-PREPROCESSOR_FILE = "preprocessor_config.json"
 LEGACY_PROJECTOR_FILE = "projector.safetensors"
 """Where versions before the shared extra-weights format kept the projector (no longer read)."""
 
@@ -62,81 +63,6 @@ _WHAT_TO_PUT = (
     "(it must hold config.json of model_type 'siglip' or 'siglip_vision_model' and "
     "model.safetensors), or leave `checkpoint` unset and give `config` to build a tower from scratch"
 )
-
-
-# ---------------------------------------------------------------------------------------------
-# Options
-# ---------------------------------------------------------------------------------------------
-
-
-class SiglipEncoderOptions(BaseModel):
-    """Options of encoder ``siglip`` (the ``options`` mapping in config). Exactly one of
-    ``checkpoint`` and ``config`` must be set.
-
-    Example (a tiny tower for 28 x 28 MNIST digits: 16 tokens per image)::
-
-        encoders:
-          image:
-            name: siglip
-            options:
-              config: {image_size: 28, patch_size: 7, hidden_size: 64, num_hidden_layers: 2,
-                       num_attention_heads: 4, intermediate_size: 128}
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    checkpoint: str | None = Field(
-        default=None,
-        description=(
-            "Local folder to load from: one written by this encoder's save_pretrained (projector restored), "
-            "by transformers' SiglipVisionModel.save_pretrained, or by SiglipModel.save_pretrained (its vision "
-            "tower is taken; the projector starts fresh). Nothing is downloaded."
-        ),
-    )
-    config: dict[str, Any] = Field(
-        default_factory=dict,
-        description=(
-            "transformers.SiglipVisionConfig keyword arguments for a randomly initialised tower (used when "
-            "`checkpoint` is unset): image_size (pixels, S), patch_size (pixels, P), hidden_size (tower width D), "
-            "num_hidden_layers, num_attention_heads, intermediate_size, num_channels (must be 3). "
-            "Each image gives (image_size // patch_size) ** 2 tokens."
-        ),
-    )
-    freeze: bool = Field(
-        default=False,
-        description=("Freeze the vision tower (requires_grad=False, run without autograd); the projector always trains."),
-    )
-
-    @field_validator("config")
-    @classmethod
-    def _known_config_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
-        import difflib
-
-        from transformers import SiglipVisionConfig
-
-        valid = set(SiglipVisionConfig().to_dict()) - {"transformers_version", "model_type", "architectures"}
-        for key in value:
-            if key not in valid:
-                close = difflib.get_close_matches(key, sorted(valid), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"unknown SiglipVisionConfig key {key!r}{hint}")
-        if value.get("num_channels", 3) != 3:
-            raise ValueError("num_channels must be 3: the SigLIP image processor yields RGB (greyscale is converted)")
-        return value
-
-    @model_validator(mode="after")
-    def _one_source(self) -> SiglipEncoderOptions:
-        if self.checkpoint and self.config:
-            raise ValueError(
-                "set either `checkpoint` (load a tower) or `config` (build one from scratch), not both; "
-                "a checkpoint's architecture comes from its own config.json"
-            )
-        if not self.checkpoint and not self.config:
-            raise ValueError(
-                "set `checkpoint` (a local SigLIP folder) or `config` (SiglipVisionConfig kwargs such as "
-                "image_size, patch_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size)"
-            )
-        return self
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,7 +105,10 @@ class SiglipImageEncoder(nn.Module):
         modality: ``"image"``.
         tower: ``transformers.SiglipVisionModel`` (without attention-pooling head).
         projector: ``nn.Sequential(Linear(D, H), GELU(), Linear(H, H))``.
-        image_processor: ``transformers.SiglipImageProcessorPil`` resizing to ``S x S``.
+        processor: the data side (:class:`~omnicore_image_siglip.processor.SiglipImageProcessor`),
+            the same one ``build_processor`` makes from the same options; ``preprocess``,
+            ``num_tokens`` and ``collate`` delegate to it.
+        image_processor: its ``transformers.SiglipImageProcessorPil`` resizing to ``S x S``.
         image_size: ``S``, pixels; patch_size: ``P``, pixels; hidden_size: ``H``.
         tokens_per_image: ``N = (S // P) ** 2``.
         frozen: whether the tower is frozen.
@@ -204,8 +133,6 @@ class SiglipImageEncoder(nn.Module):
                 or ``patch_size`` > ``image_size``.
         """
         super().__init__()
-        from transformers import SiglipImageProcessorPil
-
         if int(hidden_size) < 1:
             raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
         config = tower.config
@@ -213,8 +140,6 @@ class SiglipImageEncoder(nn.Module):
             raise ValueError("the SigLIP tower must be built with vision_use_head=False (the encoder uses every patch token)")
         if config.num_channels != 3:
             raise ValueError(f"num_channels must be 3 (the SigLIP image processor yields RGB), got {config.num_channels}")
-        if config.patch_size > config.image_size:
-            raise ValueError(f"patch_size {config.patch_size} is larger than image_size {config.image_size}")
         self.image_size = int(config.image_size)
         self.patch_size = int(config.patch_size)
         self.hidden_size = int(hidden_size)
@@ -222,18 +147,8 @@ class SiglipImageEncoder(nn.Module):
         self.tower = tower
         width = config.hidden_size
         self.projector = nn.Sequential(nn.Linear(width, self.hidden_size), nn.GELU(), nn.Linear(self.hidden_size, self.hidden_size))
-        size = {"height": self.image_size, "width": self.image_size}
-        if image_processor is None:
-            image_processor = SiglipImageProcessorPil(size=size)
-        else:
-            kwargs = image_processor.to_dict()
-            kwargs = {
-                k: v
-                for k, v in kwargs.items()
-                if k not in ("image_processor_type", "processor_class", "size", "do_resize", "do_convert_rgb")
-            }
-            image_processor = SiglipImageProcessorPil(**kwargs, size=size, do_resize=True, do_convert_rgb=True)
-        self.image_processor = image_processor
+        self.processor = SiglipImageProcessor(self.image_size, self.patch_size, image_processor)
+        self.image_processor = self.processor.image_processor
         self.frozen = False
         if freeze:
             self.freeze_tower()
@@ -288,56 +203,16 @@ class SiglipImageEncoder(nn.Module):
     # ---- the Encoder contract ---------------------------------------------------------------
 
     def preprocess(self, media: Any) -> dict[str, torch.Tensor]:
-        """One ``PIL.Image.Image`` (any size and mode) to ``{"pixel_values": float32 [3, S, S]}``.
-
-        Greyscale, palette and other non-RGB modes are converted to RGB (RGBA is composited by the
-        processor); the image is resized to ``S x S`` (no crop, aspect ratio not kept) with the
-        processor's resampling (bicubic for SigLIP), rescaled by ``1/255`` and normalised as
-        ``(x - mean) / std`` per channel (SigLIP: 0.5 and 0.5, giving values in [-1, 1]).
-
-        Raises:
-            TypeError: if ``media`` is not a PIL image.
-        """
-        from PIL import Image
-
-        if not isinstance(media, Image.Image):
-            raise TypeError(f"siglip encoder preprocess expects a PIL.Image.Image, got {type(media).__name__}")
-        if media.mode not in ("RGB", "RGBA"):
-            media = media.convert("RGB")
-        out = self.image_processor(images=media, return_tensors="pt")
-        return {"pixel_values": out["pixel_values"][0].to(torch.float32)}
+        """:meth:`SiglipImageProcessor.preprocess` of :attr:`processor`."""
+        return self.processor.preprocess(media)
 
     def num_tokens(self, features: dict[str, Any]) -> int:
-        """Tokens (and output rows) of one image: ``(image_size // patch_size) ** 2``.
-
-        This is the one formula shared by the data side (placeholder tokens) and the model (rows of
-        :meth:`forward`): every image is resized to ``S x S`` and the tower's stride-``P`` patch
-        convolution yields ``(S // P) ** 2`` patch tokens (SigLIP has no class token), e.g. 16 for
-        ``S = 28, P = 7``.
-
-        Raises:
-            ValueError: if ``features["pixel_values"]`` is not ``[3, S, S]``.
-        """
-        pv = features.get("pixel_values") if isinstance(features, dict) else None
-        if pv is None or tuple(pv.shape) != (3, self.image_size, self.image_size):
-            shape = None if pv is None else tuple(pv.shape)
-            raise ValueError(f"siglip features must hold pixel_values of shape (3, {self.image_size}, {self.image_size}), got {shape}")
-        return self.tokens_per_image
+        """:meth:`SiglipImageProcessor.num_tokens` of :attr:`processor`: ``(image_size // patch_size) ** 2``."""
+        return self.processor.num_tokens(features)
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """Stack per-image features (in order): ``{"pixel_values": float32 [B, 3, S, S]}``.
-
-        Raises:
-            ValueError: if ``items`` is empty or an item's pixel_values are not ``[3, S, S]``.
-        """
-        if not items:
-            raise ValueError("siglip collate needs at least one item")
-        for i, item in enumerate(items):
-            try:
-                self.num_tokens(item)
-            except ValueError as exc:
-                raise ValueError(f"item {i}: {exc}") from None
-        return {"pixel_values": torch.stack([item["pixel_values"] for item in items])}
+        """:meth:`SiglipImageProcessor.collate` of :attr:`processor`."""
+        return self.processor.collate(items)
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         """Encode a collated batch: ``[B, 3, S, S]`` -> ``[B * N, H]``, rows in item order.
