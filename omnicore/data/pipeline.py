@@ -241,12 +241,16 @@ class ShardChunks(IterableDataset):
         self.chunk, self.opts = chunk, opts
         self.starts = [0] * len(shards)
         self.cursors: list[list[SourceCursor] | None] = [None] * len(shards)
+        self.in_worker = False
 
     def _decode(self, s: int, rec: Any) -> tuple[Encoded | None, str | None]:
         try:
-            return self.chat.encode(self.sources[s].to_sample(rec)), None
+            enc = self.chat.encode(self.sources[s].to_sample(rec))
         except SampleError as exc:
             return None, str(exc)
+        if self.in_worker:
+            enc.media = [(side, m, _features_as(f, to_numpy=True)) for side, m, f in enc.media]
+        return enc, None
 
     def _chunk(self, k: int, reader: Iterator[tuple[int, int, Any, SourceCursor]], start: int, decode: bool) -> Chunk:
         out = Chunk(k, start)
@@ -265,6 +269,7 @@ class ShardChunks(IterableDataset):
 
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        self.in_worker = info is not None
         o = self.opts
         readers = [
             iter(ShardReader(self.sources, v, self.num_shards, o["seed"], shuffle=o["shuffle"], buffer=o["buffer"],
@@ -454,6 +459,9 @@ class DataPipeline:
             if self._ended[k]:
                 return None
             chunk = self._fetch()
+            for e in chunk.entries:
+                if e.sample is not None and e.sample.media:
+                    e.sample.media = [(side, m, _features_as(f, to_numpy=False)) for side, m, f in e.sample.media]
             self._queues[chunk.k].extend(chunk.entries)
             self._ended[chunk.k] = self._ended[chunk.k] or chunk.end
         return q.popleft()
@@ -593,6 +601,25 @@ def check_resume(saved: dict[str, Any], num_shards: int, sources: list[str], gra
             f"into {num_shards}; each shard's sample order depends on that number, so continuing would repeat or skip samples. "
             f"Resume with data groups x grad_accum = {old} ({hint})"
         )
+
+
+def _features_as(features: dict[str, Any], *, to_numpy: bool) -> dict[str, Any]:
+    """One item's features with their tensors as numpy arrays (``to_numpy``) or back (zero-copy).
+    Workers send numpy: a tensor crosses processes as a shared-memory segment of its own (a file
+    descriptor sent and mapped per tensor), which for thousands of small feature tensors per window
+    costs the training process more than decoding them would; a pickled array is plain bytes."""
+    import numpy as np
+    import torch
+
+    out = {}
+    for k, v in features.items():
+        if to_numpy and isinstance(v, torch.Tensor) and v.dtype != torch.bfloat16:
+            out[k] = v.numpy()
+        elif not to_numpy and isinstance(v, np.ndarray):
+            out[k] = torch.from_numpy(v)
+        else:
+            out[k] = v
+    return out
 
 
 def _worker_init(worker_id: int) -> None:
