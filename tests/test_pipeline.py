@@ -20,6 +20,7 @@ from omnicore.data.pipeline import (
     DataExhausted,
     DataPipeline,
     DataResumeError,
+    DataWorkerError,
     ShardReader,
     merge_states,
     shuffle_buffer,
@@ -231,3 +232,59 @@ def test_million_line_source_starts_without_reading_the_file(tmp_path, chat):
     # shuffle buffer (50) + one window (32) + at most one chunk ahead
     assert 50 + 32 <= len(pulled) <= 50 + 32 + 16
     assert pulled[-1] == f"{f}:{len(pulled)}"
+
+
+def test_a_dead_worker_ends_the_run_with_a_message(tmp_path, chat):
+    """A worker killed (out of memory, say) stops the next steps with DataWorkerError naming the
+    setting to change; never a hang."""
+    import os
+    import signal
+
+    src = [SourceConfig(path=str(_write(tmp_path / "a.jsonl", 4000, "a")))]
+    pipe = _pipeline(tmp_path, chat, src, workers=2)
+    pipe.step()
+    os.kill(pipe._it._workers[1].pid, signal.SIGKILL)
+    with pytest.raises(DataWorkerError, match=r"a data worker died: .*(exited unexpectedly|killed by signal).*data.num_workers 2"):
+        for _ in range(2000):
+            pipe.step()
+    pipe.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_uneven_shards_keep_bounded_queues(tmp_path, chat, workers):
+    """grad_accum 2 over a file whose even rows are long and odd rows short: shard 0 uses 2x the
+    samples per row of shard 1, yet what waits decoded in the training process stays bounded (the
+    sampler asks for the hungriest shard), and the stream is the one 0 workers give."""
+    f = tmp_path / "uneven.jsonl"
+    with f.open("w") as fh:
+        for i in range(3000):
+            q = "q" * (34 if i % 2 else 2)
+            fh.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": f"a{i}"}]}) + "\n")
+    pipe = _pipeline(tmp_path, chat, [SourceConfig(path=str(f))], accum=2, workers=workers, shuffle=False)
+    peak, answers = 0, []
+    for _ in range(150):
+        answers.append([_answers(mb, chat) for mb in pipe.step()])
+        peak = max(peak, sum(len(q) for q in pipe._queues))
+    pipe.close()
+    per_row = [sum(len(s[k]) for s in answers) for k in range(2)]
+    assert per_row[0] >= 2 * per_row[1]  # the shards really are uneven
+    # in flight at most two windows per shard (prefetch), plus the window being filled
+    assert peak <= 2 * (2 * 32 + 32)
+    if workers:
+        assert answers == _run(_pipeline(tmp_path, chat, [SourceConfig(path=str(f))], accum=2, shuffle=False), 150, chat)
+
+
+def test_resume_with_changed_settings_is_refused(tmp_path, chat):
+    src = [SourceConfig(path=str(_write(tmp_path / "a.jsonl", 100, "a")))]
+    first = _pipeline(tmp_path, chat, src)
+    first.step()
+    other = _pipeline(tmp_path, chat, src, packing="ffd")
+    with pytest.raises(DataResumeError, match=r"data.packing was 'first_fit', now 'ffd'"):
+        other.load_state_dict(first.state_dict())
+
+
+def test_all_bad_samples_under_skip_stop_instead_of_looping(tmp_path, chat):
+    f = _write(tmp_path / "bad.jsonl", 300, "a", bad=set(range(300)))
+    pipe = _pipeline(tmp_path, chat, [SourceConfig(path=str(f))], on_error="skip")
+    with pytest.raises(SampleError, match=rf"none of the last 128 samples could be used.*the last: {f}:\d+: not valid JSON"):
+        pipe.step()

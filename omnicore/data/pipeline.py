@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import Dataset
 
 from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError
@@ -223,12 +223,15 @@ class Chunk:
     start: int
     entries: list[Entry] = field(default_factory=list)
     end: bool = False
+    error: str | None = None  # reading the shard failed here (not one sample): the stream cannot go on
 
 
-class ShardChunks(IterableDataset):
-    """The ``IterableDataset`` each rank's DataLoader iterates (module docstring): item ``i`` is
-    chunk ``starts[k] / chunk + i // K`` of shard slot ``k = i % K`` (``K`` shards on this rank);
-    worker ``w`` of ``W`` makes items ``i % W == w``.
+class ShardChunks(Dataset):
+    """The dataset each rank's DataLoader reads (module docstring): item ``(k, j)`` is chunk ``j``
+    (positions ``[j * chunk, (j + 1) * chunk)``) of the rank's shard slot ``k``, decoded. The
+    training process asks for chunks by demand (:class:`DemandSampler`), in increasing ``j`` per
+    slot, so each worker reads every shard stream forward once, decoding only the chunks it is asked
+    for (it reads past the others' chunks without decoding them).
 
     Args:
         sources: the run's sources; ``chat``: the :class:`ChatProcessor` (tokenizer and processors,
@@ -242,55 +245,87 @@ class ShardChunks(IterableDataset):
         self.starts = [0] * len(shards)
         self.cursors: list[list[SourceCursor] | None] = [None] * len(shards)
         self.in_worker = False
+        self._readers: list[Iterator[tuple[int, int, Any, SourceCursor]] | None] = []
+        self._next: list[int] = []
+        self._ended: list[bool] = []
 
     def _decode(self, s: int, rec: Any) -> tuple[Encoded | None, str | None]:
         try:
             enc = self.chat.encode(self.sources[s].to_sample(rec))
         except SampleError as exc:
             return None, str(exc)
+        except Exception as exc:  # a processor or reader failing on this record: still name it
+            return None, f"{rec.where}: {type(exc).__name__}: {' '.join(str(exc).split())}"
         if self.in_worker:
             enc.media = [(side, m, _features_as(f, to_numpy=True)) for side, m, f in enc.media]
         return enc, None
 
-    def _chunk(self, k: int, reader: Iterator[tuple[int, int, Any, SourceCursor]], start: int, decode: bool) -> Chunk:
+    def _chunk(self, k: int, start: int, decode: bool) -> Chunk:
         out = Chunk(k, start)
+        reader = self._readers[k]
         for _ in range(self.chunk):
-            item = next(reader, None)
+            try:
+                item = next(reader, None)
+            except SampleError as exc:  # e.g. a source without rows for this shard
+                out.error = str(exc)
+                item = None
             if item is None:
                 out.end = True
                 break
             _, s, rec, cur = item
             sample, error = self._decode(s, rec) if decode else (None, None)
             out.entries.append(Entry(s, cur, sample, error))
+        self._next[k] += len(out.entries)
+        self._ended[k] = out.end
         return out
 
-    def __iter__(self) -> Iterator[Chunk]:
+    def _reader(self, k: int) -> Iterator[tuple[int, int, Any, SourceCursor]]:
+        o = self.opts
+        return iter(ShardReader(self.sources, self.shards[k], self.num_shards, o["seed"], shuffle=o["shuffle"], buffer=o["buffer"],
+                                limit=o["limit"], start=self.starts[k], cursors=self.cursors[k]))  # fmt: skip
+
+    def __getitem__(self, index: tuple[int, int]) -> Chunk:
         from torch.utils.data import get_worker_info
 
-        info = get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        self.in_worker = info is not None
-        o = self.opts
-        readers = [
-            iter(ShardReader(self.sources, v, self.num_shards, o["seed"], shuffle=o["shuffle"], buffer=o["buffer"],
-                             limit=o["limit"], start=self.starts[k], cursors=self.cursors[k]))
-            for k, v in enumerate(self.shards)
-        ]  # fmt: skip
-        ended = [False] * len(self.shards)
-        nxt = list(self.starts)
-        i = 0
+        k, j = index
+        if not self._readers:
+            self.in_worker = get_worker_info() is not None
+            self._readers = [None] * len(self.shards)
+            self._next, self._ended = list(self.starts), [False] * len(self.shards)
+        if self._readers[k] is None:
+            self._readers[k] = self._reader(k)
+        start = j * self.chunk
+        while self._next[k] < start and not self._ended[k]:
+            self._chunk(k, self._next[k], decode=False)  # another worker's chunk: read past it
+        if self._ended[k]:
+            return Chunk(k, start, end=True)
+        if self._next[k] != start:
+            raise RuntimeError(f"chunk {j} of shard slot {k} asked for after position {self._next[k]}; chunks must come in order")
+        return self._chunk(k, start, decode=True)
+
+    def __len__(self) -> int:  # a sampler decides what is read; the stream has no fixed length
+        raise TypeError("ShardChunks has no length")
+
+
+class DemandSampler:
+    """The chunk requests of a rank's DataLoader: each next request is the next chunk of the shard
+    slot that has the fewest decoded positions waiting or on their way, so that the training process
+    holds about the same, bounded amount for every slot however unevenly they are used (with
+    ``grad_accum > 1`` shards pack different numbers of samples per row). What a chunk holds does not
+    depend on when it is asked for, so the stream stays a function of the seed."""
+
+    def __init__(self, pipe: DataPipeline):
+        self.pipe = pipe
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        p = self.pipe
+        p._issued = [st // p.chunk for st in (pk.state.window_start for pk in p.packers)]
+        p._received = list(p._issued)
         while True:
-            k = i % len(self.shards)
-            mine = i % nw == wid
-            if ended[k]:
-                chunk = Chunk(k, nxt[k], end=True)
-            else:
-                chunk = self._chunk(k, readers[k], nxt[k], decode=mine)
-                ended[k] = chunk.end
-                nxt[k] += len(chunk.entries)
-            if mine:
-                yield chunk
-            i += 1
+            live = [k for k in range(len(p.shards)) if not p._ended[k]] or list(range(len(p.shards)))
+            k = min(live, key=lambda k: len(p._queues[k]) + (p._issued[k] - p._received[k]) * p.chunk)
+            yield k, p._issued[k]
+            p._issued[k] += 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,6 +413,11 @@ class ShardPacker:
 # ---------------------------------------------------------------------------------------------
 
 
+EMPTY_WINDOWS = 4
+"""Packing windows in a row without one usable sample after which a shard gives up (every sample
+bad, under ``data.on_error: skip``)."""
+
+
 def chunk_size(window: int) -> int:
     """Positions per worker item: the largest of 16, 8, 4, 2, 1 that divides ``window`` (windows
     start on chunk boundaries, which resume relies on)."""
@@ -427,6 +467,10 @@ class DataPipeline:
         self._it: Iterator[Chunk] | None = None
         self._queues: list[deque[Entry]] = [deque() for _ in self.shards]
         self._ended = [False] * len(self.shards)
+        self._errors: list[str | None] = [None] * len(self.shards)
+        self._issued = [0] * len(self.shards)  # chunks asked for, per slot (DemandSampler)
+        self._received = [0] * len(self.shards)  # chunks arrived, per slot
+        self._before: list[ShardState] | None = None  # the packers' states before the last step
         self.wait_s = 0.0  # seconds spent waiting for data since the last :meth:`take_wait`
 
     @property
@@ -444,7 +488,7 @@ class DataPipeline:
         for k, p in enumerate(self.packers):
             ds.starts[k] = p.state.window_start
             ds.cursors[k] = [SourceCursor(e, o) for e, o in p.state.cursors]
-        kwargs: dict[str, Any] = {"batch_size": None, "num_workers": d.num_workers}
+        kwargs: dict[str, Any] = {"batch_size": None, "num_workers": d.num_workers, "sampler": DemandSampler(self)}
         if d.num_workers > 0:
             # the packer takes a whole window at once: keep two windows of every shard in flight, so
             # the workers decode the next one while the model trains on this one
@@ -453,17 +497,25 @@ class DataPipeline:
         return iter(DataLoader(ds, **kwargs))
 
     def _next_entry(self, k: int) -> Entry | None:
-        """The next decoded position of shard slot ``k``; None when its stream ended."""
+        """The next decoded position of shard slot ``k``; None when its stream ended.
+
+        Raises:
+            SampleError: reading the shard failed (not one sample: e.g. a source without rows for it).
+        """
         q = self._queues[k]
         while not q:
             if self._ended[k]:
+                if self._errors[k]:
+                    raise SampleError(self._errors[k])
                 return None
             chunk = self._fetch()
+            self._received[chunk.k] += 1
             for e in chunk.entries:
                 if e.sample is not None and e.sample.media:
                     e.sample.media = [(side, m, _features_as(f, to_numpy=False)) for side, m, f in e.sample.media]
             self._queues[chunk.k].extend(chunk.entries)
             self._ended[chunk.k] = self._ended[chunk.k] or chunk.end
+            self._errors[chunk.k] = self._errors[chunk.k] or chunk.error
         return q.popleft()
 
     def _fetch(self) -> Chunk:
@@ -471,18 +523,27 @@ class DataPipeline:
             self._it = self._loader()
         try:
             return next(self._it)
-        except StopIteration:  # every worker ended: only after every shard ended
+        except StopIteration:  # the sampler never ends; kept for safety
             raise DataExhausted("the data stream ended") from None
         except RuntimeError as exc:
-            if "DataLoader worker" in str(exc):
+            text = " ".join(str(exc).split())
+            if "DataLoader worker" in text and ("exited unexpectedly" in text or "killed by signal" in text):
                 raise DataWorkerError(
-                    f"a data worker died: {' '.join(str(exc).split())}; data.num_workers {self.data.num_workers} "
-                    "(too little memory for the workers? try fewer, or 0 to read in the training process and see the error)"
+                    f"a data worker died: {text}; data.num_workers {self.data.num_workers} (too little memory for the workers? "
+                    "try fewer, or 0 to read in the training process and see the error)"
                 ) from exc
             raise
 
     def _row(self, k: int) -> list[Entry]:
-        p = self.packers[k]
+        """The next packed row of shard slot ``k``.
+
+        Raises:
+            DataExhausted: the shard's stream ended (a source with ``on_exhausted: stop``).
+            SampleError: a bad sample under ``data.on_error: raise``; or, under ``skip``,
+                :data:`EMPTY_WINDOWS` windows in a row without one usable sample (all bad: a wrong
+                media folder, ``max_tokens`` below every sample), which would otherwise loop forever.
+        """
+        p, empty = self.packers[k], 0
         while True:
             row = p.take()
             if row is not None:
@@ -498,6 +559,13 @@ class DataPipeline:
                     break
                 entries.append(e)
             p.fill(entries, ended=len(entries) < self.window)
+            empty = empty + 1 if entries and not p.rows else 0
+            if empty >= EMPTY_WINDOWS:
+                last = next((e.error for e in reversed(entries) if e.error), "no error recorded")
+                raise SampleError(
+                    f"data shard {self.shards[k]}: none of the last {empty * self.window} samples could be used, every one was bad "
+                    f"(data.on_error: skip); the last: {last}"
+                )
 
     def step(self) -> list[Any]:
         """This rank's ``grad_accum`` collated micro-batches of the next step
@@ -510,6 +578,7 @@ class DataPipeline:
         """
         t0 = time.perf_counter()
         before = [copy.deepcopy(p.state) for p in self.packers]
+        self._before = before
         out = []
         for k in range(self.grad_accum):
             try:
@@ -524,6 +593,14 @@ class DataPipeline:
             out.append(mb)
         self.wait_s += time.perf_counter() - t0
         return out
+
+    def rewind(self) -> None:
+        """Put the data position back to before the last :meth:`step` (its micro-batches were not
+        trained: another rank's data ran out), so that a checkpoint keeps the position after the
+        last whole step on every rank."""
+        if self._before is not None:
+            for p, st in zip(self.packers, self._before):
+                p.state = copy.deepcopy(st)
 
     def close(self) -> None:
         """Shut the DataLoader workers down now (they also end with this process)."""
@@ -549,8 +626,20 @@ class DataPipeline:
         return {
             "num_shards": self.num_shards,
             "sources": self.source_names,
+            "settings": self.settings(),
             "shards": {str(v): vars(p.state) for v, p in zip(self.shards, self.packers)},
         }
+
+    def settings(self) -> dict[str, Any]:
+        """The settings each shard's order and packing depend on (kept in checkpoints: a resume with
+        any of them changed would re-pack the current window differently and repeat or skip samples)."""
+        d = self.data
+        out: dict[str, Any] = {"run.seed": self.seed}
+        for key in ("max_tokens", "packing", "packing_window", "shuffle", "shuffle_buffer", "max_samples", "on_error"):
+            out[f"data.{key}"] = getattr(d, key)
+        for s in self.sources:
+            out[f"weight of source {s.name}"] = float(s.config.weight)
+        return out
 
     def load_state_dict(self, merged: dict[str, Any]) -> None:
         """Continue from a checkpoint's data state (every rank's shards merged, :func:`merge_states`).
@@ -559,6 +648,13 @@ class DataPipeline:
             DataResumeError: see :func:`check_resume`.
         """
         check_resume(merged, self.num_shards, self.source_names, self.grad_accum)
+        changed = [(k, v, self.settings().get(k)) for k, v in merged.get("settings", {}).items() if self.settings().get(k) != v]
+        if changed:
+            what = "; ".join(f"{k} was {v!r}, now {now!r}" for k, v, now in changed)
+            raise DataResumeError(
+                f"the data settings differ from the checkpoint's ({what}); the current packing window would be read differently and "
+                "samples repeated or skipped: resume with the checkpoint's settings, or start a new run"
+            )
         for v, p in zip(self.shards, self.packers):
             st = merged["shards"][str(v)]
             p.state = ShardState(**st)

@@ -53,7 +53,7 @@ import torch
 from omnicore.config import Config
 from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError, read_jsonl
-from omnicore.data.pipeline import DataExhausted, DataPipeline, DataResumeError, merge_states
+from omnicore.data.pipeline import DataExhausted, DataPipeline, DataResumeError, DataWorkerError, merge_states
 from omnicore.parallel.parallelize import build_strategies, data_split, parallelize
 from omnicore.parallel.state import ParallelState, init_parallel_state
 from omnicore.registry import Registry, registry_for
@@ -122,6 +122,7 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
     pin = cfg.data.pin_memory if cfg.data.pin_memory is not None else state.device.type == "cuda"
     data = DataPipeline(sources, processor, cfg.data, cfg.run.seed, data_rank=data_rank, data_size=data_size,
                         grad_accum=cfg.train.grad_accum, pin_memory=pin)  # fmt: skip
+    _check_rows(sources, data.num_shards, cfg)
 
     optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -222,6 +223,23 @@ def _build_model_and_data(cfg: Config, registry: Registry, log: Callable[..., No
     desc = ", ".join(f"{s.name} (weight {s.config.weight:g})" for s in sources)
     log(f"model: {n_params / 1e6:.2f} M parameters; data: {desc}; {d.num_workers} worker(s) per rank")
     return model, tokenizer, processor, sources
+
+
+def _check_rows(sources: list[Any], num_shards: int, cfg: Config) -> None:
+    """Every source whose row count is known cheaply must give each virtual shard a row.
+
+    Raises:
+        SampleError: naming the source, its rows and the number of shards.
+    """
+    for src in sources:
+        n = src.num_rows
+        if n is not None and cfg.data.max_samples is not None:
+            n = min(n, cfg.data.max_samples)
+        if n is not None and n < num_shards:
+            raise SampleError(
+                f"data source {src.name!r} has {n} row(s) (data.max_samples included), fewer than the {num_shards} data shards "
+                "(data-parallel groups x train.grad_accum): every shard needs rows; add rows, lower the shards, or remove the source"
+            )
 
 
 def _resume_data(data: DataPipeline, meta: dict[str, Any], folder: Path) -> None:
@@ -377,14 +395,30 @@ def train_step(run: Run, step: int) -> dict[str, Any] | None:
 
 def _step_batches(run: Run) -> tuple[list[Any], float] | None:
     """This rank's micro-batches of the step and the step's global target count (the loss
-    denominator), from one all-reduce that also tells whether any rank's data ran out: then None on
-    every rank, together."""
+    denominator), from one all-reduce that also tells whether any rank's data ran out (then None on
+    every rank, together, with the data position put back to the last whole step) or failed (then
+    every rank raises, so that none waits for the failed one in a collective).
+
+    Raises:
+        SampleError, DataWorkerError: this rank's data failed (its own message); on the other ranks a
+            SampleError naming the failed rank(s).
+    """
+    error: Exception | None = None
+    micro, ended = [], 0.0
     try:
-        micro, ended = run.data.step(), 0.0
+        micro = run.data.step()
     except DataExhausted:
-        micro, ended = [], 1.0
-    n_sum, any_ended = run.state.all_reduce_sums([float(sum(mb.n_targets for mb in micro)), ended])
+        ended = 1.0
+    except (SampleError, DataWorkerError) as exc:
+        error = exc
+    flags = [float(sum(mb.n_targets for mb in micro)), ended, 0.0 if error is None else 1.0]
+    n_sum, any_ended, failed = run.state.all_reduce_sums(flags)
+    if failed:
+        if error is not None:
+            raise error
+        raise SampleError(f"{failed:.0f} rank(s) stopped on a data error (see that rank's error); this rank {run.state.rank} stops too")
     if any_ended:
+        run.data.rewind()
         return None
     return micro, n_sum / run.replicas
 
