@@ -177,7 +177,7 @@ def _check_columns(columns: dict[str, str], prompt: str | None, media_role: str)
 class DataConfig(_Strict):
     train: str | None = Field(
         default=None,
-        description="one training JSONL in the chat 'messages' format (shorthand for sources: [{path: ...}]); media paths relative to the file",
+        description="training chat JSONL: a file, folder or glob (shorthand for sources: [{path: ...}]); media paths relative to each file",
     )
     sources: list[SourceConfig] = Field(
         default_factory=list, description="training data sources, mixed by weight (instead of train); see SourceConfig"

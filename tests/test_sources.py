@@ -290,7 +290,7 @@ def test_bad_paths_name_what_to_do(shards: Path) -> None:
         ValueError, match=r"folder .*empty holds no \*.jsonl files; for files in subfolders use a glob such as empty/\*\*/\*.jsonl"
     ):
         open_source(SourceConfig(path="empty"), base)
-    with pytest.raises(ValueError, match=r"file not found: .*missing.parquet"):
+    with pytest.raises(ValueError, match=r"no such file or folder: .*missing.parquet"):
         open_source(SourceConfig(dataset="missing.parquet"), base)
     with pytest.raises(ValueError, match=r"cannot tell the format of .*notes.txt by its extension; set format"):
         open_source(SourceConfig(dataset="shards/*"), base)

@@ -6,6 +6,7 @@ Images are decoded by Pillow, audio by soundfile (libsndfile). Resampling is the
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,7 +107,10 @@ def to_rgb(img):
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
+    """The exception's message on one line, without the repr of an in-memory file (``<_io.BytesIO
+    object at 0x...>``), which names nothing a user can find."""
+    text = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "the bytes", str(exc))
+    return " ".join(text.split())
 
 
 def load_audio(source: str | Path | bytes, *, name: str | None = None) -> Audio:

@@ -39,12 +39,14 @@ micro-batch is exactly the one a run without the stop would have read, workers i
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import copy
 import math
 import os
 import random
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -471,6 +473,7 @@ class DataPipeline:
         self._issued = [0] * len(self.shards)  # chunks asked for, per slot (DemandSampler)
         self._received = [0] * len(self.shards)  # chunks arrived, per slot
         self._before: list[ShardState] | None = None  # the packers' states before the last step
+        _LIVE.add(self)
         self.wait_s = 0.0  # seconds spent waiting for data since the last :meth:`take_wait`
 
     @property
@@ -603,11 +606,18 @@ class DataPipeline:
                 p.state = copy.deepcopy(st)
 
     def close(self) -> None:
-        """Shut the DataLoader workers down now (they also end with this process)."""
+        """Shut the DataLoader workers down now. Also run at interpreter exit for any pipeline not
+        closed: workers ignore SIGTERM (see :func:`_worker_init`), so the ``terminate()`` and
+        ``join()`` that ``multiprocessing`` gives daemon processes at exit would wait forever; a
+        worker still alive after torch's shutdown is killed."""
         it, self._it = self._it, None
         shutdown = getattr(it, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
+        for w in getattr(it, "_workers", []):
+            if w.is_alive():
+                w.kill()
+                w.join(timeout=5)
 
     def take_wait(self) -> float:
         """Seconds spent in :meth:`step` since the last call."""
@@ -660,6 +670,16 @@ class DataPipeline:
             p.state = ShardState(**st)
             p.last_cursor = [list(c) for c in p.state.cursors]
         self._it = None
+
+
+_LIVE: weakref.WeakSet[DataPipeline] = weakref.WeakSet()
+"""Pipelines that may hold workers, closed at interpreter exit (:func:`_close_all`)."""
+
+
+@atexit.register
+def _close_all() -> None:
+    for pipe in list(_LIVE):
+        pipe.close()
 
 
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:

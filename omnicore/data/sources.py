@@ -22,6 +22,7 @@ a dataset from the Hugging Face cache (``N`` the 0-based row of the split).
 from __future__ import annotations
 
 import glob
+import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -291,7 +292,7 @@ def _streamed_rows(ds: Any, batch: int = 64) -> Iterator[dict[str, Any]]:
 def _match(spec: str, base_dir: Path, exts: tuple[str, ...], key: str) -> list[Path]:
     """The files ``spec`` names, sorted: one file, a glob (``**`` recursive), or a folder (its files
     ending in ``exts``, not recursive)."""
-    full = base_dir / spec
+    full = Path(os.path.normpath(base_dir / spec))  # messages and FILE:LINE without "cfg/../"
     if _has_magic(spec):
         files = sorted(Path(p) for p in glob.glob(str(full), recursive=True) if Path(p).is_file())
         if not files:
@@ -306,7 +307,10 @@ def _match(spec: str, base_dir: Path, exts: tuple[str, ...], key: str) -> list[P
             )
         return files
     if not full.is_file():
-        raise ValueError(f"{key} {spec!r}: file not found: {full} (relative paths are relative to {base_dir})")
+        hint = ""
+        if not Path(spec).is_absolute() and Path(spec).exists():
+            hint = f"; {spec!r} exists relative to the current folder: write it relative to the config file's folder, or absolute"
+        raise ValueError(f"{key} {spec!r}: no such file or folder: {full} (relative paths are relative to {base_dir}){hint}")
     return [full]
 
 
