@@ -605,16 +605,22 @@ class DataPipeline:
             for p, st in zip(self.packers, self._before):
                 p.state = copy.deepcopy(st)
 
-    def close(self) -> None:
-        """Shut the DataLoader workers down now. Also run at interpreter exit for any pipeline not
-        closed: workers ignore SIGTERM (see :func:`_worker_init`), so the ``terminate()`` and
-        ``join()`` that ``multiprocessing`` gives daemon processes at exit would wait forever; a
-        worker still alive after torch's shutdown is killed."""
+    def close(self, *, now: bool = False) -> None:
+        """Shut the DataLoader workers down (``now``: terminate them first instead of letting them
+        finish what they were asked for: at interpreter exit, for pipelines never closed); a worker
+        still alive after torch's shutdown is killed."""
         it, self._it = self._it, None
+        workers = list(getattr(it, "_workers", []))
+        if now:
+            for w in workers:
+                if w.is_alive():
+                    w.terminate()  # SIGTERM: the worker exits with status 0 (_worker_init)
+            for w in workers:
+                w.join(timeout=2)
         shutdown = getattr(it, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
-        for w in getattr(it, "_workers", []):
+        for w in workers:
             if w.is_alive():
                 w.kill()
                 w.join(timeout=5)
@@ -679,7 +685,7 @@ _LIVE: weakref.WeakSet[DataPipeline] = weakref.WeakSet()
 @atexit.register
 def _close_all() -> None:
     for pipe in list(_LIVE):
-        pipe.close()
+        pipe.close(now=True)
 
 
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -739,15 +745,19 @@ def _features_as(features: dict[str, Any], *, to_numpy: bool) -> dict[str, Any]:
 
 
 def _worker_init(worker_id: int) -> None:
-    """Workers leave SIGTERM and SIGINT to the training process (a scheduler signals every process
-    of a job; the training process finishes its step, saves and then shuts its workers down), and
-    end themselves within a second once that process is gone: torch's own check cannot end a
-    worker whose result queue is full (it waits forever to flush it), so a killed run would leave
-    its workers behind."""
+    """How a worker meets signals and the end of its training process.
+
+    SIGTERM (a scheduler signals every process of a job; ``multiprocessing`` terminates daemon
+    processes at exit) ends the worker at once with exit status 0: torch reports a worker that died
+    of a signal or exited non-zero as an error in the training process, which must instead finish
+    its step and save (it holds the step's micro-batches already). SIGINT (Ctrl-C reaches the whole
+    process group) is left to the training process. A daemon thread ends the worker within a second
+    once the training process is gone: torch's own check cannot end a worker whose result queue is
+    full, so a killed run would leave its workers behind."""
     import signal
     import threading
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
 
