@@ -39,6 +39,11 @@ class ComponentConfig(_Strict):
 
     name: str = Field(description="registry name, or 'provider:name' to pick one provider when several offer it")
     options: dict[str, Any] = Field(default_factory=dict, description="the component's own options, validated by its options model")
+    dtype: Literal["float32", "bfloat16"] | None = Field(
+        default=None,
+        description="dtype of this component's parameters, applied as it is built or loaded (a checkpoint's tensors are cast while "
+        "read); unset: run.dtype",
+    )
 
 
 KERNEL_OPS: tuple[str, ...] = ("attention", "rmsnorm", "swiglu", "cross_entropy")
@@ -58,6 +63,27 @@ REMOVED_KEYS: dict[str, str] = {
 """Keys that said something another key also says, each with the one spelling to use now."""
 
 
+class LoraConfig(_Strict):
+    """LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") through
+    PEFT on the ``nn.Linear`` layers named by ``target_modules`` under the ``modules`` prefixes."""
+
+    r: int = Field(default=8, gt=0, description="rank of the low-rank update")
+    alpha: float = Field(default=16.0, gt=0, description="scaling numerator: the update is scaled by alpha / r")
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on the adapter's input")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="nn.Linear module names (PEFT's target_modules: a name matches a module whose dotted name ends with it)",
+    )
+    modules: list[str] = Field(
+        default_factory=lambda: ["lm"], description="OmniModel submodule prefixes to adapt, e.g. lm (the foundation) or encoders.image"
+    )
+    export: Literal["merged", "adapter"] = Field(
+        default="merged",
+        description="merged: export the foundation with the adapters folded in (loads in plain transformers); adapter: the base "
+        "folder plus a PEFT adapter folder",
+    )
+
+
 class ModelConfig(_Strict):
     foundation: ComponentConfig = Field(
         default_factory=lambda: ComponentConfig(name="hf_causal_lm"), description="the language model at the centre"
@@ -70,6 +96,12 @@ class ModelConfig(_Strict):
         default_factory=dict,
         description="kernel per op: op -> registry kernel name (or {name, options}); ops: attention, rmsnorm, swiglu, cross_entropy. "
         "Unset ops: sdpa attention, torch_cross_entropy, and the foundation's own rmsnorm and swiglu code",
+    )
+    lora: LoraConfig | None = Field(default=None, description="LoRA adapters (PEFT); unset: no adapters")
+    init_from: str | None = Field(
+        default=None,
+        description="start from the weights of a previous run: its run folder, its export folder or one of its checkpoints (weights "
+        "only: a new optimizer, LR schedule and data position). Relative to the config file",
     )
 
     @field_validator("kernels")
@@ -222,6 +254,11 @@ class DataConfig(_Strict):
         "plain text, never as the control token; refuse = a bad sample naming FILE:LINE (data.on_error applies). Placeholder "
         "strings (<|image_pad|>) are refused under both",
     )
+    chat_template: Literal["auto", "chatml"] = Field(
+        default="auto",
+        description="how samples become tokens: auto = the foundation tokenizer's own chat template when it has one "
+        "(apply_chat_template; the assistant's tokens are the labels), else ChatML; chatml = always omnicore's ChatML",
+    )
 
     @model_validator(mode="after")
     def _one_kind_of_input(self) -> DataConfig:
@@ -273,6 +310,15 @@ class TrainConfig(_Strict):
         default=10,
         gt=0,
         description="with on_nonfinite: skip, how many non-finite steps in a row are skipped; the next one in a row stops the run",
+    )
+    freeze: list[str] = Field(
+        default_factory=list,
+        description="modules to freeze: dotted OmniModel module prefixes with fnmatch wildcards (lm, encoders.image.tower, "
+        "lm.model.layers.*.mlp); frozen parameters get no gradients and no optimizer state",
+    )
+    lr_multipliers: dict[str, float] = Field(
+        default_factory=dict,
+        description="module prefix (as in freeze) -> factor on train.lr for its parameters; the longest matching prefix wins",
     )
 
 
