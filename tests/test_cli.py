@@ -429,8 +429,8 @@ def test_disabled_plugin_is_never_imported_by_the_listing(tmp_path, no_load_site
 
 
 def test_missing_component_checkpoint_is_a_one_line_error(tmp_path):
-    """A component factory's ValueError (here: MoVQGAN's missing checkpoint folder) is reported as
-    one `error:` line naming the config field, exit code 2, in plan and in train."""
+    """A checkpoint that is neither a folder nor a cached Hugging Face model (here: MoVQGAN's) is
+    reported as one `error:` line naming the config field, exit code 2, in plan and in train."""
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(
         "model:\n"
@@ -443,7 +443,8 @@ def test_missing_component_checkpoint_is_a_one_line_error(tmp_path):
         r = run(COMMANDS["module"] + args, tmp_path)
         assert r.returncode == 2, r.stderr
         assert "Traceback" not in r.stderr
-        assert r.stderr.strip().splitlines()[-1].startswith("error: model.decoders.image: decoder 'movqgan': MoVQGAN checkpoint folder")
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: model.decoders.image: options.checkpoint: 'nowhere/movq' is neither a folder (looked for "), last
     assert not (tmp_path / "run").exists()
 
 

@@ -161,7 +161,10 @@ def test_build_processors_checks_the_modality_key(tmp_path):
         build_processors(cfg)
     cfg = _config(tmp_path)
     cfg.model.encoders["image"].options = {"checkpoint": "missing"}
-    with pytest.raises(RegistryError, match=r"^model.encoders.image: encoder 'siglip': SigLIP: .*missing has no config.json"):
+    with pytest.raises(
+        RegistryError,
+        match=r"^model.encoders.image: options.checkpoint: 'missing' is neither a folder \(looked for '.*missing'\) nor a model",
+    ):
         build_processors(cfg)
 
 

@@ -5,21 +5,33 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnicore.config import Config, ModelConfig
+from omnicore.config import ComponentConfig, Config, ModelConfig
 from omnicore.data.chat import placeholder_ids, special_tokens
 from omnicore.registry import Registry, RegistryError, registry_for
 
 
 def prepare_tokenizer(tokenizer: Any, encoder_modalities: list[str], decoder_modalities: list[str]) -> Any:
-    """Add omnicore's chat and placeholder tokens (see :func:`omnicore.data.chat.special_tokens`)."""
+    """Add omnicore's chat and placeholder tokens (see :func:`omnicore.data.chat.special_tokens`), a
+    pad token if there is none, and set ``eos_token`` to the token that ends an assistant turn, so
+    that generation (here and with ``AutoTokenizer.from_pretrained(export/foundation)``) stops there:
+    the chat template's end-of-turn token when the tokenizer has a template omnicore can follow
+    (:func:`omnicore.data.chat_template.inspect_template`: ``<|eot_id|>`` for Llama 3, ``<|im_end|>``
+    for Qwen), else ChatML's ``<|im_end|>``."""
     from omnicore.data.chat import IM_END, PAD
+    from omnicore.data.chat_template import has_template, inspect_template
 
     tokenizer.add_special_tokens(
         {"additional_special_tokens": special_tokens(encoder_modalities, decoder_modalities)}, replace_extra_special_tokens=False
     )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = PAD
-    tokenizer.eos_token = IM_END
+    end = IM_END
+    if has_template(tokenizer):
+        try:
+            end = inspect_template(tokenizer).end_of_turn
+        except ValueError:
+            pass  # a template omnicore cannot follow: data.chat_template auto refuses it in ChatProcessor, chatml uses <|im_end|>
+    tokenizer.eos_token = end
     return tokenizer
 
 
@@ -32,11 +44,28 @@ def _check_modality(component: Any, kind: str, key: str, name: str, part: str = 
 
 
 def _resolve_checkpoints(options: dict[str, Any], base: Path | None) -> dict[str, Any]:
-    """A relative ``checkpoint`` option is relative to the config file's folder."""
+    """A component's ``checkpoint`` option as a local folder: a relative path is relative to the
+    config file's folder; a Hugging Face model name (``org/name``) that is not a folder there is
+    looked up in the local HF cache (:func:`omnicore.model.loading.resolve_pretrained`). A path
+    that is neither is passed on unchanged, for the component to report.
+
+    Raises:
+        RegistryError: starting ``options.checkpoint:``: the text names a model that is neither
+            cached nor downloadable (the caller puts the component's field in front).
+    """
+    from omnicore.model.loading import LoadError, looks_like_hub_name, resolve_pretrained
+
     ckpt = options.get("checkpoint")
-    if base is None or not isinstance(ckpt, str) or Path(ckpt).is_absolute():
+    if not isinstance(ckpt, str):
         return options
-    return dict(options, checkpoint=str(base / ckpt))
+    local = Path(ckpt).expanduser()
+    local = local if local.is_absolute() or base is None else base / local
+    if local.exists() or not looks_like_hub_name(ckpt) or local.parent.is_dir() and local.parent != (base or Path(".")):
+        return dict(options, checkpoint=str(local))  # a folder, or a missing one next to existing ones: the component says so
+    try:
+        return dict(options, checkpoint=str(resolve_pretrained(ckpt, base=base, what="options.checkpoint")))
+    except LoadError as exc:
+        raise RegistryError(str(exc)) from exc
 
 
 def build_kernels(m: ModelConfig, registry: Registry) -> dict[str, Any]:
@@ -113,22 +142,49 @@ def build_processors(cfg: Config, registry: Registry | None = None) -> tuple[dic
     return out
 
 
-def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any, Any]:
+def component_dtype(cfg: Config, component: ComponentConfig) -> Any:
+    """The torch dtype of a component's parameters: its own ``dtype``, else ``run.dtype``."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[component.dtype or cfg.run.dtype]
+
+
+def _build_lm(foundation: Any, vocab_size: int, dtype: Any) -> Any:
+    """``foundation.build_model`` in ``dtype``: passed on when the foundation takes it (API 1.3),
+    else the model is cast after building."""
+    import inspect
+
+    if "dtype" in inspect.signature(foundation.build_model).parameters:
+        return foundation.build_model(vocab_size=vocab_size, dtype=dtype)
+    return foundation.build_model(vocab_size=vocab_size).to(dtype)
+
+
+def build_omni_model(cfg: Config, registry: Registry | None = None, *, defer_load: bool = False) -> tuple[Any, Any]:
     """Build ``(OmniModel, tokenizer)`` from ``cfg.model``, on CPU, randomly initialised or loaded.
 
-    A relative ``checkpoint`` in a component's options is taken relative to the config file. The
-    foundation's vocabulary is sized to the tokenizer after omnicore's special tokens are added;
-    each encoder and decoder is built with the foundation's hidden size. The kernels of
-    ``cfg.model.kernels`` are built and checked first (see
-    :func:`build_kernels`), then activated on the foundation; the ``cross_entropy`` kernel computes
-    the model's text loss.
+    A component's ``checkpoint`` may be a folder (relative to the config file) or a Hugging Face
+    model name (:func:`_resolve_checkpoints`). Each component's parameters are in its ``dtype``
+    (else ``run.dtype``). The foundation's vocabulary is sized to the tokenizer after omnicore's
+    special tokens are added; each encoder and decoder is built with the foundation's hidden size.
+    The kernels of ``cfg.model.kernels`` are built and checked first (see :func:`build_kernels`),
+    then activated on the foundation; the ``cross_entropy`` kernel computes the model's text loss.
+
+    A foundation checkpoint that can be read shard by shard is not read here: its parameters are on
+    the meta device and ``model.pending_loads`` holds the plan
+    (:class:`omnicore.model.loading.PendingLoad`, keys already checked against the checkpoint).
+    With ``defer_load`` the caller fills them after sharding
+    (:func:`omnicore.model.loading.fill_pending`; the training loop does); otherwise they are filled
+    here, on this process.
 
     Raises:
-        RegistryError: a component is unknown, ambiguous, fails its options, or sits under the wrong
-            modality key; a kernel is unknown, implements another op or is unavailable here.
+        RegistryError: a component is unknown, ambiguous, fails its options, sits under the wrong
+            modality key, or its checkpoint is neither a folder nor a cached model; a kernel is
+            unknown, implements another op or is unavailable here; the foundation checkpoint does
+            not fit the model (the keys named).
     """
     import torch
 
+    from omnicore.model.loading import fill_pending
     from omnicore.model.omni import OmniModel
 
     registry = registry or registry_for(cfg)
@@ -138,25 +194,39 @@ def build_omni_model(cfg: Config, registry: Registry | None = None) -> tuple[Any
     # Every configured kernel first: an unknown, mismatched or unavailable one (its requires unmet,
     # or its own check failing) stops the run before any weights are built or loaded.
     kernels = build_kernels(m, registry)
-    foundation = _build(registry, "model.foundation", "foundation", m.foundation.name, _resolve_checkpoints(m.foundation.options, base))
+    foundation = _build(registry, "model.foundation", "foundation", m.foundation.name, _options("model.foundation", m.foundation, base))
     tokenizer = prepare_tokenizer(foundation.build_tokenizer(), list(m.encoders), list(m.decoders))
-    lm = foundation.build_model(vocab_size=len(tokenizer))
+    try:
+        lm = _build_lm(foundation, len(tokenizer), component_dtype(cfg, m.foundation))
+    except ValueError as exc:
+        raise RegistryError(f"model.foundation: {' '.join(str(exc).split())}") from exc
     hidden = lm.config.get_text_config().hidden_size
-    encoders = {}
-    for key, c in m.encoders.items():
-        encoders[key] = _build(
-            registry, f"model.encoders.{key}", "encoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden
-        )
-        _check_modality(encoders[key], "encoder", key, c.name)
-    decoders = {}
-    for key, c in m.decoders.items():
-        decoders[key] = _build(
-            registry, f"model.decoders.{key}", "decoder", c.name, _resolve_checkpoints(c.options, base), hidden_size=hidden
-        )
-        _check_modality(decoders[key], "decoder", key, c.name)
+    parts: dict[str, dict[str, Any]] = {"encoder": {}, "decoder": {}}
+    for kind, table in (("encoder", m.encoders), ("decoder", m.decoders)):
+        for key, c in table.items():
+            field = f"model.{kind}s.{key}"
+            module = _build(registry, field, kind, c.name, _options(field, c, base), hidden_size=hidden)
+            _check_modality(module, kind, key, c.name)
+            dtype = component_dtype(cfg, c)
+            parts[kind][key] = module.to(dtype) if any(p.is_floating_point() and p.dtype != dtype for p in module.parameters()) else module
     for kernel in kernels.values():
         kernel.activate(lm)
-    model = OmniModel(lm, encoders, decoders, placeholder_ids(tokenizer, list(encoders), list(decoders)))
+    model = OmniModel(lm, parts["encoder"], parts["decoder"], placeholder_ids(tokenizer, list(parts["encoder"]), list(parts["decoder"])))
     if "cross_entropy" in kernels:
         model.cross_entropy = kernels["cross_entropy"]
+    pending = getattr(lm, "omnicore_pending_load", None)
+    if pending is not None:
+        pending.prefix, pending.seed = "lm.", cfg.run.seed
+        model.pending_loads = [pending]
+        del lm.omnicore_pending_load
+    if not defer_load and torch.get_default_device().type != "meta":
+        fill_pending(model)
     return model, tokenizer
+
+
+def _options(field: str, c: ComponentConfig, base: Path | None) -> dict[str, Any]:
+    """A component's options with its checkpoint resolved (:func:`_resolve_checkpoints`); errors name ``field``."""
+    try:
+        return _resolve_checkpoints(c.options, base)
+    except RegistryError as exc:
+        raise RegistryError(f"{field}: {exc}") from exc

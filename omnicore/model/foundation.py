@@ -1,4 +1,14 @@
-"""The built-in foundation: any transformers causal LM, from a config dict or a local checkpoint.
+"""The built-in foundation: any transformers causal LM, from a config dict or a checkpoint.
+
+A checkpoint is a local folder or a Hugging Face model name (resolved to a folder of the local HF
+cache by :func:`omnicore.model.build.build_omni_model`). A safetensors checkpoint whose tensors map
+one to one onto the model's parameters (dense transformers models) is not read here: the model is
+built with its parameters on the meta device and the keys are checked against the checkpoint's
+headers (:func:`omnicore.model.loading.plan_load`); the parallel strategies shard it and each rank
+then reads its own shards (:func:`omnicore.model.loading.fill_pending`). Checkpoints that the
+library converts while loading (mixture-of-experts models whose experts transformers fuses into
+3-D tensors) or that are not safetensors are loaded whole by ``from_pretrained``, with the same
+strict key check.
 
 Tokenizers: a checkpoint folder's own tokenizer when it has one; otherwise (or with
 ``tokenizer: byte``) a byte-level tokenizer built with Hugging Face ``tokenizers`` (256 byte tokens,
@@ -21,7 +31,20 @@ class HFCausalLMOptions(BaseModel):
     config: dict[str, Any] | None = Field(
         default=None, description="transformers config kwargs with 'model_type' (e.g. qwen2); builds a randomly initialised model"
     )
-    checkpoint: str | None = Field(default=None, description="local folder written by save_pretrained (config.json + safetensors)")
+    checkpoint: str | None = Field(
+        default=None,
+        description="a folder written by save_pretrained (config.json + safetensors), or a Hugging Face model name "
+        "(org/name, org/name@revision) found in the local HF cache or downloaded",
+    )
+    init_fresh: list[str] = Field(
+        default_factory=list,
+        description="parameter names (fnmatch patterns or dotted prefixes, e.g. lm_head.weight) the checkpoint may lack: initialised "
+        "fresh instead of failing the load",
+    )
+    ignore_unused: list[str] = Field(
+        default_factory=list,
+        description="checkpoint tensor names (patterns or prefixes, e.g. visual) the model may leave unused instead of failing the load",
+    )
     tokenizer: str | None = Field(
         default=None, description="'byte', or a local tokenizer folder; default: the checkpoint's own, else 'byte'"
     )
@@ -32,6 +55,8 @@ class HFCausalLMOptions(BaseModel):
             raise ValueError("set exactly one of 'config' (build from scratch) and 'checkpoint' (load a local folder)")
         if self.config is not None and "model_type" not in self.config:
             raise ValueError("'config' needs a 'model_type', e.g. qwen2 or llama")
+        if self.config is not None and (self.init_fresh or self.ignore_unused):
+            raise ValueError("'init_fresh' and 'ignore_unused' apply to a 'checkpoint'; a 'config' model is initialised fresh anyway")
         return self
 
 
@@ -87,20 +112,90 @@ class HFCausalLM:
             tokenizer.save_pretrained(tmp)
             return AutoTokenizer.from_pretrained(tmp)
 
-    def build_model(self, vocab_size: int) -> Any:
-        """The causal LM with at least ``vocab_size`` input embeddings (resized when loading)."""
+    def build_model(self, vocab_size: int, dtype: Any = None) -> Any:
+        """The causal LM with at least ``vocab_size`` input embeddings, its floating-point
+        parameters in ``dtype`` (default float32).
+
+        From a ``config``: built and initialised by transformers. From a ``checkpoint``: see the
+        module docstring; a model whose parameters are still to be read carries the plan in its
+        ``omnicore_pending_load`` attribute (:class:`omnicore.model.loading.PendingLoad`), which
+        :func:`omnicore.model.build.build_omni_model` collects.
+
+        Raises:
+            LoadError: (a ``ValueError``) the checkpoint lacks tensors of the model, holds tensors
+                it does not use, or holds tensors of other shapes; each named.
+        """
+        import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        if self.options.checkpoint is not None:
-            model = AutoModelForCausalLM.from_pretrained(self.options.checkpoint)
-            if model.get_input_embeddings().num_embeddings < vocab_size:
-                model.resize_token_embeddings(vocab_size)
-            return model
-        kwargs = dict(self.options.config or {})
-        model_type = kwargs.pop("model_type")
-        kwargs["vocab_size"] = vocab_size
-        config = AutoConfig.for_model(model_type, **kwargs)
-        return AutoModelForCausalLM.from_config(config)
+        dtype = dtype or torch.float32
+        if self.options.checkpoint is None:
+            kwargs = dict(self.options.config or {})
+            config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs, vocab_size=vocab_size)
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+        from omnicore.model.loading import checkpoint_index
+
+        folder = Path(self.options.checkpoint)
+        config = AutoConfig.from_pretrained(folder)
+        entries = checkpoint_index(folder)
+        if entries is None or _converted_on_load(config) or torch.get_default_device().type == "meta":
+            return self._load_whole(folder, config, vocab_size, dtype)
+        return self._build_on_meta(folder, config, entries, vocab_size, dtype)
+
+    def _build_on_meta(self, folder: Path, config: Any, entries: dict[str, Any], vocab_size: int, dtype: Any) -> Any:
+        """The model with its parameters on meta (buffers real) and the plan to fill them."""
+        from accelerate import init_empty_weights
+        from transformers import AutoModelForCausalLM
+
+        from omnicore.model.loading import plan_load
+
+        config.vocab_size = max(int(config.vocab_size), vocab_size)
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        ids = {id(p): n for n, p in model.named_parameters()}
+        grow = tuple(ids[id(m.weight)] for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None)
+        strip = f"{model.base_model_prefix}." if model.base_model_prefix else ""
+        model.omnicore_pending_load = plan_load(
+            model, folder, entries, prefix="", init_fresh=self.options.init_fresh, ignore_unused=self.options.ignore_unused,
+            what="options.checkpoint", grow=grow, strip="" if any(k.startswith(strip) for k in entries) else strip,
+        )  # fmt: skip
+        return model
+
+    def _load_whole(self, folder: Path, config: Any, vocab_size: int, dtype: Any) -> Any:
+        """``from_pretrained`` on this process (or, under a meta default device, the config's model
+        with meta tensors: ``omnicore plan`` counts shapes), with the strict key check."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from omnicore.model.loading import LoadError, matches_any
+
+        if torch.get_default_device().type == "meta":
+            config.vocab_size = max(int(config.vocab_size), vocab_size)
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model, info = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, output_loading_info=True)
+        missing = [k for k in info.get("missing_keys") or () if not matches_any(k, self.options.init_fresh)]
+        unused = [k for k in info.get("unexpected_keys") or () if not matches_any(k, self.options.ignore_unused)]
+        bad = [f"{k}: checkpoint {tuple(a)}, model {tuple(b)}" for k, a, b in info.get("mismatched_keys") or ()]
+        if missing or unused or bad:
+            parts = [f"lacks {sorted(missing)} (list them in init_fresh to initialise them fresh)"] if missing else []
+            parts += [f"holds tensors the model does not use: {sorted(unused)} (list them in ignore_unused)"] if unused else []
+            parts += [f"has tensors of other shapes: {'; '.join(bad)}"] if bad else []
+            raise LoadError(
+                f"model.foundation.options.checkpoint: the checkpoint {str(folder)!r} does not fit the model: {'; '.join(parts)}"
+            )
+        if model.get_input_embeddings().num_embeddings < vocab_size:
+            model.resize_token_embeddings(vocab_size)
+        return model.train()
+
+
+def _converted_on_load(config: Any) -> bool:
+    """Whether transformers converts this model type's checkpoint tensors while loading (e.g. it
+    fuses per-expert weights into 3-D tensors), so names do not map one to one onto parameters."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:  # an older transformers without conversions: names map one to one
+        return False
+    return bool(get_checkpoint_conversion_mapping(config.model_type))
 
 
 def build(options: dict[str, Any]) -> HFCausalLM:

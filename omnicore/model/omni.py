@@ -30,6 +30,16 @@ def _default_cross_entropy() -> Any:
     return TorchCrossEntropy()
 
 
+def _in_dtype_of(module: nn.Module, batch: Any) -> Any:
+    """``batch`` (a dict of features) with its floating-point tensors cast to the dtype of
+    ``module``'s parameters, when those are not float32 (a component loaded in bfloat16 gets
+    bfloat16 features; processors make float32 ones). Anything else is returned as it is."""
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+    if dtype == torch.float32 or not isinstance(batch, dict):
+        return batch
+    return {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in batch.items()}
+
+
 class PlaceholderMismatch(ValueError):
     """The number of placeholder tokens does not match the encoder/decoder output for a micro-batch."""
 
@@ -68,6 +78,7 @@ class OmniModel(nn.Module):
         self.decoders = nn.ModuleDict(decoders)
         self.token_ids = token_ids
         self._sequence_hooks: OrderedDict[int, Any] = OrderedDict()
+        self.pending_loads: list[Any] = []  # parameters on meta still to be read (omnicore.model.loading.fill_pending)
 
     def register_sequence_hook(self, hook: Any) -> Any:
         """Call ``hook(model, seq) -> seq`` in :meth:`forward` after the media embeddings are merged
@@ -109,7 +120,7 @@ class OmniModel(nn.Module):
         for m, enc in self.encoders.items():
             mask = input_ids == self.token_ids["encoder"][m]
             if m in encoder_inputs:
-                out = enc(encoder_inputs[m]).to(embeds.dtype)
+                out = enc(_in_dtype_of(enc, encoder_inputs[m])).to(embeds.dtype)
                 if out.shape[0] != int(mask.sum()):
                     raise PlaceholderMismatch(f"{m} encoder produced {out.shape[0]} embeddings for {int(mask.sum())} placeholders{where}")
                 embeds = embeds.masked_scatter(mask.unsqueeze(-1), out)
@@ -117,12 +128,12 @@ class OmniModel(nn.Module):
                 # the dummy input is data preparation (feature extractors, numpy): never under autocast
                 with torch.autocast(input_ids.device.type, enabled=False):
                     batch = enc.dummy_batch()
-                dummy = dummy + 0.0 * enc(batch).sum()
+                dummy = dummy + 0.0 * enc(_in_dtype_of(enc, batch)).sum()
         codes: dict[str, torch.Tensor] = {}
         for m, dec in self.decoders.items():
             mask = input_ids == self.token_ids["decoder"][m]
             if m in decoder_inputs:
-                c = dec.encode(decoder_inputs[m]).to(input_ids.device)
+                c = dec.encode(_in_dtype_of(dec, decoder_inputs[m])).to(input_ids.device)
                 if c.shape[0] != int(mask.sum()):
                     raise PlaceholderMismatch(f"{m} decoder produced {c.shape[0]} codes for {int(mask.sum())} placeholders{where}")
                 embeds = embeds.masked_scatter(mask.unsqueeze(-1), dec.embed(c).to(embeds.dtype))

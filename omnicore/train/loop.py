@@ -103,6 +103,9 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
     """Build everything a run needs: model and data, parallelism, optimizer and LR schedule (restored
     with ``resume``: see :func:`train`), output files and progress bar. Raises as :func:`train` does."""
     from omnicore.checkpoint.dcp import CheckpointError, load_checkpoint
+    from omnicore.checkpoint.init_from import load_model_weights, start_from
+    from omnicore.model.lora import apply_lora
+    from omnicore.model.trainable import apply_freeze
 
     registry = registry or registry_for(cfg)
     state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
@@ -116,9 +119,14 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
             "continue it with --resume, or pick another --run.output_dir"
         )
 
+    cfg, init_from = start_from(cfg, resume, state, log)  # model.init_from: an export re-points cfg's components
     model, tokenizer, processor, sources = _build_model_and_data(cfg, registry, log)
     flops = flops_model(model.lm)  # counted before sharding turns parameters into shards
+    apply_lora(model, cfg.model.lora, seed=cfg.run.seed)  # model.lora: adapters before freeze and the strategies
+    log(apply_freeze(model, cfg.train.freeze).describe())  # train.freeze, after LoRA, before the strategies
     model, strategies, (data_rank, data_size, replicas) = _parallelize_model(model, cfg, registry, state, log)
+    if init_from is not None:  # model.init_from names a checkpoint: its model weights, into the sharded model
+        load_model_weights(init_from.folder, model, state)
     pin = cfg.data.pin_memory if cfg.data.pin_memory is not None else state.device.type == "cuda"
     data = DataPipeline(sources, processor, cfg.data, cfg.run.seed, data_rank=data_rank, data_size=data_size,
                         grad_accum=cfg.train.grad_accum, pin_memory=pin)  # fmt: skip
@@ -203,11 +211,17 @@ def _build_model_and_data(cfg: Config, registry: Registry, log: Callable[..., No
     from omnicore.data.sources import open_source
     from omnicore.model.build import build_omni_model, build_processors
 
-    model, tokenizer = build_omni_model(cfg, registry)
+    model, tokenizer = build_omni_model(cfg, registry, defer_load=True)  # filled shard by shard after parallelize
     encoders, decoders = build_processors(cfg, registry)
     d = cfg.data
     processor = ChatProcessor(
-        tokenizer, encoders, decoders, d.system_prompt, special_tokens_in_text=d.special_tokens_in_text, max_tokens=d.max_tokens
+        tokenizer,
+        encoders,
+        decoders,
+        d.system_prompt,
+        special_tokens_in_text=d.special_tokens_in_text,
+        max_tokens=d.max_tokens,
+        chat_template=d.chat_template,
     )
     base = Path(cfg.source).parent if cfg.source else Path.cwd()
     sources = []
@@ -265,12 +279,17 @@ def _parallelize_model(
 ) -> tuple[Any, list[tuple[str, Any]], tuple[int, int, int]]:
     """Move ``model`` to the device and let the strategies wrap it from outside; returns the model,
     the strategies and ``(data_rank, data_size, replicas)``."""
-    model = model.to(state.device)
+    from omnicore.model.loading import fill_pending, to_device_keeping_meta
+
+    to_device_keeping_meta(model, state.device)
     state.mixed_precision = cfg.train.mixed_precision
     # parallel.strategies, or parallel.strategy with auto resolved; applied in phase order (see
     # omnicore.parallel.parallelize)
     strategies = build_strategies(cfg.parallel, registry, state.distributed)
     model = parallelize(model, state, strategies)
+    filled = fill_pending(model, state.device)  # each rank reads its own shards of the foundation checkpoint
+    if filled:
+        log(f"loaded {filled} foundation tensors shard by shard from {cfg.model.foundation.options.get('checkpoint')}")
     # A strategy that splits each micro-batch over several ranks (sequence parallelism) decides which
     # micro-batches this rank reads; by default every rank reads its own. `replicas` ranks see each
     # micro-batch, so counts from the data are divided by it.

@@ -1,0 +1,418 @@
+"""Pretrained weights at scale: Hub names, strict key checks, and sharded loading from safetensors.
+
+Three steps, each usable alone:
+
+1. :func:`resolve_pretrained` turns a local folder or a Hugging Face model name (``org/name`` or
+   ``org/name@revision``) into a local folder, through ``huggingface_hub.snapshot_download``: the
+   local HF cache is used, ``HF_HUB_OFFLINE=1`` keeps it offline, ``HF_HUB_CACHE``/``HF_HOME`` say
+   where the cache is. Nothing about the Hub is re-implemented here.
+2. :func:`plan_load` compares a model built with its parameters on the meta device (no memory
+   taken) with a safetensors checkpoint's headers (no tensor read): every parameter must have a
+   checkpoint tensor of its shape, and every checkpoint tensor must be used, unless the config names
+   it (``init_fresh`` for parameters to initialise fresh, ``ignore_unused`` for checkpoint tensors to
+   leave). Embedding rows beyond the checkpoint's vocabulary (omnicore's special tokens) are the one
+   allowed shape difference. The result is a :class:`PendingLoad`; errors name the keys.
+3. :func:`fill_pending` runs after the parallel strategies have sharded the model (FSDP2 turns each
+   parameter into a DTensor whose local shard is still on meta): it allocates each rank's shards
+   (``Module.to_empty``) and copies into each one exactly its rows of the checkpoint tensor, read
+   with safetensors' lazy ``get_slice`` (memory-mapped: a rank reads its slice, never the whole
+   tensor), cast to the parameter's dtype. No rank holds a second full copy of the model.
+
+This is the meta-device initialisation recipe of FSDP2 (PyTorch's ``fully_shard`` documentation;
+torchtitan builds its models on meta, shards, then calls ``to_empty`` and initialises); the
+reading of shard slices is what ``torch.distributed.checkpoint.HuggingFaceStorageReader`` does too,
+done here by hand so that renamed keys, grown embedding rows and fresh tensors fit in one pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_MAX_LISTED = 12
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+(@[\w.\-/]+)?$|^[A-Za-z0-9][\w.\-]*(@[\w.\-/]+)?$")
+SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
+"""The transformers checkpoint files :func:`checkpoint_index` reads (single file, or sharded with an index)."""
+
+
+class LoadError(ValueError):
+    """A checkpoint does not fit the model (missing, unused or misshapen tensors) or cannot be found."""
+
+
+# ---------------------------------------------------------------------------------------------
+# names and folders
+# ---------------------------------------------------------------------------------------------
+
+
+def looks_like_hub_name(text: str) -> bool:
+    """Whether ``text`` has the shape of a Hugging Face model id (``org/name``, ``name``, optionally ``@revision``)."""
+    return bool(_REPO_ID.match(text)) and not text.startswith((".", "~")) and "//" not in text
+
+
+def resolve_pretrained(name_or_path: str, *, base: Path | None = None, what: str = "checkpoint") -> Path:
+    """The local folder of a checkpoint given as a folder or as a Hugging Face model name.
+
+    Args:
+        name_or_path: a folder (absolute, ``~``, or relative to ``base``), or a model id such as
+            ``Qwen/Qwen2.5-0.5B`` or ``Qwen/Qwen2.5-0.5B@<revision>``. A folder that exists wins over
+            a model of the same name.
+        base: the folder relative paths start from (the config file's folder); None: the current one.
+        what: how errors name the option (``model.foundation.options.checkpoint``).
+
+    Returns:
+        the folder: the given one, or the snapshot folder in the local HF cache
+        (``huggingface_hub.snapshot_download``, which downloads only when online and the cache lacks it).
+
+    Raises:
+        LoadError: naming ``what``: the folder does not exist and the text is not a model id, or the
+            model is neither cached nor downloadable (offline, or no such repository), with what to do.
+    """
+    path = Path(name_or_path).expanduser()
+    local = path if path.is_absolute() or base is None else base / path
+    if local.exists():
+        if not local.is_dir():
+            raise LoadError(f"{what}: {str(local)!r} is a file; point it at a folder written by save_pretrained, or a model name")
+        return local
+    if not looks_like_hub_name(name_or_path):
+        raise LoadError(f"{what}: no such folder {str(local)!r} (and {name_or_path!r} is not a Hugging Face model name)")
+    return _from_hub_cache(name_or_path, local, what)
+
+
+def _from_hub_cache(name: str, local: Path, what: str) -> Path:
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    repo_id, _, revision = name.partition("@")
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "*.py"]
+    try:
+        return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=patterns))
+    except (LocalEntryNotFoundError, RepositoryNotFoundError, HfHubHTTPError, OSError, ValueError) as exc:
+        offline = "; HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else ""
+        # not cached and not reachable says it all; other failures (no such repository, no access) add the library's words
+        reason = "" if isinstance(exc, LocalEntryNotFoundError) else f" ({' '.join(str(exc).split())[:200]})"
+        raise LoadError(
+            f"{what}: {name!r} is neither a folder (looked for {str(local)!r}) nor a model in the local Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}{offline}){reason}. Download it first (`hf download {repo_id}` where there is internet, "
+            "then copy the cache or set HF_HUB_CACHE), or point the option at a local folder"
+        ) from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# the checkpoint's headers
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One checkpoint tensor: the safetensors ``file`` holding it, its ``shape`` and dtype name."""
+
+    file: Path
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def checkpoint_index(folder: Path) -> dict[str, TensorEntry] | None:
+    """Key -> :class:`TensorEntry` of a transformers safetensors checkpoint, from the headers only
+    (``model.safetensors``, or the files of ``model.safetensors.index.json``); None when the folder
+    has neither (a ``pytorch_model.bin`` checkpoint: only the library can read it).
+
+    Raises:
+        LoadError: the index names a file that is missing, or a file is not valid safetensors.
+    """
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({folder / f for f in weight_map.values()})
+    elif (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    else:
+        return None
+    out: dict[str, TensorEntry] = {}
+    for file in files:
+        if not file.is_file():
+            raise LoadError(f"{index} names {file.name}, which is not in {folder}; download the whole checkpoint")
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    sl = f.get_slice(key)
+                    out[key] = TensorEntry(file, tuple(sl.get_shape()), str(sl.get_dtype()))
+        except (OSError, RuntimeError, ValueError) as exc:  # safetensors raises SafetensorError (a RuntimeError subclass) etc.
+            raise LoadError(f"cannot read {file}: {exc}; re-download or re-save the checkpoint") from exc
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan: which tensor fills which parameter
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PendingLoad:
+    """Parameters of one submodule, built on meta, to be filled from a checkpoint by :func:`fill_pending`.
+
+    Attributes:
+        folder: the checkpoint folder.
+        prefix: the submodule's name in the whole model plus a dot (``"lm."``), so names here are
+            the submodule's own (``model.layers.0.self_attn.q_proj.weight``).
+        sources: parameter name -> checkpoint key.
+        rows: parameter name -> rows read from the checkpoint, for parameters with more rows than
+            the checkpoint tensor (embeddings grown for new tokens); the other rows are set to the
+            mean of the checkpoint's rows.
+        fresh: parameter names initialised fresh (``init_fresh``): normal(0, ``init_std``) for
+            matrices, ones for 1-D norm weights, zeros for biases.
+        init_std: the standard deviation of fresh matrices (the config's ``initializer_range``).
+        seed: seeds fresh tensors (with the parameter's name), so every rank and world size makes the same values.
+    """
+
+    folder: Path
+    prefix: str
+    entries: dict[str, TensorEntry]
+    sources: dict[str, str]
+    rows: dict[str, int] = field(default_factory=dict)
+    fresh: list[str] = field(default_factory=list)
+    init_std: float = 0.02
+    seed: int = 0
+
+
+def matches_any(name: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) or name.startswith(p.rstrip(".") + ".") for p in patterns)
+
+
+def _names(items: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in items[:_MAX_LISTED])
+    return shown + (f" and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else "")
+
+
+def plan_load(
+    module: Any,
+    folder: Path,
+    entries: dict[str, TensorEntry],
+    *,
+    prefix: str,
+    init_fresh: list[str] = (),  # type: ignore[assignment]
+    ignore_unused: list[str] = (),  # type: ignore[assignment]
+    what: str = "checkpoint",
+    grow: tuple[str, ...] = (),
+    strip: str = "",
+    seed: int = 0,
+) -> PendingLoad:
+    """Match the parameters of ``module`` (built on meta) with a checkpoint's tensors, strictly.
+
+    Args:
+        module: the model whose parameters the checkpoint fills (names as ``named_parameters``,
+            tied weights once).
+        folder, entries: the checkpoint folder and its :func:`checkpoint_index`.
+        prefix: ``module``'s name in the whole model plus a dot, e.g. ``"lm."``.
+        init_fresh: fnmatch patterns (or dotted prefixes) of parameter names the checkpoint may
+            lack; they are initialised fresh.
+        ignore_unused: patterns of checkpoint keys the model may leave unused.
+        what: the config field errors name (``model.foundation.options.checkpoint``).
+        grow: parameter names whose first dim may exceed the checkpoint's (vocabulary resized for
+            omnicore's special tokens).
+        strip: a key prefix the checkpoint may lack (a base model saved without its ``model.``).
+        seed: seeds the fresh tensors.
+
+    Raises:
+        LoadError: naming ``what``, the folder and the keys: parameters the checkpoint lacks (not in
+            ``init_fresh``), checkpoint tensors the model does not use (not in ``ignore_unused``),
+            tensors of another shape, and patterns that match nothing.
+    """
+    params = dict(module.named_parameters())
+    buffers = {n for n, _ in module.named_buffers()}
+    sources, rows, fresh, missing, shapes = {}, {}, [], [], []
+    for name, p in params.items():
+        key = name if name in entries else (name[len(strip) :] if strip and name.startswith(strip) else None)
+        if key is None or key not in entries:
+            (fresh if matches_any(name, list(init_fresh)) else missing).append(name)
+            continue
+        sources[name] = key
+        want, have = tuple(p.shape), entries[key].shape
+        if want != have:
+            if name in grow and len(want) == len(have) and want[1:] == have[1:] and want[0] > have[0]:
+                rows[name] = have[0]
+            else:
+                shapes.append(f"{key!r}: checkpoint {have}, model {want}")
+    used = set(sources.values())
+    unused = [k for k in entries if k not in used and k not in buffers and not matches_any(k, list(ignore_unused))]
+    unused = [k for k in unused if not (k == "lm_head.weight" and getattr(module.config, "tie_word_embeddings", False))]
+    problems = []
+    if missing:
+        problems.append(
+            f"lacks {len(missing)} of the model's {len(params)} tensors: {_names(missing)} (to initialise them fresh, list them in "
+            "init_fresh)"
+        )
+    if unused:
+        problems.append(
+            f"holds {len(unused)} tensors the model does not use: {_names(sorted(unused))} (to leave them, list them in ignore_unused)"
+        )
+    if shapes:
+        problems.append(f"has tensors of other shapes than the model's config gives: {'; '.join(shapes[:_MAX_LISTED])}")
+    for option, patterns, pool in (("init_fresh", init_fresh, params), ("ignore_unused", ignore_unused, entries)):
+        idle = [p for p in patterns if not any(matches_any(n, [p]) for n in pool)]
+        if idle:
+            problems.append(f"{option} patterns match nothing: {idle}")
+    if problems:
+        raise LoadError(f"{what}: the checkpoint {str(folder)!r} does not fit the model: {'; '.join(problems)}")
+    std = float(getattr(getattr(module, "config", None), "initializer_range", 0.02) or 0.02)
+    return PendingLoad(folder, prefix, entries, sources, rows, fresh, std, seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# filling the shards
+# ---------------------------------------------------------------------------------------------
+
+
+def _local_and_offset(p: Any) -> tuple[Any, tuple[int, ...]]:
+    """``(local tensor, global offset of its first element per dim)`` of a parameter, DTensor or plain.
+
+    Raises:
+        LoadError: for a strided (interleaved) shard, whose local part is not one block of the
+            global tensor.
+    """
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(p, DTensor):
+        return p.data, (0,) * p.dim()
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if any(type(pl).__name__ == "_StridedShard" for pl in p.placements):
+        raise LoadError(f"cannot fill a strided shard ({p.placements}) from a checkpoint slice; load this model whole")
+    local = p.to_local()
+    shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    if tuple(shape) != tuple(local.shape):
+        raise LoadError(f"shard of shape {tuple(local.shape)} where its placements give {tuple(shape)}")
+    return local, tuple(offset)
+
+
+def _iter_tensors(model: Any) -> Iterator[tuple[str, Any]]:
+    yield from model.named_parameters()
+    yield from model.named_buffers()
+
+
+def materialize(model: Any, device: Any) -> None:
+    """Allocate every meta tensor of ``model`` (parameters and buffers, DTensor shards included) on
+    ``device`` with ``Module.to_empty``, keeping the values of the tensors that were not on meta
+    (encoders loaded whole, adapters, rotary buffers): those are copied aside first and put back.
+    The new tensors hold garbage until filled.
+    """
+    import torch
+
+    keep = {}
+    with torch.no_grad():
+        for name, t in _iter_tensors(model):
+            local = t.to_local() if hasattr(t, "to_local") else t
+            if not local.is_meta:
+                keep[name] = local.detach().to("cpu", copy=True)
+        model.to_empty(device=device)
+        for name, t in _iter_tensors(model):
+            if name in keep:
+                local = t.to_local() if hasattr(t, "to_local") else t
+                local.copy_(keep[name])
+
+
+def to_device_keeping_meta(model: Any, device: Any) -> Any:
+    """``model.to(device)`` for every tensor not on meta; meta tensors (still to be filled) stay
+    as they are (``Module.to`` would refuse to copy them). Returns ``model``."""
+    import torch
+
+    device = torch.device(device)
+    return model._apply(lambda t: t if t.is_meta or t.device == device else t.to(device))
+
+
+def _fresh_value(name: str, shape: tuple[int, ...], dtype: Any, std: float, seed: int) -> Any:
+    """The whole fresh tensor of ``name``: the same on every rank and world size (seeded by name)."""
+    import torch
+
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "bias":
+        return torch.zeros(shape, dtype=dtype)
+    if len(shape) == 1:
+        return torch.ones(shape, dtype=dtype)
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+    return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen).to(dtype)
+
+
+def _row_mean(f: Any, key: str, rows: int, chunk: int = 4096) -> Any:
+    """Mean of a checkpoint matrix's rows in fp64, read ``chunk`` rows at a time (the new-token
+    initialisation of Hewitt 2021, "Initializing New Word Embeddings for Pretrained Language Models",
+    which transformers' ``resize_token_embeddings`` also starts from)."""
+    import torch
+
+    sl = f.get_slice(key)
+    total = None
+    for start in range(0, rows, chunk):
+        part = sl[start : min(rows, start + chunk)].to(torch.float64).sum(0)
+        total = part if total is None else total + part
+    return total / rows
+
+
+def _fill_one(pending: PendingLoad, name: str, p: Any, files: dict[Path, Any]) -> None:
+    local, offset = _local_and_offset(p)
+    if local.numel() == 0:
+        return
+    if name in pending.fresh:
+        whole = _fresh_value(pending.prefix + name, tuple(p.shape), local.dtype, pending.init_std, pending.seed)
+        local.copy_(whole[tuple(slice(o, o + n) for o, n in zip(offset, local.shape))])
+        return
+    key = pending.sources[name]
+    entry = pending.entries[key]
+    f = files[entry.file]
+    have = pending.rows.get(name, entry.shape[0] if entry.shape else 0)
+    if not local.dim():
+        local.copy_(f.get_slice(key)[...].to(local.dtype))
+        return
+    start, n = offset[0], local.shape[0]
+    tail = tuple(slice(o, o + k) for o, k in zip(offset[1:], local.shape[1:]))
+    stop = min(start + n, have)
+    if stop > start:
+        local[: stop - start].copy_(f.get_slice(key)[(slice(start, stop), *tail)].to(local.dtype))
+    if start + n > have:  # rows beyond the checkpoint's vocabulary
+        mean = _row_mean(f, key, have)[tail].to(local.dtype) if tail else _row_mean(f, key, have).to(local.dtype)
+        local[max(0, have - start) :].copy_(mean.expand_as(local[max(0, have - start) :]))
+
+
+def fill_pending(model: Any, device: Any = "cpu") -> int:
+    """Fill the meta parameters of ``model`` (``model.pending_loads``, set by the build) from their
+    checkpoints, shard by shard; run after the parallel strategies are applied. Returns the number
+    of parameters filled. ``pending_loads`` is emptied.
+
+    Each rank allocates only its own shards and reads only their slices of the checkpoint tensors
+    (safetensors ``get_slice``: a memory-mapped read of those bytes). Values are cast to each
+    parameter's dtype. Rows beyond a checkpoint's vocabulary get the mean of its rows; ``fresh``
+    parameters their seeded initial values.
+
+    Raises:
+        LoadError: a parameter's shard is strided (its local part is not one block), or a
+            pending parameter is not in the model any more.
+    """
+    import torch
+    from safetensors import safe_open
+
+    loads: list[PendingLoad] = list(getattr(model, "pending_loads", None) or [])
+    if not loads:
+        return 0
+    materialize(model, device)
+    params = dict(model.named_parameters())
+    count = 0
+    with torch.no_grad():
+        for pending in loads:
+            with contextlib.ExitStack() as stack:
+                files = {e.file for e in pending.entries.values()}
+                handles = {file: stack.enter_context(safe_open(str(file), framework="pt")) for file in files}
+                for name in list(pending.sources) + pending.fresh:
+                    full = pending.prefix + name
+                    if full not in params:
+                        raise LoadError(f"parameter {full!r} to load from {pending.folder} is not in the model any more")
+                    _fill_one(pending, name, params[full], handles)
+                    count += 1
+    model.pending_loads = []
+    return count
