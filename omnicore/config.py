@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -65,22 +66,28 @@ REMOVED_KEYS: dict[str, str] = {
 
 class LoraConfig(_Strict):
     """LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") through
-    PEFT on the ``nn.Linear`` layers named by ``target_modules`` under the ``modules`` prefixes."""
+    PEFT on the ``nn.Linear`` layers named by ``target_modules`` under the ``modules`` prefixes
+    (:func:`omnicore.model.lora.apply_lora`). Inside those prefixes only the adapters train."""
 
     r: int = Field(default=8, gt=0, description="rank of the low-rank update")
     alpha: float = Field(default=16.0, gt=0, description="scaling numerator: the update is scaled by alpha / r")
     dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on the adapter's input")
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        description="nn.Linear module names (PEFT's target_modules: a name matches a module whose dotted name ends with it)",
+        min_length=1,
+        description="nn.Linear module names (PEFT's target_modules: a name matches a module whose dotted name ends with it); "
+        "each must match at least one nn.Linear under every prefix of modules",
     )
     modules: list[str] = Field(
-        default_factory=lambda: ["lm"], description="OmniModel submodule prefixes to adapt, e.g. lm (the foundation) or encoders.image"
+        default_factory=lambda: ["lm"],
+        min_length=1,
+        description="OmniModel submodule prefixes to adapt, e.g. lm (the foundation) or encoders.image; everything else in them "
+        "is frozen, parts outside them train as usual",
     )
     export: Literal["merged", "adapter"] = Field(
         default="merged",
-        description="merged: export the foundation with the adapters folded in (loads in plain transformers); adapter: the base "
-        "folder plus a PEFT adapter folder",
+        description="merged: export with the adapters folded in (loads in plain transformers); adapter: the base foundation "
+        "folder plus a PEFT adapter folder export/foundation_lora (adapters outside the foundation are merged)",
     )
 
 
@@ -100,8 +107,10 @@ class ModelConfig(_Strict):
     lora: LoraConfig | None = Field(default=None, description="LoRA adapters (PEFT); unset: no adapters")
     init_from: str | None = Field(
         default=None,
-        description="start from the weights of a previous run: its run folder, its export folder or one of its checkpoints (weights "
-        "only: a new optimizer, LR schedule and data position). Relative to the config file",
+        description="start from the weights of a previous run (a training stage): its run folder (its export/, else its newest "
+        "checkpoint that verifies), its export folder or one of its checkpoints/step-N; weights only: a new optimizer, LR schedule "
+        "and data position; ignored by --resume (which continues this run). Configure the same components as that run. Relative "
+        "to the config file (see omnicore.checkpoint.init_from)",
     )
 
     @field_validator("kernels")
@@ -257,7 +266,8 @@ class DataConfig(_Strict):
     chat_template: Literal["auto", "chatml"] = Field(
         default="auto",
         description="how samples become tokens: auto = the foundation tokenizer's own chat template when it has one "
-        "(apply_chat_template; the assistant's tokens are the labels), else ChatML; chatml = always omnicore's ChatML",
+        "(apply_chat_template; the assistant's content and the template's end-of-turn token are the labels, generation stops "
+        "at that token; a template omnicore cannot follow is refused at start-up), else ChatML; chatml = always omnicore's ChatML",
     )
 
     @model_validator(mode="after")
@@ -314,12 +324,53 @@ class TrainConfig(_Strict):
     freeze: list[str] = Field(
         default_factory=list,
         description="modules to freeze: dotted OmniModel module prefixes with fnmatch wildcards (lm, encoders.image.tower, "
-        "lm.model.layers.*.mlp); frozen parameters get no gradients and no optimizer state",
+        "lm.model.layers.*.mlp); a prefix matches at dot boundaries; frozen parameters get no gradients and no optimizer state. "
+        "A prefix that matches nothing, or freezing every parameter, is an error",
     )
     lr_multipliers: dict[str, float] = Field(
         default_factory=dict,
-        description="module prefix (as in freeze) -> factor on train.lr for its parameters; the longest matching prefix wins",
+        description="module prefix (as in freeze) -> factor (finite, > 0) on train.lr for its parameters, e.g. {lm: 0.1}; where "
+        "several match, the most specific (longest matched prefix) wins; a prefix that matches nothing is an error",
     )
+
+    @field_validator("freeze")
+    @classmethod
+    def _freeze_patterns(cls, patterns: list[str]) -> list[str]:
+        for i, pattern in enumerate(patterns):
+            _check_prefix(f"train.freeze[{i}]", pattern)
+        return patterns
+
+    @field_validator("lr_multipliers")
+    @classmethod
+    def _lr_factors(cls, multipliers: dict[str, float]) -> dict[str, float]:
+        for pattern, factor in multipliers.items():
+            _check_prefix(f"train.lr_multipliers.{pattern}", pattern)
+            if not math.isfinite(factor) or factor < 0:
+                raise PydanticCustomError(
+                    "lr_factor",
+                    "train.lr_multipliers.{key}: factor {factor} must be a finite number > 0",
+                    {"key": pattern, "factor": factor},
+                )
+            if factor == 0:  # a zero-lr group would still hold gradients and AdamW state: say freeze
+                raise PydanticCustomError(
+                    "lr_factor",
+                    "train.lr_multipliers.{key}: factor 0 would keep gradients and AdamW state for parameters that never change; "
+                    "list {key} in train.freeze instead",
+                    {"key": pattern},
+                )
+        return multipliers
+
+
+def _check_prefix(field: str, pattern: str) -> None:
+    """A ``train.freeze`` / ``train.lr_multipliers`` prefix must be a dotted module name (wildcards allowed)."""
+    parts = pattern.split(".")
+    if not pattern.strip() or any(not part or part != part.strip() for part in parts):
+        raise PydanticCustomError(
+            "module_prefix",
+            "{field}: '{pattern}' is not a dotted module prefix (no empty parts, spaces or leading/trailing dots), e.g. lm or "
+            "encoders.image",
+            {"field": field, "pattern": pattern},
+        )
 
 
 class ParallelConfig(_Strict):

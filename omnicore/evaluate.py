@@ -50,13 +50,17 @@ def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None 
     """
     from omnicore.checkpoint.dcp import latest_checkpoint, load_checkpoint
     from omnicore.model.build import build_omni_model
+    from omnicore.model.lora import apply_lora, load_lora_adapter
     from omnicore.parallel.state import ParallelState
 
     if export is not None:
         cfg = cfg.model_copy(update={"model": model_config_from_export(export)})
         model, tokenizer = build_omni_model(cfg)
+        if (Path(export) / "foundation_lora").is_dir():  # model.lora.export: adapter
+            load_lora_adapter(model.lm, Path(export) / "foundation_lora")
     else:
         model, tokenizer = build_omni_model(cfg)
+        apply_lora(model, cfg.model.lora)  # a LoRA run's checkpoint holds the adapter layers
         folder = Path(checkpoint) if checkpoint else latest_checkpoint(Path(cfg.run.output_dir) / "checkpoints")
         load_checkpoint(folder, model, None, None, ParallelState(0, 1, 0, torch.device("cpu")))
     model.eval()
@@ -73,26 +77,34 @@ def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator |
 
 @torch.no_grad()
 def generate(
-    model: Any, tokenizer: Any, prompt: Encoded, *, max_new_tokens: int = 8, temperature: float = 0.0, seed: int = 0
+    model: Any,
+    tokenizer: Any,
+    prompt: Encoded,
+    *,
+    max_new_tokens: int = 8,
+    temperature: float = 0.0,
+    seed: int = 0,
+    stop_id: int | None = None,
 ) -> dict[str, Any]:
     """Continue an encoded prompt (from ``ChatProcessor.encode(..., prompt_only=True)``).
 
     Returns ``{"text": str, "images": {modality: [PIL images]}, "token_ids": [int]}``; text stops at
-    ``<|im_end|>`` or after ``max_new_tokens`` text tokens.
+    ``stop_id`` (the processor's ``end_of_turn_id``: ``<|im_end|>`` for ChatML, the chat template's
+    end-of-turn token otherwise; default ``tokenizer.eos_token_id``) or after ``max_new_tokens``
+    text tokens.
     """
     from transformers import DynamicCache
 
     mb = collate([prompt], dict(model.encoders), dict(model.decoders))
     embeds, _, _ = model.embed(mb.input_ids, mb.encoder_inputs, {}, mb.wheres)
     start_of = {tid: m for m, tid in model.token_ids["decoder_start"].items()}
-    eos = tokenizer.eos_token_id
+    eos = tokenizer.eos_token_id if stop_id is None else stop_id
     gen = torch.Generator().manual_seed(seed)
     cache = DynamicCache()
     pos = embeds.shape[1]
     hidden = model.lm.base_model(inputs_embeds=embeds, position_ids=mb.position_ids, cache=cache, use_cache=True).last_hidden_state[:, -1]
     out_ids: list[int] = []
     images: dict[str, list[Any]] = {}
-    n_text = 0
 
     def feed(x: torch.Tensor) -> torch.Tensor:
         nonlocal pos
@@ -103,24 +115,28 @@ def generate(
         return h
 
     emb = model.lm.get_input_embeddings()
-    while n_text < max_new_tokens:
+    while len(out_ids) < max_new_tokens:  # every emitted id is a text token; decoder codes are not counted
         tok = _pick(model.lm.get_output_embeddings()(hidden)[0], temperature, gen)
         out_ids.append(tok)
-        n_text += 1
         if tok == eos:
             break
         hidden = feed(emb(torch.tensor([tok])))
         if tok in start_of:
-            m = start_of[tok]
-            dec = model.decoders[m]
-            codes = []
-            for _ in range(int(dec.dummy_codes().numel())):
-                code = _pick(dec.head(hidden)[0], temperature, gen)
-                codes.append(code)
-                hidden = feed(dec.embed(torch.tensor([code])))
-            images.setdefault(m, []).append(dec.decode(torch.tensor(codes)))
+            image, hidden = _generate_item(model.decoders[start_of[tok]], hidden, feed, temperature, gen)
+            images.setdefault(start_of[tok], []).append(image)
     text_ids = [t for t in out_ids if t != eos]
     return {"text": tokenizer.decode(text_ids, skip_special_tokens=True), "images": images, "token_ids": out_ids}
+
+
+def _generate_item(dec: Any, hidden: torch.Tensor, feed: Any, temperature: float, gen: torch.Generator) -> tuple[Any, torch.Tensor]:
+    """One full decoder item (``len(dec.dummy_codes())`` codes, each fed back through
+    ``dec.embed``) after its start token; returns the decoded medium and the last hidden state."""
+    codes = []
+    for _ in range(int(dec.dummy_codes().numel())):
+        code = _pick(dec.head(hidden)[0], temperature, gen)
+        codes.append(code)
+        hidden = feed(dec.embed(torch.tensor([code])))
+    return dec.decode(torch.tensor(codes)), hidden
 
 
 def _answer(sample: Sample) -> str | None:
@@ -150,7 +166,7 @@ def evaluate(cfg: Config, *, checkpoint: str | None = None, export: str | None =
     t0 = time.perf_counter()
     tasks: dict[str, dict[str, Any]] = {}
     for s in samples:
-        out = _generate(cfg, model, tokenizer, processor.encode(s, prompt_only=True))
+        out = _generate(cfg, model, tokenizer, processor, s)
         r = tasks.setdefault(str(s.meta.get("task", "default")), {"correct": 0, "total": 0})
         r["total"] += 1
         r["correct"] += int(out["text"].strip() == _answer(s))
@@ -160,10 +176,17 @@ def evaluate(cfg: Config, *, checkpoint: str | None = None, export: str | None =
     return {"accuracy": correct / max(total, 1), "correct": correct, "total": total, "seconds": time.perf_counter() - t0, "tasks": tasks}
 
 
-def _generate(cfg: Config, model: Any, tokenizer: Any, prompt: Encoded) -> dict[str, Any]:
-    """:func:`generate` with the config's ``generate`` section and seed."""
+def _generate(cfg: Config, model: Any, tokenizer: Any, processor: ChatProcessor, sample: Sample) -> dict[str, Any]:
+    """:func:`generate` of ``sample``'s prompt with the config's ``generate`` section and seed, stopping
+    at the end-of-turn token of ``processor``'s chat format."""
     return generate(
-        model, tokenizer, prompt, max_new_tokens=cfg.generate.max_new_tokens, temperature=cfg.generate.temperature, seed=cfg.run.seed
+        model,
+        tokenizer,
+        processor.encode(sample, prompt_only=True),
+        max_new_tokens=cfg.generate.max_new_tokens,
+        temperature=cfg.generate.temperature,
+        seed=cfg.run.seed,
+        stop_id=processor.end_of_turn_id,
     )
 
 
@@ -176,7 +199,7 @@ def generate_cli(
     model, tokenizer, processor = load_trained(cfg, checkpoint, export)
     parts = [Part(k, v) for k, v in (("image", image), ("audio", audio)) if v] + [Part("text", prompt)]
     sample = Sample([Message("user", parts)], "<command line>", 0)
-    out = _generate(cfg, model, tokenizer, processor.encode(sample, prompt_only=True))
+    out = _generate(cfg, model, tokenizer, processor, sample)
     yield f"text: {out['text']!r}"
     folder = Path(out_dir)
     for m, imgs in out["images"].items():

@@ -99,6 +99,17 @@ def test_meta_build_then_fill_equals_from_pretrained_and_grows_rows_with_the_mea
     assert torch.equal(model.lm.model.rotary_emb.inv_freq, ref.model.rotary_emb.inv_freq)
 
 
+def test_tied_embeddings_stay_one_tensor(tmp_path):
+    """A tied checkpoint has no lm_head.weight; the filled model shares one tensor, as from_pretrained's does."""
+    from omnicore.model.build import build_omni_model
+
+    ref = _save_lm(tmp_path / "lm", tie=True)
+    model, _ = build_omni_model(_cfg(tmp_path / "lm"))
+    assert model.lm.lm_head.weight is model.lm.model.embed_tokens.weight
+    ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(_logits(model.lm, ids), _logits(ref, ids))
+
+
 def test_bf16_component_dtype_casts_while_reading(saved):
     from omnicore.model.build import build_omni_model
 
@@ -175,9 +186,8 @@ def train_rank(raw: dict, out: str, whole: bool = False) -> dict:
     """One training step from the foundation checkpoint; ``whole``: the reference, loaded whole by from_pretrained."""
     from unittest import mock
 
-    from omnicore.train.loop import train
-
     from omnicore.model import loading
+    from omnicore.train.loop import train
 
     d = copy.deepcopy(raw)
     d["run"]["output_dir"] = out
@@ -196,8 +206,8 @@ def train_rank(raw: dict, out: str, whole: bool = False) -> dict:
     return {"losses": [r["loss"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows], "read": read}
 
 
-@pytest.fixture(scope="module")
-def text_run(tmp_path_factory, saved):
+@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
+def text_run(tmp_path_factory, saved, request):
     folder = tmp_path_factory.mktemp("sharded")
     lines = []
     for i in range(24):
@@ -206,15 +216,19 @@ def text_run(tmp_path_factory, saved):
     (folder / "text.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     raw = tiny_config_dict(str(folder / "text.jsonl"), decoders=False, max_steps=2, grad_accum=2)
     raw["model"]["encoders"] = {}
-    raw["model"]["foundation"]["options"] = {"checkpoint": str(saved[0])}
+    lm = saved[0]
+    if request.param:
+        lm = folder / "tied"
+        _save_lm(lm, tie=True)
+    raw["model"]["foundation"]["options"] = {"checkpoint": str(lm)}
     raw["data"].update(max_tokens=128, num_workers=0)
-    return folder, raw
+    return folder, raw, request.param
 
 
 def test_two_processes_sharded_loading_equal_one_process_whole_model(text_run):
     from omnicore.testing.distributed import run_distributed
 
-    folder, raw = text_run
+    folder, raw, tied = text_run
     ref = train_rank(raw, str(folder / "whole"), whole=True)
     two = dict(
         raw, parallel={"strategies": ["fsdp2"], "backend": "gloo"}, train=dict(raw["train"], grad_accum=1)
@@ -222,7 +236,7 @@ def test_two_processes_sharded_loading_equal_one_process_whole_model(text_run):
     ranks = run_distributed(train_rank, 2, args=(two, str(folder / "two")))
     assert ranks[0]["losses"] == ranks[1]["losses"] and ref["read"] == []  # the reference read nothing shard by shard
     n_params = len(ranks[0]["read"])
-    assert n_params == 27 and all(len(r["read"]) == n_params for r in ranks)
+    assert n_params == 27 - tied and all(len(r["read"]) == n_params for r in ranks)
     # each rank filled only its shard of every parameter: together, each element exactly once
     assert all(a[0] + b[0] == a[1] and a[0] <= (a[1] + 1) // 2 for a, b in zip(ranks[0]["read"], ranks[1]["read"]))
     assert ranks[0]["losses"] == pytest.approx(ref["losses"], rel=1e-6)

@@ -8,6 +8,17 @@ Layout of ``<output_dir>/export/``::
     decoders/<modality>/   each decoder's own save_pretrained folder
     omnicore.yaml          a ``model:`` config section that rebuilds the model from these folders
 
+With ``model.lora`` the adapters are exported as ``model.lora.export`` says: ``merged`` folds them
+into the weights (every folder above loads as plain transformers / diffusers, no PEFT needed);
+``adapter`` writes ``foundation/`` as the base model without them plus::
+
+    foundation_lora/       the foundation's PEFT adapter (adapter_config.json, adapter_model.safetensors):
+                           peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("foundation"), "foundation_lora")
+
+(adapters on encoders or decoders are always merged: their folders have no PEFT loader). The
+``omnicore.yaml`` section has ``lora`` unset: it rebuilds the merged model, or in adapter mode the
+base model (its header comment says how to add the adapter).
+
 The export is written to a temporary folder and renamed into place, so a crash leaves the previous
 export intact.
 """
@@ -22,7 +33,12 @@ import yaml
 
 
 def export_model(model: Any, tokenizer: Any, cfg: Any, out_dir: str | Path, state: Any) -> Path | None:
-    """Gather the full state dict (collective) and write the export on rank 0. Returns the folder on rank 0."""
+    """Gather the full state dict (collective) and write the export on rank 0. Returns the folder on rank 0.
+
+    Rank 0 builds a second model with its parameters on the meta device (with the LoRA layers of
+    ``model.lora``), then takes the gathered tensors by assignment: no weights are read from disk or
+    initialised a second time. Buffers outside the state dict (rotary ``inv_freq``) are copied from
+    the trained model."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -30,10 +46,8 @@ def export_model(model: Any, tokenizer: Any, cfg: Any, out_dir: str | Path, stat
     if not state.is_main:
         return None
     from omnicore.checkpoint.dcp import replace_folder
-    from omnicore.model.build import build_omni_model
 
-    plain, _ = build_omni_model(cfg)
-    plain.load_state_dict(full)
+    plain = unsharded_copy(model, cfg, full)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     write_export(plain, tokenizer, cfg, tmp)
@@ -41,25 +55,89 @@ def export_model(model: Any, tokenizer: Any, cfg: Any, out_dir: str | Path, stat
     return out
 
 
+def unsharded_copy(model: Any, cfg: Any, full: dict[str, Any]) -> Any:
+    """A plain (unsharded, CPU) :class:`~omnicore.model.omni.OmniModel` holding ``full``, the
+    gathered state dict of the trained ``model``; built on meta, so nothing is loaded twice.
+
+    Raises:
+        RuntimeError: ``full`` lacks a key of the model or has one it does not use (``load_state_dict``, strict).
+    """
+    import warnings
+
+    import torch
+
+    from omnicore.model.build import build_omni_model
+    from omnicore.model.lora import apply_lora
+
+    with torch.device("meta"), warnings.catch_warnings():
+        # a checkpointed component copies into meta tensors: a deliberate no-op here, torch warns per tensor
+        warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter.*")
+        plain, _ = build_omni_model(cfg)
+        apply_lora(plain, cfg.model.lora)
+    plain.load_state_dict(full, assign=True)
+    # buffer names without the wrapper parts that torch.compile and checkpoint_wrapper may add
+    trained = {n.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", ""): b for n, b in model.named_buffers()}
+    for name, buf in list(plain.named_buffers()):
+        if buf.is_meta:  # non-persistent buffers are not in the state dict: take the trained model's
+            owner, _, leaf = name.rpartition(".")
+            plain.get_submodule(owner).register_buffer(leaf, trained[name].detach().cpu().clone(), persistent=False)
+    if getattr(plain.lm.config, "tie_word_embeddings", False):
+        plain.lm.tie_weights()  # assign= put two tensors where the model shares one
+    return plain
+
+
 def write_export(model: Any, tokenizer: Any, cfg: Any, out: Path) -> None:
-    """Write an unsharded :class:`~omnicore.model.omni.OmniModel` as the export layout above."""
+    """Write an unsharded :class:`~omnicore.model.omni.OmniModel` as the export layout above.
+
+    With LoRA adapters in ``model`` (``model.lora``) the model is changed in place: adapters are
+    merged, or (``export: adapter``) the foundation's are written apart and removed."""
     from transformers.utils import logging as hf_logging
 
     out.mkdir(parents=True)
     was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one-shard "Writing model shards" bars add only noise here
     try:
-        _write_components(model, tokenizer, cfg, out)
+        header = _write_lora(model, cfg, out)
+        _write_components(model, tokenizer, cfg, out, header)
     finally:
         if was_on:
             hf_logging.enable_progress_bar()
 
 
-def _write_components(model: Any, tokenizer: Any, cfg: Any, out: Path) -> None:
+def _write_lora(model: Any, cfg: Any, out: Path) -> str:
+    """Merge the adapters, or write the foundation's as a PEFT adapter folder and strip them.
+    Returns a comment for the head of ``omnicore.yaml``."""
+    from omnicore.model.lora import lora_state_dict, merge_lora, peft_adapter_config, strip_lora
+
+    lora = cfg.model.lora
+    if lora is None:
+        return ""
+    if lora.export == "merged":
+        merge_lora(model)
+        return "# LoRA adapters are merged into these weights (model.lora.export: merged)\n"
+    from safetensors.torch import save_file
+
+    adapter_dir = out / "foundation_lora"
+    adapter_dir.mkdir()
+    peft_adapter_config(model.lm).save_pretrained(str(adapter_dir))
+    save_file(lora_state_dict(model.lm), str(adapter_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+    strip_lora(model.lm)
+    merge_lora(model)  # adapters outside the foundation
+    return (
+        "# foundation/ is the base model; its LoRA adapter is in foundation_lora/ (model.lora.export: adapter).\n"
+        "# This section rebuilds the base model. With the adapter, in Python:\n"
+        "#   peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained('foundation'), 'foundation_lora')\n"
+        "# or merge it first and point model.foundation.options.checkpoint at the merged folder.\n"
+    )
+
+
+def _write_components(model: Any, tokenizer: Any, cfg: Any, out: Path, header: str = "") -> None:
     model.lm.save_pretrained(out / "foundation")
     tokenizer.save_pretrained(out / "foundation")
     section = cfg.model.model_dump()
     section["foundation"] = {"name": cfg.model.foundation.name, "options": {"checkpoint": "foundation"}}
+    section["lora"] = None  # merged or apart: the folders hold no adapter layers
+    section["init_from"] = None  # these folders are the weights
     for kind, modules in (("encoders", model.encoders), ("decoders", model.decoders)):
         for m, module in modules.items():
             module.save_pretrained(str(out / kind / m))
@@ -67,4 +145,4 @@ def _write_components(model: Any, tokenizer: Any, cfg: Any, out: Path) -> None:
             opts.pop("config", None)
             opts["checkpoint"] = f"{kind}/{m}"
             section[kind][m]["options"] = opts
-    (out / "omnicore.yaml").write_text(yaml.safe_dump({"model": section}, sort_keys=False))
+    (out / "omnicore.yaml").write_text(header + yaml.safe_dump({"model": section}, sort_keys=False))

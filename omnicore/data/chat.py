@@ -1,6 +1,10 @@
 """Chat samples to token ids with placeholder spans, and the special tokens they use.
 
-The template (ours, in the style of ChatML)::
+When the foundation's tokenizer has a chat template (``tokenizer.chat_template``) and
+``data.chat_template`` is ``auto``, samples are rendered with that template
+(:mod:`omnicore.data.chat_template`: the template's own text between the messages, the parts below
+in place of each message's content). Otherwise (the byte tokenizer, or ``data.chat_template:
+chatml``) the template is ours, in the style of ChatML::
 
     <|im_start|>user\\n{parts}<|im_end|>\\n<|im_start|>assistant\\n{parts}<|im_end|>\\n
 
@@ -12,9 +16,9 @@ followed by ``N`` copies of ``<|{modality}_out|>``, with ``N`` from the decoder'
 
 Labels are shifted here, on the full sequence, before any packing or sharding: ``labels[i]`` is the
 target for position ``i`` (the id of token ``i + 1``) or ``-100``. Text targets are the assistant
-messages' text tokens and their closing ``<|im_end|>``. Decoder targets are not in ``labels``: the
-model scores the hidden state at the position *before* each ``<|{modality}_out|>`` token against the
-decoder's codebook.
+messages' text tokens and their closing ``<|im_end|>`` (with a chat template: its end-of-turn
+token). Decoder targets are not in ``labels``: the model scores the hidden state at the position
+*before* each ``<|{modality}_out|>`` token against the decoder's codebook.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from omnicore.data.chat_template import TemplateInfo, has_template, inspect_template, render_pieces
 from omnicore.data.jsonl import Sample, SampleError
 from omnicore.data.media import MediaError, describe_media, load_audio, load_image
 
@@ -129,6 +134,11 @@ class Encoded:
         return len(self.input_ids)
 
 
+CHAT_TEMPLATE_CHOICES = ("auto", "chatml")
+"""``data.chat_template``: ``auto`` = the foundation tokenizer's chat template when it has one, else
+ChatML; ``chatml`` = always omnicore's ChatML."""
+
+
 class ChatProcessor:
     """Turns :class:`~omnicore.data.jsonl.Sample` objects into :class:`Encoded` ones.
 
@@ -141,6 +151,20 @@ class ChatProcessor:
         special_tokens_in_text: ``data.special_tokens_in_text``, one of :data:`SPECIAL_TOKEN_POLICIES`.
         max_tokens: ``data.max_tokens``: a longer sample is a :class:`SampleError` naming ``FILE:LINE``,
             its length and the budget (so ``data.on_error: skip`` counts it); None: no limit here.
+        chat_template: ``data.chat_template``: ``auto`` renders with the tokenizer's own chat template
+            when it has one (:mod:`omnicore.data.chat_template`), else ChatML; ``chatml``: always ChatML.
+
+    Attributes:
+        template: the measured :class:`~omnicore.data.chat_template.TemplateInfo` when samples are
+            rendered with the tokenizer's template, else None (ChatML).
+        end_of_turn_id: the token that closes an assistant turn (the template's, or ``<|im_end|>``):
+            where generation stops.
+
+    Raises:
+        ValueError: an unknown policy or template choice, or a tokenizer without the placeholder tokens.
+        ConfigError: (``data.chat_template: auto: ...``) the tokenizer's chat template is one omnicore
+            cannot follow (see :func:`~omnicore.data.chat_template.inspect_template`); the message
+            says to set ``data.chat_template: chatml``.
     """
 
     def __init__(
@@ -152,9 +176,12 @@ class ChatProcessor:
         *,
         special_tokens_in_text: str = "escape",
         max_tokens: int | None = None,
+        chat_template: str = "auto",
     ):
         if special_tokens_in_text not in SPECIAL_TOKEN_POLICIES:
             raise ValueError(f"special_tokens_in_text={special_tokens_in_text!r}; choose one of {', '.join(SPECIAL_TOKEN_POLICIES)}")
+        if chat_template not in CHAT_TEMPLATE_CHOICES:
+            raise ValueError(f"chat_template={chat_template!r}; choose one of {', '.join(CHAT_TEMPLATE_CHOICES)}")
         self.tokenizer = tokenizer
         self.encoders = encoders
         self.decoders = decoders
@@ -170,6 +197,16 @@ class ChatProcessor:
         ]
         self.control = control_tokens(tokenizer)
         self.control_ids = set(self.control.values()) | self.reserved
+        self.template: TemplateInfo | None = None
+        if chat_template == "auto" and has_template(tokenizer):
+            try:
+                self.template = inspect_template(tokenizer)
+            except ValueError as exc:
+                from omnicore.config import ConfigError
+
+                raise ConfigError(f"data.chat_template: auto: {exc}") from exc
+        self.end_of_turn_id = self.im_end if self.template is None else tokenizer.convert_tokens_to_ids(self.template.end_of_turn)
+        self._pieces: dict[str, list[int]] = {}  # template text -> ids (pieces repeat across samples)
 
     @classmethod
     def for_model(cls, tokenizer: Any, model: Any, data: Any, *, budget: bool = False) -> ChatProcessor:
@@ -184,6 +221,7 @@ class ChatProcessor:
             data.system_prompt,
             special_tokens_in_text=data.special_tokens_in_text,
             max_tokens=data.max_tokens if budget else None,
+            chat_template=data.chat_template,
         )
 
     def _text(self, text: str, where: str) -> list[int]:
@@ -231,12 +269,13 @@ class ChatProcessor:
         """Token ids, pre-shifted labels and media features for one sample.
 
         With ``prompt_only`` the last assistant message is dropped and the assistant header is
-        appended, ready for generation.
+        appended, ready for generation (with a chat template: ``add_generation_prompt=True``).
 
         Raises:
             SampleError: (``FILE:LINE: ...``) for missing or unreadable media, a media type without
                 a configured encoder/decoder, placeholder tokens written as text, special tokens in
-                text under ``special_tokens_in_text="refuse"``, or more than ``max_tokens`` tokens.
+                text under ``special_tokens_in_text="refuse"``, more than ``max_tokens`` tokens, or a
+                conversation the tokenizer's chat template refuses to render.
         """
         where = sample.where
         messages = list(sample.messages)
@@ -247,38 +286,103 @@ class ChatProcessor:
             from omnicore.data.jsonl import Message, Part
 
             messages = [Message("system", [Part("text", self.system_prompt)])] + messages
-        ids: list[int] = []
-        trained: list[bool] = []  # is token i a text target (predicted from position i-1)?
-        media: list[tuple[str, str, dict[str, Any]]] = []
-        n_dec = 0
-
-        def add(tokens: list[int], train: bool) -> None:
-            ids.extend(tokens)
-            trained.extend([train] * len(tokens))
-
-        for msg in messages:
-            assistant = msg.role == "assistant"
-            add([self.im_start] + self._text(f"{msg.role}\n", where), False)
-            for part in msg.parts:
-                if part.type == "text":
-                    add(self._text(part.value, where), assistant)
-                elif assistant:
-                    features, dec = self._media(part.type, part.value, "decoder", where)
-                    n = int(dec.num_tokens(features))
-                    add([self.dec_start_ids[part.type]], True)
-                    add([self.dec_ids[part.type]] * n, False)  # scored by the decoder head, not in labels
-                    media.append(("decoder", part.type, features))
-                    n_dec += n
-                else:
-                    features, enc = self._media(part.type, part.value, "encoder", where)
-                    n = int(enc.num_tokens(features))
-                    add([self.enc_ids[part.type]] * n, False)
-                    media.append(("encoder", part.type, features))
-            add([self.im_end], assistant)
-            add(self._text("\n", where), False)
-        if prompt_only:
-            add([self.im_start] + self._text("assistant\n", where), False)
+        out = _Tokens()
+        if self.template is None:
+            self._chatml(messages, out, where, prompt_only)
+        else:
+            self._templated(messages, out, where, prompt_only)
+        ids, trained = out.ids, out.trained
         self._check_length(len(ids), where)
         labels = [ids[i + 1] if trained[i + 1] else IGNORE_INDEX for i in range(len(ids) - 1)] + [IGNORE_INDEX]
         n_text = sum(1 for x in labels if x != IGNORE_INDEX)
-        return Encoded(ids, labels, media, n_text + n_dec, where)
+        return Encoded(ids, labels, out.media, n_text + out.n_dec, where)
+
+    def _chatml(self, messages: list[Any], out: _Tokens, where: str, prompt_only: bool) -> None:
+        """omnicore's ChatML (the module docstring's template)."""
+        for msg in messages:
+            assistant = msg.role == "assistant"
+            out.add([self.im_start] + self._text(f"{msg.role}\n", where), False)
+            self._parts(msg.parts, assistant, out, where)
+            out.add([self.im_end], assistant)
+            out.add(self._text("\n", where), False)
+        if prompt_only:
+            out.add([self.im_start] + self._text("assistant\n", where), False)
+
+    def _templated(self, messages: list[Any], out: _Tokens, where: str, prompt_only: bool) -> None:
+        """The tokenizer's chat template (see :mod:`omnicore.data.chat_template`): the template's
+        pieces between the messages, each message's parts in its sentinel's place; an assistant
+        message and the next piece's tokens up to its first special token (the end of turn) are
+        targets."""
+        try:
+            pieces, order = render_pieces(self.tokenizer, [m.role for m in messages], generation_prompt=prompt_only)
+        except Exception as exc:
+            raise SampleError(
+                f"{where}: the tokenizer's chat template cannot render this conversation: {type(exc).__name__}: {exc}"
+            ) from exc
+        out.add(self._piece(pieces[0]), False)
+        for k, piece in zip(order, pieces[1:], strict=True):
+            assistant = messages[k].role == "assistant"
+            self._parts(trim_parts(messages[k].parts, self.template.lstrip, self.template.rstrip), assistant, out, where)
+            toks = self._piece(piece)
+            closing = next((j + 1 for j, t in enumerate(toks) if t in self.control_ids), 0) if assistant else 0
+            out.add(toks[:closing], True)
+            out.add(toks[closing:], False)
+
+    def _piece(self, text: str) -> list[int]:
+        """Token ids of template text: its special token strings are the control tokens."""
+        ids = self._pieces.get(text)
+        if ids is None:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            if len(self._pieces) < 4096:
+                self._pieces[text] = ids
+        return ids
+
+    def _parts(self, parts: list[Any], assistant: bool, out: _Tokens, where: str) -> None:
+        """One message's parts: text (a target in assistant messages), encoder placeholder runs, or
+        (assistant) a decoder's start token plus its code placeholders."""
+        for part in parts:
+            if part.type == "text":
+                out.add(self._text(part.value, where), assistant)
+            elif assistant:
+                features, dec = self._media(part.type, part.value, "decoder", where)
+                n = int(dec.num_tokens(features))
+                out.add([self.dec_start_ids[part.type]], True)
+                out.add([self.dec_ids[part.type]] * n, False)  # scored by the decoder head, not in labels
+                out.media.append(("decoder", part.type, features))
+                out.n_dec += n
+            else:
+                features, enc = self._media(part.type, part.value, "encoder", where)
+                n = int(enc.num_tokens(features))
+                out.add([self.enc_ids[part.type]] * n, False)
+                out.media.append(("encoder", part.type, features))
+
+
+@dataclass
+class _Tokens:
+    """The sample being built: ids, whether each is a text target, media in order, decoder codes."""
+
+    ids: list[int] = field(default_factory=list)
+    trained: list[bool] = field(default_factory=list)
+    media: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    n_dec: int = 0
+
+    def add(self, tokens: list[int], train: bool) -> None:
+        self.ids.extend(tokens)
+        self.trained.extend([train] * len(tokens))
+
+
+def trim_parts(parts: list[Any], left: bool, right: bool) -> list[Any]:
+    """``parts`` with the whitespace at the start (``left``) and end (``right``) of the message's
+    text stripped as Jinja's ``trim`` (``str.strip``) strips the rendered content; a text part left
+    empty is dropped. Media parts stop the stripping (their placeholders are not whitespace)."""
+    from omnicore.data.jsonl import Part
+
+    parts = list(parts)
+    for side, on in ((0, left), (-1, right)):
+        while on and parts and parts[side].type == "text":
+            value = parts[side].value.lstrip() if side == 0 else parts[side].value.rstrip()
+            if value:
+                parts[side] = Part("text", value)
+                break
+            parts.pop(side)
+    return parts

@@ -651,7 +651,7 @@ class DataPipeline:
         any of them changed would re-pack the current window differently and repeat or skip samples)."""
         d = self.data
         out: dict[str, Any] = {"run.seed": self.seed}
-        for key in ("max_tokens", "packing", "packing_window", "shuffle", "shuffle_buffer", "max_samples", "on_error"):
+        for key in ("max_tokens", "packing", "packing_window", "shuffle", "shuffle_buffer", "max_samples", "on_error", "chat_template"):
             out[f"data.{key}"] = getattr(d, key)
         for s in self.sources:
             out[f"weight of source {s.name}"] = float(s.config.weight)

@@ -152,6 +152,7 @@ class HFCausalLM:
         config.vocab_size = max(int(config.vocab_size), vocab_size)
         with init_empty_weights(include_buffers=False):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model.tie_weights()  # accelerate's meta parameters come untied (tie_word_embeddings); one tensor, as from_pretrained leaves it
         ids = {id(p): n for n, p in model.named_parameters()}
         grow = tuple(ids[id(m.weight)] for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None)
         strip = f"{model.base_model_prefix}." if model.base_model_prefix else ""

@@ -26,7 +26,6 @@ done here by hand so that renamed keys, grown embedding rows and fresh tensors f
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
 import re
@@ -302,10 +301,18 @@ def materialize(model: Any, device: Any) -> None:
     """Allocate every meta tensor of ``model`` (parameters and buffers, DTensor shards included) on
     ``device`` with ``Module.to_empty``, keeping the values of the tensors that were not on meta
     (encoders loaded whole, adapters, rotary buffers): those are copied aside first and put back.
-    The new tensors hold garbage until filled.
+    Tied parameters (one tensor under several modules, e.g. ``tie_word_embeddings``) stay one
+    tensor: ``to_empty`` allocates per module and would untie them. The new tensors hold garbage
+    until filled.
     """
     import torch
 
+    owners: dict[int, list[tuple[Any, str]]] = {}
+    for module in model.modules():
+        for pname, p in module._parameters.items():
+            if p is not None:
+                owners.setdefault(id(p), []).append((module, pname))
+    tied = [group for group in owners.values() if len(group) > 1]
     keep = {}
     with torch.no_grad():
         for name, t in _iter_tensors(model):
@@ -313,6 +320,10 @@ def materialize(model: Any, device: Any) -> None:
             if not local.is_meta:
                 keep[name] = local.detach().to("cpu", copy=True)
         model.to_empty(device=device)
+        for group in tied:
+            first = group[0][0]._parameters[group[0][1]]
+            for module, pname in group[1:]:
+                module._parameters[pname] = first
         for name, t in _iter_tensors(model):
             if name in keep:
                 local = t.to_local() if hasattr(t, "to_local") else t
@@ -355,7 +366,10 @@ def _row_mean(f: Any, key: str, rows: int, chunk: int = 4096) -> Any:
     return total / rows
 
 
-def _fill_one(pending: PendingLoad, name: str, p: Any, files: dict[Path, Any]) -> None:
+def _fill_one(pending: PendingLoad, name: str, p: Any) -> None:
+    """Fill this rank's part of parameter ``name`` (its checkpoint slice, grown rows, or fresh values)."""
+    from safetensors import safe_open
+
     local, offset = _local_and_offset(p)
     if local.numel() == 0:
         return
@@ -365,8 +379,14 @@ def _fill_one(pending: PendingLoad, name: str, p: Any, files: dict[Path, Any]) -
         return
     key = pending.sources[name]
     entry = pending.entries[key]
-    f = files[entry.file]
-    have = pending.rows.get(name, entry.shape[0] if entry.shape else 0)
+    # One open per tensor: the pages of a memory-mapped file count in this process's RSS while it is
+    # mapped, so keeping a file open over all its tensors would hold every slice read until the end.
+    with safe_open(str(entry.file), framework="pt") as f:
+        _copy_rows(f, key, local, offset, pending.rows.get(name, entry.shape[0] if entry.shape else 0))
+
+
+def _copy_rows(f: Any, key: str, local: Any, offset: tuple[int, ...], have: int) -> None:
+    """Copy rows ``offset[0] ...`` of checkpoint tensor ``key`` (of which ``have`` rows exist) into ``local``."""
     if not local.dim():
         local.copy_(f.get_slice(key)[...].to(local.dtype))
         return
@@ -395,7 +415,6 @@ def fill_pending(model: Any, device: Any = "cpu") -> int:
             pending parameter is not in the model any more.
     """
     import torch
-    from safetensors import safe_open
 
     loads: list[PendingLoad] = list(getattr(model, "pending_loads", None) or [])
     if not loads:
@@ -405,14 +424,11 @@ def fill_pending(model: Any, device: Any = "cpu") -> int:
     count = 0
     with torch.no_grad():
         for pending in loads:
-            with contextlib.ExitStack() as stack:
-                files = {e.file for e in pending.entries.values()}
-                handles = {file: stack.enter_context(safe_open(str(file), framework="pt")) for file in files}
-                for name in list(pending.sources) + pending.fresh:
-                    full = pending.prefix + name
-                    if full not in params:
-                        raise LoadError(f"parameter {full!r} to load from {pending.folder} is not in the model any more")
-                    _fill_one(pending, name, params[full], handles)
-                    count += 1
+            for name in list(pending.sources) + pending.fresh:
+                full = pending.prefix + name
+                if full not in params:
+                    raise LoadError(f"parameter {full!r} to load from {pending.folder} is not in the model any more")
+                _fill_one(pending, name, params[full])
+                count += 1
     model.pending_loads = []
     return count

@@ -54,6 +54,7 @@ from omnicore.config import Config
 from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError, read_jsonl
 from omnicore.data.pipeline import DataExhausted, DataPipeline, DataResumeError, DataWorkerError, merge_states
+from omnicore.model.trainable import apply_freeze
 from omnicore.parallel.parallelize import build_strategies, data_split, parallelize
 from omnicore.parallel.state import ParallelState, init_parallel_state
 from omnicore.registry import Registry, registry_for
@@ -105,7 +106,6 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
     from omnicore.checkpoint.dcp import CheckpointError, load_checkpoint
     from omnicore.checkpoint.init_from import load_model_weights, start_from
     from omnicore.model.lora import apply_lora
-    from omnicore.model.trainable import apply_freeze
 
     registry = registry or registry_for(cfg)
     state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)

@@ -1,0 +1,193 @@
+"""LoRA adapters through PEFT (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language
+Models"; huggingface/peft ``inject_adapter_in_model``), configured by ``model.lora``.
+
+:func:`apply_lora` runs on the freshly built model, before freezing and the parallel strategies.
+PEFT swaps each targeted ``nn.Linear`` for a ``lora.Linear`` that holds the original layer as
+``base_layer`` and the adapters as ``lora_A.default`` / ``lora_B.default``; the module tree
+otherwise stays as it was, so ``model.lm`` is still the transformers model whose
+``_no_split_modules`` blocks FSDP2 and activation checkpointing find, and the kernels still patch.
+
+What trains: inside each adapted prefix (``model.lora.modules``) only the adapters do; every other
+parameter there (base weights, norms, embeddings) is frozen (``requires_grad`` False), the usual
+LoRA recipe. Parts outside the prefixes (projectors, encoders) keep training unless ``train.freeze``
+names them.
+
+:func:`merge_lora` folds the adapters into the base weights and restores the plain ``nn.Linear``
+layers (the merged export); :func:`strip_lora` restores them without merging (the base of an
+adapter export); :func:`lora_state_dict` gives the adapter weights in PEFT's file layout, and
+:func:`load_lora_adapter` puts such a saved adapter back onto a base model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from omnicore.config import ConfigError, LoraConfig
+
+ADAPTER = "default"
+"""PEFT's adapter name for the one adapter omnicore trains."""
+
+
+def _linear_names(module: nn.Module) -> list[str]:
+    return [n for n, m in module.named_modules() if isinstance(m, nn.Linear) and n]
+
+
+def _check_targets(module: nn.Module, prefix: str, targets: list[str]) -> None:
+    """Each target must name at least one ``nn.Linear`` under ``prefix`` (PEFT's rule: the dotted
+    name equals the target or ends with ``.<target>``)."""
+    names = _linear_names(module)
+    for t in targets:
+        if not any(n == t or n.endswith(f".{t}") for n in names):
+            leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
+            found = ", ".join(leaves[:12]) + (", ..." if len(leaves) > 12 else "") if leaves else "none"
+            raise ConfigError(
+                f"model.lora.target_modules: {t!r} matches no nn.Linear under {prefix!r} (model.lora.modules); "
+                f"nn.Linear names there: {found}. Use one of these last name parts"
+            )
+
+
+def _materialize(module: nn.Module, seed: int | None) -> None:
+    """Give every LoRA layer real CPU adapter weights, initialised the PEFT way (``lora_A``
+    kaiming-uniform with ``a=sqrt(5)``, ``lora_B`` zeros) from torch's global RNG, in module order.
+
+    PEFT puts new adapters on the base layer's device, which is ``meta`` when the foundation is
+    filled from its checkpoint after parallelisation; adapters are not in that checkpoint, so they
+    must be real here. They are re-initialised on every path (meta base or not) so the values
+    depend only on the RNG state (``seed``: reseeded first, inside a forked RNG), never on whether
+    the base was meta; every rank therefore makes the same adapters.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    fork = torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext()
+    with fork:
+        if seed is not None:
+            torch.manual_seed(seed)
+        for m in module.modules():
+            if not isinstance(m, LoraLayer) or ADAPTER not in m.lora_A:
+                continue
+            for part in (m.lora_A[ADAPTER], m.lora_B[ADAPTER]):
+                if any(p.is_meta for p in part.parameters()):
+                    part.to_empty(device="cpu")
+            m.reset_lora_parameters(ADAPTER, init_lora_weights=True)
+
+
+def apply_lora(model: nn.Module, cfg: LoraConfig | None, *, seed: int | None = None) -> list[str]:
+    """Inject LoRA adapters (in place) into the ``nn.Linear`` layers named by ``cfg.target_modules``
+    under each ``cfg.modules`` prefix of ``model`` (an :class:`~omnicore.model.omni.OmniModel`).
+
+    Adapters are ``lora_A`` (``[r, in]``) and ``lora_B`` (``[out, r]``) with output scale
+    ``alpha / r``; they take the base layer's dtype. Inside each prefix only adapters train (see the
+    module docstring). When the base weights are on ``meta`` (filled from a checkpoint later) the
+    adapters are still real CPU tensors; inside a ``torch.device("meta")`` context (``omnicore
+    plan``) they stay on meta. ``seed``: reseed the adapter initialisation (the run's seed), so the
+    values do not depend on what the build drew from the RNG before.
+
+    Returns the dotted names (relative to ``model``) of the adapted layers; ``[]`` when ``cfg`` is None.
+
+    Raises:
+        ConfigError: a prefix of ``model.lora.modules`` names no submodule, or a target of
+            ``model.lora.target_modules`` matches no ``nn.Linear`` under a prefix (the message
+            lists the Linear names found).
+    """
+    if cfg is None:
+        return []
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import inject_adapter_in_model
+
+    adapted: list[str] = []
+    for prefix in cfg.modules:
+        try:
+            sub = model.get_submodule(prefix)
+        except AttributeError as exc:
+            tops = ", ".join(n for n, _ in model.named_children())
+            raise ConfigError(f"model.lora.modules: {prefix!r} names no submodule of the model (top level: {tops})") from exc
+        _check_targets(sub, prefix, cfg.target_modules)
+        peft_cfg = PeftLoraConfig(
+            r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules), bias="none"
+        )
+        inject_adapter_in_model(peft_cfg, sub, adapter_name=ADAPTER)
+        for name, p in sub.named_parameters():  # PEFT does this too; stated here as the contract
+            p.requires_grad_("lora_" in name)
+        adapted += [f"{prefix}.{n}" for n, m in sub.named_modules() if hasattr(m, "lora_A") and ADAPTER in m.lora_A]
+    if torch.get_default_device().type != "meta":
+        _materialize(model, seed)
+    return adapted
+
+
+def _unwrap(model: nn.Module, merge: bool) -> int:
+    """Replace every LoRA layer by its base layer, after folding the adapter in when ``merge``."""
+    from peft.tuners.lora import LoraLayer
+
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]
+    for name, layer in layers:
+        if merge:
+            layer.merge(safe_merge=True)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, layer.get_base_layer())
+    for m in model.modules():  # the PEFT config apply_lora attached to each adapted prefix
+        if isinstance(getattr(m, "peft_config", None), dict):
+            del m.peft_config
+    return len(layers)
+
+
+def merge_lora(model: nn.Module) -> int:
+    """Fold each adapter into its base weight (``W + (alpha / r) * B @ A``, PEFT's ``merge`` with a
+    finiteness check) and put the plain ``nn.Linear`` back, in place. Returns the layer count.
+
+    Raises:
+        ValueError: (PEFT) a merged weight is not finite.
+    """
+    return _unwrap(model, merge=True)
+
+
+def strip_lora(model: nn.Module) -> int:
+    """Put the plain base ``nn.Linear`` back without the adapters, in place. Returns the layer count."""
+    return _unwrap(model, merge=False)
+
+
+def lora_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter weights of ``module`` keyed as PEFT's ``adapter_model.safetensors`` stores them
+    (``base_model.model.<name>.lora_A.weight``: ``PeftModel.from_pretrained`` reads this layout)."""
+    from peft.utils import get_peft_model_state_dict
+
+    sd = get_peft_model_state_dict(module, adapter_name=ADAPTER)
+    return {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in sd.items()}
+
+
+def load_lora_adapter(module: nn.Module, folder: str | Path) -> list[str]:
+    """Inject the PEFT adapter saved in ``folder`` (``adapter_config.json`` and
+    ``adapter_model.safetensors``, as ``model.lora.export: adapter`` writes ``export/foundation_lora``)
+    into ``module`` (the base foundation) and load its weights, strictly. Returns the adapted layer names.
+
+    Raises:
+        ValueError: the adapter's tensors and the injected layers differ (the names are listed):
+            the adapter belongs to another model.
+    """
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import inject_adapter_in_model
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    inject_adapter_in_model(PeftLoraConfig.from_pretrained(str(folder)), module, adapter_name=ADAPTER)
+    saved = {}
+    for key, value in load_file(str(folder / "adapter_model.safetensors")).items():
+        key = key.removeprefix("base_model.model.")
+        saved[key.replace(".lora_A.", f".lora_A.{ADAPTER}.").replace(".lora_B.", f".lora_B.{ADAPTER}.")] = value
+    own = {n: p for n, p in module.named_parameters() if "lora_" in n}
+    if set(own) != set(saved):
+        only_file, only_model = sorted(set(saved) - set(own))[:4], sorted(set(own) - set(saved))[:4]
+        raise ValueError(f"{folder}: adapter does not fit the model: only in the file {only_file}, only in the model {only_model}")
+    with torch.no_grad():
+        for name, p in own.items():
+            p.copy_(saved[name])
+    return sorted({n.rsplit(".lora_", 1)[0] for n in own})
+
+
+def peft_adapter_config(module: nn.Module) -> Any:
+    """The PEFT ``LoraConfig`` that :func:`apply_lora` attached to ``module`` (for ``save_pretrained``)."""
+    return module.peft_config[ADAPTER]
