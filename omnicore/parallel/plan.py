@@ -3,7 +3,8 @@
 No process group starts: the model is built on the meta device (shapes, no memory), the mesh is the
 pure-Python :class:`~omnicore.parallel.mesh.MeshLayout`, and each strategy answers ``validate``
 and ``plan`` (see :mod:`omnicore.parallel.parallelize`). The report lists the mesh and its groups,
-which strategy wraps which modules, per-rank parameter, gradient and AdamW memory, and every
+which strategy wraps which modules, trainable and frozen parameters (``train.freeze``), per-rank
+parameter memory and the gradient and AdamW memory of the trainable parameters, and every
 violated constraint with the config field to change.
 """
 
@@ -33,7 +34,13 @@ class PlanReport:
     layout_ok: bool
     strategies: list[tuple[str, str, StrategyPlan | None]] = field(default_factory=list)  # name, phase, plan
     params: int = 0
+    trainable_params: int = 0
+    """Elements that train (``requires_grad`` after LoRA and ``train.freeze``); ``params`` counts all."""
     param_bytes_per_rank: int = 0
+    frozen_param_bytes_per_rank: int = 0
+    """The part of ``param_bytes_per_rank`` held by frozen parameters."""
+    grad_bytes_per_rank: int = 0
+    """Gradients of the trainable parameters (in their parameters' dtype); frozen ones have none."""
     optimizer_bytes_per_rank: int = 0
     total_param_bytes: int = 0
     violations: list[Violation] = field(default_factory=list)
@@ -56,8 +63,11 @@ class PlanReport:
                 {"name": n, "phase": ph, "modules": p.modules if p else None, "note": p.note if p else ""} for n, ph, p in self.strategies
             ],
             "params": self.params,
+            "trainable_params": self.trainable_params,
+            "frozen_params": self.params - self.trainable_params,
             "param_bytes_per_rank": self.param_bytes_per_rank,
-            "grad_bytes_per_rank": self.param_bytes_per_rank,
+            "frozen_param_bytes_per_rank": self.frozen_param_bytes_per_rank,
+            "grad_bytes_per_rank": self.grad_bytes_per_rank,
             "optimizer_bytes_per_rank": self.optimizer_bytes_per_rank,
             "violations": [{"field": v.field, "message": v.message, "source": v.source} for v in self.violations],
             "kernels": dict(self.kernels),
@@ -88,16 +98,24 @@ class PlanReport:
         if self.kernels:
             out.append("kernels: " + ", ".join(f"{op}={k}" for op, k in self.kernels.items()) + f"; precision: {self.precision}")
         if self.layout_ok:
-            out.append(
-                f"memory per rank: parameters {_fmt(self.param_bytes_per_rank)}, gradients {_fmt(self.param_bytes_per_rank)}, "
-                f"AdamW states of the trainable parameters {_fmt(self.optimizer_bytes_per_rank)} ({self.params:,} parameters, {_fmt(self.total_param_bytes)} unsharded)"
-            )
+            out.extend(self._memory_lines())
         if self.violations:
             out.append(f"{len(self.violations)} violated constraint(s):")
             out.extend(f"  {v}" for v in self.violations)
         else:
             out.append("ok: no violated constraints")
         return "\n".join(out)
+
+    def _memory_lines(self) -> list[str]:
+        frozen = self.params - self.trainable_params
+        share = 100.0 * self.trainable_params / self.params if self.params else 0.0
+        return [
+            f"parameters: {self.params:,} ({_fmt(self.total_param_bytes)} unsharded); trainable {self.trainable_params:,} ({share:.1f}%), "
+            f"frozen {frozen:,}",
+            f"memory per rank: parameters {_fmt(self.param_bytes_per_rank)} (frozen {_fmt(self.frozen_param_bytes_per_rank)}), "
+            f"gradients of the trainable parameters {_fmt(self.grad_bytes_per_rank)}, AdamW states of the trainable parameters "
+            f"{_fmt(self.optimizer_bytes_per_rank)}",
+        ]
 
 
 def _fmt(n: int) -> str:
@@ -129,10 +147,13 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
 
     Raises:
         RegistryError: a component or strategy cannot be resolved.
+        ConfigError: a ``train.freeze`` or ``model.lora`` entry matches nothing, or nothing would train.
     """
     import torch
 
     from omnicore.model.build import build_omni_model
+    from omnicore.model.lora import apply_lora
+    from omnicore.model.trainable import apply_freeze
     from omnicore.parallel.state import ParallelState
     from omnicore.registry import registry_for
 
@@ -151,6 +172,8 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
         # loading checkpoints into meta tensors is a deliberate no-op here; torch warns per tensor
         warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter.*")
         model, _ = build_omni_model(cfg, registry)
+        apply_lora(model, cfg.model.lora)  # as the training set-up does: LoRA, then freeze, then the strategies
+    apply_freeze(model, cfg.train.freeze)
     report.violations += validate(model, state, strategies)
     if not errors and world_size <= MAX_GROUP_LISTING:
         # data_split is a function of the state: ask it for every rank of the planned layout
@@ -164,11 +187,21 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
         report.strategies.append((name, phase_of(s), p))
         for pname, split in p.shards.items() if p else ():
             prior.setdefault(pname, []).append(split)
+    _add_memory(report, model, prior)
+    return report
+
+
+def _add_memory(report: PlanReport, model: Any, prior: dict[str, list[tuple[str, int]]]) -> None:
+    """Add each parameter's elements and per-rank bytes to ``report``: parameters all, gradients
+    and AdamW states (two fp32 moments) for the trainable ones only."""
     for pname, param in model.named_parameters():
         n_rank = _per_rank_numel(tuple(param.shape), [w for _, w in prior.get(pname, [])])
         report.params += param.numel()
         report.total_param_bytes += param.numel() * param.element_size()
         report.param_bytes_per_rank += n_rank * param.element_size()
         if param.requires_grad:
+            report.trainable_params += param.numel()
+            report.grad_bytes_per_rank += n_rank * param.element_size()
             report.optimizer_bytes_per_rank += n_rank * ADAMW_STATE_BYTES
-    return report
+        else:
+            report.frozen_param_bytes_per_rank += n_rank * param.element_size()

@@ -399,7 +399,7 @@ def train_step(run: Run, step: int) -> dict[str, Any] | None:
     data_figures = _data_figures(run, sums[3 + 2 * len(keys) : len(sums) - len(SIGNALS)])
     check_target_split(run, n_global, sum(sums[3 + len(keys) : 3 + 2 * len(keys)]))
     grad_norm = clip_grad_norm_(run.model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
-    lr = run.scheduler.get_last_lr()[0]  # the rate this step uses
+    lr = run.scheduler.get_last_lr()[0] / run.optimizer.param_groups[0].get("factor", 1.0)  # train.lr x schedule this step
     loss, tokens_global, flops_global = sums[0] / max(n_global, 1.0), sums[1], sums[2]
     skip_reason = apply_update(run, step, loss, float(grad_norm), n_global)
     part_loss = {k: sums[3 + i] / max(sums[3 + len(keys) + i], 1.0) for i, k in enumerate(keys)}

@@ -1,6 +1,6 @@
 """The optimizer, the learning-rate schedule and gradient clipping of the training recipe.
 
-* :func:`build_optimizer`: AdamW, weight decay on matrices only.
+* :func:`build_optimizer`: AdamW, weight decay on matrices only, param groups per ``train.lr_multipliers`` factor.
 * :func:`warmup_cosine`: linear warm-up, then cosine decay to a floor (a ``LambdaLR`` multiplier;
   also the schedule of plugins' own fits, through :mod:`omnicore.api`).
 * :func:`clip_grad_norm_`: global-norm clipping that works across DTensor meshes (expert parallelism).
@@ -16,19 +16,39 @@ from typing import Any
 
 import torch
 
-from omnicore.config import Config
+from omnicore.config import Config, ConfigError
+from omnicore.model.trainable import lr_factors
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Optimizer:
     """AdamW (Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization") over the trainable
-    parameters of ``model``, with ``train.lr`` and ``train.betas``; weight decay
-    (``train.weight_decay``) only on matrices (>= 2-D), not on biases and norm gains, as in
-    GPT-2/nanoGPT (karpathy/nanoGPT ``model.py``, ``configure_optimizers``)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=cfg.train.betas, foreach=False)
+    parameters of ``model``, with ``train.betas``; weight decay (``train.weight_decay``) only on
+    matrices (>= 2-D), not on biases and norm gains, as in GPT-2/nanoGPT (karpathy/nanoGPT
+    ``model.py``, ``configure_optimizers``).
+
+    One param group per (weight decay yes/no) x (``train.lr_multipliers`` factor), in the order the
+    parameters first appear, with ``lr = train.lr * factor`` and a ``factor`` key; the ``LambdaLR``
+    schedule multiplies each group's own base lr, so a factor holds at every step. Frozen parameters
+    (``requires_grad`` False, see :func:`omnicore.model.trainable.apply_freeze`) are in no group and
+    get no optimizer state.
+
+    Raises:
+        ConfigError: a ``train.lr_multipliers`` prefix matches no parameter, or nothing is trainable.
+    """
+    factors = lr_factors(model, cfg.train.lr_multipliers)
+    groups: dict[tuple[float, bool], dict[str, Any]] = {}
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        factor, decay = factors[id(p)], p.ndim >= 2
+        group = groups.setdefault(
+            (factor, decay),
+            {"params": [], "lr": cfg.train.lr * factor, "factor": factor, "weight_decay": cfg.train.weight_decay if decay else 0.0},
+        )
+        group["params"].append(p)
+    if not groups:
+        raise ConfigError("no trainable parameters: every parameter is frozen (train.freeze, model.lora); leave some part to train")
+    return torch.optim.AdamW(list(groups.values()), lr=cfg.train.lr, betas=cfg.train.betas, foreach=False)
 
 
 def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
