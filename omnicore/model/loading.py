@@ -191,6 +191,22 @@ def _names(items: list[str]) -> str:
     return shown + (f" and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else "")
 
 
+def _fit_problems(missing: list[str], unused: list[str], shapes: list[str], n_params: int) -> list[str]:
+    """What :func:`plan_load` reports, one phrase per kind of misfit."""
+    problems = []
+    if missing:
+        problems.append(
+            f"lacks {len(missing)} of the model's {n_params} tensors: {_names(missing)} (to initialise them fresh, list them in init_fresh)"
+        )
+    if unused:
+        problems.append(
+            f"holds {len(unused)} tensors the model does not use: {_names(sorted(unused))} (to leave them, list them in ignore_unused)"
+        )
+    if shapes:
+        problems.append(f"has tensors of other shapes than the model's config gives: {'; '.join(shapes[:_MAX_LISTED])}")
+    return problems
+
+
 def plan_load(
     module: Any,
     folder: Path,
@@ -243,18 +259,7 @@ def plan_load(
     used = set(sources.values())
     unused = [k for k in entries if k not in used and k not in buffers and not matches_any(k, list(ignore_unused))]
     unused = [k for k in unused if not (k == "lm_head.weight" and getattr(module.config, "tie_word_embeddings", False))]
-    problems = []
-    if missing:
-        problems.append(
-            f"lacks {len(missing)} of the model's {len(params)} tensors: {_names(missing)} (to initialise them fresh, list them in "
-            "init_fresh)"
-        )
-    if unused:
-        problems.append(
-            f"holds {len(unused)} tensors the model does not use: {_names(sorted(unused))} (to leave them, list them in ignore_unused)"
-        )
-    if shapes:
-        problems.append(f"has tensors of other shapes than the model's config gives: {'; '.join(shapes[:_MAX_LISTED])}")
+    problems = _fit_problems(missing, unused, shapes, len(params))
     for option, patterns, pool in (("init_fresh", init_fresh, params), ("ignore_unused", ignore_unused, entries)):
         idle = [p for p in patterns if not any(matches_any(n, [p]) for n in pool)]
         if idle:

@@ -104,8 +104,6 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
     """Build everything a run needs: model and data, parallelism, optimizer and LR schedule (restored
     with ``resume``: see :func:`train`), output files and progress bar. Raises as :func:`train` does."""
     from omnicore.checkpoint.dcp import CheckpointError, load_checkpoint
-    from omnicore.checkpoint.init_from import load_model_weights, start_from
-    from omnicore.model.lora import apply_lora
 
     registry = registry or registry_for(cfg)
     state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
@@ -119,13 +117,11 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
             "continue it with --resume, or pick another --run.output_dir"
         )
 
-    cfg, init_from = start_from(cfg, resume, state, log)  # model.init_from: an export re-points cfg's components
-    model, tokenizer, processor, sources = _build_model_and_data(cfg, registry, log)
-    flops = flops_model(model.lm)  # counted before sharding turns parameters into shards
-    apply_lora(model, cfg.model.lora, seed=cfg.run.seed)  # model.lora: adapters before freeze and the strategies
-    log(apply_freeze(model, cfg.train.freeze).describe())  # train.freeze, after LoRA, before the strategies
+    cfg, init_from, (model, tokenizer, processor, sources, flops) = _model_to_train(cfg, registry, state, resume, log)
     model, strategies, (data_rank, data_size, replicas) = _parallelize_model(model, cfg, registry, state, log)
     if init_from is not None:  # model.init_from names a checkpoint: its model weights, into the sharded model
+        from omnicore.checkpoint.init_from import load_model_weights
+
         load_model_weights(init_from.folder, model, state)
     pin = cfg.data.pin_memory if cfg.data.pin_memory is not None else state.device.type == "cuda"
     data = DataPipeline(sources, processor, cfg.data, cfg.run.seed, data_rank=data_rank, data_size=data_size,
@@ -154,6 +150,26 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
     )  # fmt: skip
     run.skipped_steps, run.nonfinite_in_row = skips
     return run
+
+
+def _model_to_train(
+    cfg: Config, registry: Registry, state: ParallelState, resume: bool | str, log: Callable[..., None]
+) -> tuple[Config, Any, tuple[Any, Any, ChatProcessor, list[Any], FlopsModel]]:
+    """The model as it will train, before the parallel strategies: ``model.init_from`` resolved (an
+    export re-points the config's components at its folders, so the returned config is the one the
+    run uses; a checkpoint is returned, to be loaded after sharding, else None), the model and data
+    built (a foundation checkpoint still on meta), LoRA adapters added, ``train.freeze`` applied.
+    Returns ``(cfg, init_from, (model, tokenizer, processor, sources, FLOP model))``, the FLOPs
+    counted before sharding."""
+    from omnicore.checkpoint.init_from import start_from
+    from omnicore.model.lora import apply_lora
+
+    cfg, init_from = start_from(cfg, resume, state, log)
+    model, tokenizer, processor, sources = _build_model_and_data(cfg, registry, log)
+    flops = flops_model(model.lm)  # counted before sharding turns parameters into shards
+    apply_lora(model, cfg.model.lora, seed=cfg.run.seed)  # model.lora: adapters before freeze and the strategies
+    log(apply_freeze(model, cfg.train.freeze).describe())  # train.freeze, after LoRA, before the strategies
+    return cfg, init_from, (model, tokenizer, processor, sources, flops)
 
 
 def _resume_folder(ckpt_root: Path, resume: bool | str, state: ParallelState, log: Callable[..., None]) -> Path:
