@@ -230,6 +230,14 @@ class Foundation(Protocol):
     ``build_model()`` returns a Hugging Face ``PreTrainedModel`` causal LM (``[B, T] -> [B, T, V]``)
     whose ``get_input_embeddings()`` and ``model`` attributes behave as in transformers;
     ``build_tokenizer()`` returns a ``PreTrainedTokenizerFast``.
+
+    ``build_model`` may take a ``dtype`` keyword (a ``torch.dtype``: the component's ``dtype``,
+    else ``run.dtype``); without it the core casts the model after building. It may return the
+    model with its parameters on the meta device and an ``omnicore_pending_load`` attribute (a
+    :class:`omnicore.model.loading.PendingLoad`, from :func:`omnicore.model.loading.plan_load`):
+    the core then shards the model first and each rank reads only its shards
+    (:func:`omnicore.model.loading.fill_pending`); the built-in ``hf_causal_lm`` does this for
+    safetensors checkpoints.
     """
 
     def build_tokenizer(self) -> Any: ...

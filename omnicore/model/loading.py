@@ -437,3 +437,19 @@ def fill_pending(model: Any, device: Any = "cpu") -> int:
                 count += 1
     model.pending_loads = []
     return count
+
+
+def fill_now(model: Any) -> Any:
+    """Fill a foundation model returned with its parameters on meta (an ``omnicore_pending_load``
+    attribute, as the built-in ``hf_causal_lm`` returns a safetensors checkpoint) on this process,
+    whole, and return it; a model without one is returned as it is. For code that uses a
+    foundation's ``build_model`` alone (tests, tools); :func:`omnicore.model.build.build_omni_model`
+    collects the plan instead and fills after sharding."""
+    pending = getattr(model, "omnicore_pending_load", None)
+    if pending is None:
+        return model
+    del model.omnicore_pending_load
+    model.pending_loads = [pending]
+    fill_pending(model)
+    del model.pending_loads
+    return model
