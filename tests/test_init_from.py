@@ -186,6 +186,20 @@ def test_component_mismatch_with_the_export_is_named(stage1):
     assert got.decoders["image"].options == {"checkpoint": str(export / "decoders" / "image"), "image_size": 32}
 
 
+def test_an_export_with_its_adapter_apart_is_refused(stage1, tmp_path):
+    """model.lora.export: adapter leaves the trained adapter in foundation_lora/: starting from the
+    folders alone would silently drop it."""
+    import shutil
+
+    work, _, _ = stage1
+    export = tmp_path / "export"
+    shutil.copytree(work / "run1" / "export", export)
+    (export / "foundation_lora").mkdir()
+    cfg = _stage2(stage1, "r-adapter", "run1/export")
+    with pytest.raises(CheckpointError, match=r"holds its LoRA adapter apart \(foundation_lora/.*Start from that run's checkpoint"):
+        apply_export(cfg, export)
+
+
 def test_checkpoint_that_does_not_fit_the_model_names_the_keys(stage1):
     """Checkpoint form, strict: stage 2 without the audio encoder meets stage 1's audio tensors."""
     cfg = _stage2(stage1, "r-strict", f"run1/checkpoints/step-{STEPS:08d}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -241,3 +242,37 @@ def test_two_processes_sharded_loading_equal_one_process_whole_model(text_run):
     assert all(a[0] + b[0] == a[1] and a[0] <= (a[1] + 1) // 2 for a, b in zip(ranks[0]["read"], ranks[1]["read"]))
     assert ranks[0]["losses"] == pytest.approx(ref["losses"], rel=1e-6)
     assert ranks[0]["grad_norms"][0] == pytest.approx(ref["grad_norms"][0], rel=1e-5)
+
+
+def test_lora_on_a_checkpoint_loaded_foundation(text_run, tmp_path):
+    """LoRA wraps the layers whose base weights are still on meta: the fill follows them to
+    ``base_layer``; the base weights are the checkpoint's, and 2 processes equal 1."""
+    from safetensors import safe_open
+
+    from omnicore.testing.distributed import run_distributed
+    from omnicore.train.loop import setup
+
+    folder, raw, tied = text_run
+    if tied:
+        pytest.skip("one variant is enough")
+    raw = copy.deepcopy(raw)
+    raw["model"]["lora"] = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    raw["run"]["output_dir"] = str(tmp_path / "setup")
+    run = setup(Config.model_validate(raw))
+    try:
+        params = dict(run.model.named_parameters())
+        with safe_open(str(Path(raw["model"]["foundation"]["options"]["checkpoint"]) / "model.safetensors"), "pt") as f:
+            for key in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.v_proj.bias"):
+                head, _, leaf = key.rpartition(".")
+                assert torch.equal(params[f"lm.{head}.base_layer.{leaf}"], f.get_tensor(key)), key
+            assert torch.equal(params["lm.model.layers.1.mlp.up_proj.weight"], f.get_tensor("model.layers.1.mlp.up_proj.weight"))
+        assert not params["lm.model.layers.0.self_attn.q_proj.base_layer.weight"].requires_grad
+        assert all(p.requires_grad == ("lora_" in n) for n, p in params.items() if n.startswith("lm."))
+    finally:
+        run.data.close()
+    ref = train_rank(raw, str(tmp_path / "one"))
+    two = dict(raw, parallel={"strategies": ["fsdp2"], "backend": "gloo"}, train=dict(raw["train"], grad_accum=1))
+    ranks = run_distributed(train_rank, 2, args=(two, str(tmp_path / "two")))
+    assert ranks[0]["losses"] == ranks[1]["losses"]
+    assert ranks[0]["losses"] == pytest.approx(ref["losses"], rel=1e-5)
+    assert len(ranks[0]["read"]) == 27  # every base tensor filled shard by shard, under its new name

@@ -134,8 +134,16 @@ def apply_export(cfg: Config, export: Path) -> Config:
 
     Raises:
         CheckpointError: the set of encoders or decoders differs from the export's (naming the
-            keys), a component has another registry name there, or ``omnicore.yaml`` is unreadable.
+            keys), a component has another registry name there, ``omnicore.yaml`` is unreadable, or
+            the export holds a LoRA adapter apart from its foundation (``foundation_lora/``, from
+            ``model.lora.export: adapter``), whose weights the folders alone would leave out.
     """
+    if (export / "foundation_lora").is_dir():
+        raise CheckpointError(
+            f"model.init_from: {export} holds its LoRA adapter apart (foundation_lora/, written with model.lora.export: adapter); "
+            "a stage started from foundation/ alone would lose the adapter's training. Start from that run's checkpoint instead "
+            "(model.init_from: RUN/checkpoints/step-N), or export it with model.lora.export: merged"
+        )
     section = _export_section(export)
     m = cfg.model
     updates: dict[str, Any] = {"init_from": None}

@@ -439,6 +439,20 @@ def fill_pending(model: Any, device: Any = "cpu") -> int:
     return count
 
 
+def rename_pending(model: Any, renames: dict[str, str]) -> None:
+    """Follow parameters that moved in the module tree before the fill (LoRA wraps a layer, so its
+    ``q_proj.weight`` becomes ``q_proj.base_layer.weight``): ``renames`` maps old to new full
+    parameter names of ``model``; each pending load of ``model.pending_loads`` is updated."""
+    for pending in getattr(model, "pending_loads", None) or []:
+        n = len(pending.prefix)
+        local = {old[n:]: new[n:] for old, new in renames.items() if old.startswith(pending.prefix) and new.startswith(pending.prefix)}
+        if not local:
+            continue
+        pending.sources = {local.get(k, k): v for k, v in pending.sources.items()}
+        pending.rows = {local.get(k, k): v for k, v in pending.rows.items()}
+        pending.fresh = [local.get(k, k) for k in pending.fresh]
+
+
 def fill_now(model: Any) -> Any:
     """Fill a foundation model returned with its parameters on meta (an ``omnicore_pending_load``
     attribute, as the built-in ``hf_causal_lm`` returns a safetensors checkpoint) on this process,

@@ -99,6 +99,8 @@ def apply_lora(model: nn.Module, cfg: LoraConfig | None, *, seed: int | None = N
     from peft import LoraConfig as PeftLoraConfig
     from peft import inject_adapter_in_model
 
+    from omnicore.model.loading import rename_pending
+
     adapted: list[str] = []
     for prefix in cfg.modules:
         try:
@@ -114,6 +116,8 @@ def apply_lora(model: nn.Module, cfg: LoraConfig | None, *, seed: int | None = N
         for name, p in sub.named_parameters():  # PEFT does this too; stated here as the contract
             p.requires_grad_("lora_" in name)
         adapted += [f"{prefix}.{n}" for n, m in sub.named_modules() if hasattr(m, "lora_A") and ADAPTER in m.lora_A]
+    # base weights still to be read from a checkpoint (sharded loading) now sit under base_layer
+    rename_pending(model, {f"{layer}.{leaf}": f"{layer}.base_layer.{leaf}" for layer in adapted for leaf in ("weight", "bias")})
     if torch.get_default_device().type != "meta":
         _materialize(model, seed)
     return adapted

@@ -318,6 +318,10 @@ def _parallelize_model(
     kernels = {op: c.name for op, c in cfg.model.kernel_choices().items()}
     kernels.setdefault("cross_entropy", "torch_cross_entropy")
     precision = "bf16 mixed (fp32 parameters)" if cfg.train.mixed_precision == "bf16" else cfg.run.dtype
+    m = cfg.model
+    own = [f"model.{f}: {c.dtype}" for f, c in [("foundation", m.foundation)] + [(f"{kind}s.{k}", c) for kind, table in
+           (("encoder", m.encoders), ("decoder", m.decoders)) for k, c in table.items()] if c.dtype and c.dtype != cfg.run.dtype]  # fmt: skip
+    precision += f" ({', '.join(own)} parameters)" if own else ""
     log(f"kernels: {', '.join(f'{op}={k}' for op, k in kernels.items())} (other ops: the foundation's own code); precision: {precision}")
     return model, strategies, (data_rank, data_size, replicas)
 
