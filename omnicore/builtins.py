@@ -110,3 +110,16 @@ def omnicore_kernels() -> list[ComponentSpec]:
             description="scaled_dot_product_attention per packed sample (split by position_ids, batched by length); no [T, T] mask, CPU and GPU",
         ),
     ]
+
+
+@hookimpl
+def omnicore_loggers() -> list[ComponentSpec]:
+    return [
+        ComponentSpec(
+            kind="logger",
+            name="jsonl",
+            target="omnicore.train.loggers:JsonlLogger",
+            options_model="omnicore.config:NoOptions",
+            description="metrics.jsonl in run.output_dir: one JSON object per metrics row (the default)",
+        )
+    ]

@@ -1,8 +1,9 @@
-"""The ``omnicore`` command line: ``plugins``, ``train``, ``plan``, ``eval``, ``generate``.
+"""The ``omnicore`` command line: ``plugins``, ``train``, ``plan``, ``eval``, ``generate``, ``plot``.
 
 User errors (bad config, bad data, unknown component) print one clean ``error: ...`` message and exit
 with status 2; they never show a traceback. ``omnicore plugins`` imports neither torch nor any
-plugin's heavy code.
+plugin's heavy code; ``omnicore plot`` imports matplotlib but not torch. Each subcommand's ``--help``
+ends with an example of its own use (:data:`EXAMPLES`).
 """
 
 from __future__ import annotations
@@ -121,8 +122,29 @@ def cmd_plan(args: argparse.Namespace, extra: list[str]) -> int:
     return 0 if report.ok else 2
 
 
+_FLAG_KEYS = {
+    "temperature": "generate.temperature",
+    "top_k": "generate.top_k",
+    "top_p": "generate.top_p",
+    "max_new_tokens": "generate.max_new_tokens",
+    "batch_size": "generate.batch_size",
+    "seed": "run.seed",
+}
+"""``eval`` / ``generate`` flags and the config keys they set."""
+
+
+def _flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The generation flags given (``--temperature 0.7``) as the dotted overrides they stand for
+    (``--generate.temperature 0.7``), so that the config validates them with its usual messages."""
+    out: list[str] = []
+    for attr, key in _FLAG_KEYS.items():
+        if getattr(args, attr, None) is not None:
+            out += [f"--{key}", str(getattr(args, attr))]
+    return out
+
+
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
-    cfg = _config(args, extra)
+    cfg = _config(args, extra + _flag_overrides(args))
     from omnicore.evaluate import evaluate
 
     result = evaluate(cfg, checkpoint=args.checkpoint, export=args.export, limit=args.limit)
@@ -132,38 +154,112 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
         for task, r in result["tasks"].items():
             print(f"{task}: accuracy {r['accuracy']:.3f} ({r['correct']}/{r['total']})")
         print(f"overall: accuracy {result['accuracy']:.3f} ({result['correct']}/{result['total']})")
+        print(f"held-out loss: {result['loss']:.4f} over {result['loss_targets']} targets (as train.eval_every's val_loss)")
+        print(f"{result['seconds_per_sample']:.3f} s per sample on {result['device']}; every answer in {result['eval_json']}")
     return 0
 
 
+class UsageError(Exception):
+    """A command-line request that would do harm as given (overwrite files without ``--force``)."""
+
+
+def generate_out_dir(out: str | None, output_dir: str, force: bool) -> str:
+    """The folder ``omnicore generate`` writes images to: ``out``, or ``output_dir/generated``.
+
+    Raises:
+        UsageError: the folder already holds generated images (``generated-*``) and ``force`` is
+            False; the message names the folder, a file, and the two ways on.
+    """
+    from pathlib import Path
+
+    folder = Path(out) if out is not None else Path(output_dir) / "generated"
+    existing = sorted(folder.glob("generated-*")) if folder.is_dir() else []
+    if existing and not force:
+        more = f" and {len(existing) - 1} more" if len(existing) > 1 else ""
+        raise UsageError(
+            f"{folder} already holds generated images ({existing[0].name}{more}); pass --force to overwrite them or choose another --out"
+        )
+    return str(folder)
+
+
 def cmd_generate(args: argparse.Namespace, extra: list[str]) -> int:
-    cfg = _config(args, extra)
+    cfg = _config(args, extra + _flag_overrides(args))
+    out_dir = generate_out_dir(args.out, cfg.run.output_dir, args.force)
     from omnicore.evaluate import generate_cli
 
     for line in generate_cli(
-        cfg, prompt=args.prompt, image=args.image, audio=args.audio, out_dir=args.out, checkpoint=args.checkpoint, export=args.export
+        cfg,
+        prompts=args.prompt,
+        image=args.image,
+        audio=args.audio,
+        out_dir=out_dir,
+        checkpoint=args.checkpoint,
+        export=args.export,
+        num_samples=args.num_samples,
     ):
         print(line)
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    """``omnicore plot RUN_DIR [--out FILE]``: ``loss.png`` from ``metrics.jsonl`` (:mod:`omnicore.plot`);
+    imports matplotlib, never torch."""
+    from omnicore.plot import plot_run
+
+    plot = plot_run(args.run_dir, args.out)
+    steps = {s for lines in plot.panels.values() for steps, _ in lines.values() for s in steps}
+    print(f"wrote {plot.path} (steps {min(steps)}-{max(steps)})")
+    return 0
+
+
+OVERRIDES = """\
+Any config key can be overridden after CONFIG by its dotted path, for example
+  --train.max_steps 50  --run.output_dir runs/try  --parallel.strategies '[ulysses]'
+The value is read as YAML (50 is an int, true a bool, [a, b] a list). A mapping merges into the
+file's; null removes a key so that it takes its default (--model.decoders null: no decoders).
+Every key is documented where it is defined, in omnicore/config.py (each field's description);
+README.md ("Using it") explains the sections."""
+"""The part of each config-reading subcommand's ``--help`` that explains dotted overrides."""
+
+EXAMPLES = {
+    "plugins": "omnicore plugins --kind encoder --check",
+    "train": "omnicore train examples/digits/config.yaml --train.max_steps 50 --run.output_dir runs/try",
+    "plan": "omnicore plan examples/digits/config.yaml --world-size 8 --parallel.dp_replicate 2",
+    "eval": "omnicore eval examples/digits/config.yaml --export runs/digits/export --limit 100",
+    "generate": "omnicore generate examples/digits/config.yaml --export runs/digits/export --prompt 'Draw the digit 7.'",
+    "plot": "omnicore plot runs/digits --out runs/digits/curves.png",
+}
+"""One example of each subcommand's own use; its ``--help`` ends with it (``tests/test_cli_help.py``
+parses each one)."""
+
+
+def _subparser(sub: Any, name: str, text: str, *, config: bool) -> argparse.ArgumentParser:
+    """A subcommand whose ``--help`` says ``text``, then (for commands reading a config, with a
+    ``config`` argument) how overrides work, and ends with its example from :data:`EXAMPLES`."""
+    more = " (dotted overrides such as --train.max_steps 50 may follow)" if config else ""
+    sp = sub.add_parser(
+        name,
+        help=text + more,
+        description=text[0].upper() + text[1:] + "." + ("\n\n" + OVERRIDES if config else ""),
+        epilog=f"example:\n  {EXAMPLES[name]}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    if config:
+        sp.add_argument("config", help="the run's YAML config file")
+    return sp
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="omnicore", description="Train omni-modal models from plugins.")
+    """The ``omnicore`` argument parser; unknown ``--dotted.key VALUE`` pairs are left over for
+    :func:`omnicore.config.parse_overrides`."""
+    p = argparse.ArgumentParser(
+        prog="omnicore",
+        description="Train omni-modal models from plugins.",
+        epilog="Each subcommand has its own help and example: omnicore SUBCOMMAND --help",
+    )
     sub = p.add_subparsers(dest="command", required=True)
-
-    sp = sub.add_parser("plugins", help="list every installed component, its provider and status")
-    sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    sp.add_argument("--kind", choices=["encoder", "decoder", "foundation", "parallel", "kernel"], help="only this kind")
-    sp.add_argument(
-        "--check", action="store_true", help="import each plugin's hook and component modules in a subprocess; report import time and torch"
-    )
-    sp.add_argument("--check-timeout", type=float, default=120.0, metavar="S", help="seconds allowed per plugin for --check (default 120)")
-    sp.add_argument(
-        "--no-load", action="store_true", help="list entry points from metadata only; import no plugin code (to recover from a bad plugin)"
-    )
-
-    over = "dotted overrides such as --train.max_steps 50 may follow"
-    sp = sub.add_parser("train", help="train from a YAML config (" + over + ")")
-    sp.add_argument("config")
+    _add_plugins(sub)
+    sp = _subparser(sub, "train", "train from a YAML config", config=True)
     sp.add_argument(
         "--resume",
         nargs="?",
@@ -172,29 +268,57 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CHECKPOINT",
         help="continue from the newest checkpoint in run.output_dir that verifies, or from CHECKPOINT (a folder, or a name such as step-00000004)",
     )
-
-    sp = sub.add_parser("plan", help="check and size the parallel layout for N ranks without starting processes (" + over + ")")
-    sp.add_argument("config")
+    sp = _subparser(sub, "plan", "check and size the parallel layout for N ranks without starting processes", config=True)
     sp.add_argument("--world-size", type=int, required=True, metavar="N", help="number of ranks to plan for")
     sp.add_argument("--json", action="store_true", help="print JSON")
-
-    for name, text in (
-        ("eval", "accuracy on held-out samples whose answer is text"),
-        ("generate", "generate text, or an image saved as PNG"),
-    ):
-        sp = sub.add_parser(name, help=text + " (" + over + ")")
-        sp.add_argument("config")
-        sp.add_argument("--checkpoint", help="a checkpoint folder (default: the latest under run.output_dir)")
-        sp.add_argument("--export", help="an export folder to load instead of a checkpoint")
-        if name == "eval":
-            sp.add_argument("--limit", type=int, help="evaluate only the first N samples")
-            sp.add_argument("--json", action="store_true", help="print JSON")
-        else:
-            sp.add_argument("--prompt", required=True, help="the user's text")
-            sp.add_argument("--image", help="an input image file")
-            sp.add_argument("--audio", help="an input audio file")
-            sp.add_argument("--out", default=".", help="folder for generated images (PNG)")
+    sp = _subparser(sub, "eval", "accuracy on held-out samples whose answer is text", config=True)
+    _add_weights(sp)
+    sp.add_argument("--limit", type=int, help="evaluate only the first N samples")
+    sp.add_argument("--batch-size", type=int, metavar="N", help="prompts per forward (sets generate.batch_size; default 16)")
+    sp.add_argument("--json", action="store_true", help="print JSON")
+    _add_generate(sub)
+    sp = _subparser(sub, "plot", "draw a run's loss, learning rate and tokens/s against step from its metrics.jsonl", config=False)
+    sp.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (run.output_dir) holding metrics.jsonl")
+    sp.add_argument("--out", metavar="FILE", help="the PNG to write (default: RUN_DIR/loss.png)")
     return p
+
+
+def _add_plugins(sub: Any) -> None:
+    sp = _subparser(sub, "plugins", "list every installed component, its provider and status", config=False)
+    sp.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sp.add_argument("--kind", choices=["encoder", "decoder", "foundation", "parallel", "kernel", "logger"], help="only this kind")
+    sp.add_argument(
+        "--check", action="store_true", help="import each plugin's hook and component modules in a subprocess; report import time and torch"
+    )
+    sp.add_argument("--check-timeout", type=float, default=120.0, metavar="S", help="seconds allowed per plugin for --check (default 120)")
+    sp.add_argument(
+        "--no-load", action="store_true", help="list entry points from metadata only; import no plugin code (to recover from a bad plugin)"
+    )
+
+
+def _add_weights(sp: argparse.ArgumentParser) -> None:
+    """``--checkpoint`` / ``--export``: which trained weights ``eval`` and ``generate`` load."""
+    sp.add_argument("--checkpoint", help="a checkpoint folder (default: the latest under run.output_dir)")
+    sp.add_argument("--export", help="an export folder to load instead of a checkpoint")
+
+
+def _add_generate(sub: Any) -> None:
+    sp = _subparser(sub, "generate", "generate text, or an image saved as PNG", config=True)
+    _add_weights(sp)
+    sp.add_argument("--prompt", required=True, action="append", help="the user's text; repeat for several prompts (batched)")
+    sp.add_argument("--num-samples", type=int, default=1, metavar="N", help="answers per prompt (needs --temperature > 0)")
+    sp.add_argument("--temperature", type=float, help="0 = greedy; > 0 samples (sets generate.temperature)")
+    sp.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens (sets generate.top_k; 0 = all)")
+    sp.add_argument("--top-p", type=float, metavar="P", help="sample among the tokens holding probability P (sets generate.top_p)")
+    sp.add_argument("--seed", type=int, help="sampling seed; answer k draws with seed + k (sets run.seed)")
+    sp.add_argument("--max-new-tokens", type=int, metavar="N", help="text tokens per answer (sets generate.max_new_tokens)")
+    sp.add_argument("--batch-size", type=int, metavar="N", help="answers per forward (sets generate.batch_size)")
+    sp.add_argument("--image", help="an input image file")
+    sp.add_argument("--audio", help="an input audio file")
+    sp.add_argument(
+        "--out", metavar="DIR", help="folder for generated images (PNG; default: RUN_DIR/generated, RUN_DIR being run.output_dir)"
+    )
+    sp.add_argument("--force", action="store_true", help="overwrite generated images already in the --out folder (refused without it)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,10 +339,12 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:  # `omnicore plugins | head`: the reader has all it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
             return 0
+    if args.command == "plot":  # kept light: no torch, no config
+        return _light(parser, args, extra, cmd_plot)
     from omnicore.config import ConfigError
 
     handlers = {"train": cmd_train, "plan": cmd_plan, "eval": cmd_eval, "generate": cmd_generate}
-    user_errors: tuple[type[BaseException], ...] = (ConfigError, RegistryError)
+    user_errors: tuple[type[BaseException], ...] = (ConfigError, RegistryError, UsageError)
     try:
         from omnicore.checkpoint.dcp import CheckpointError
         from omnicore.data.jsonl import SampleError
@@ -235,6 +361,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the file system said no: a user's problem to fix, in one line
+        print(f"error: {describe_os_error(exc)}", file=sys.stderr)
+        return 2
+
+
+def _light(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str], handler: Any) -> int:
+    """Run a subcommand that takes no config overrides, with its user errors as one line."""
+    from omnicore.plot import PlotError
+
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return handler(args)
+    except PlotError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
         print(f"error: {describe_os_error(exc)}", file=sys.stderr)
         return 2
 

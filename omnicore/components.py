@@ -8,7 +8,7 @@ A plugin's hook returns light :class:`ComponentSpec` objects. Nothing heavy is i
 component is built: the spec's ``target`` is a ``"module:attr"`` string that the registry resolves
 lazily (see :meth:`omnicore.registry.Registry.build`).
 
-The five kinds and what their ``target`` factory must return (each contract below lists every
+The six kinds and what their ``target`` factory must return (each contract below lists every
 member the core reads; PLUGINS.md's reference is generated from the same text and checked by
 ``tests/test_docs.py``):
 
@@ -23,6 +23,7 @@ foundation ``factory(options: dict)``                       an object implementi
 parallel   ``factory(options: dict)``                       an object implementing :class:`ParallelStrategy`
                                                             (and :class:`SequenceParallel` if it splits batches)
 kernel     ``factory(options: dict)``                       an object implementing :class:`Kernel`
+logger     ``factory(options: dict)``                       an object implementing :class:`Logger`
 ========== ================================================ ===========================================
 
 Encoders and decoders come in two parts, as transformers splits ``AutoProcessor`` from
@@ -39,8 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-KINDS: tuple[str, ...] = ("encoder", "decoder", "foundation", "parallel", "kernel")
-"""The five component kinds, in the order ``omnicore plugins`` lists them."""
+KINDS: tuple[str, ...] = ("encoder", "decoder", "foundation", "parallel", "kernel", "logger")
+"""The six component kinds, in the order ``omnicore plugins`` lists them (``logger``: core API 1.3)."""
 
 
 @dataclass(frozen=True)
@@ -466,6 +467,46 @@ class CrossEntropyKernel(Protocol):
         ``hidden``, ``weight`` and ``bias``."""
 
 
+@runtime_checkable
+class Logger(Protocol):
+    """Where a run's metrics, validation rows and images go (TensorBoard, W&B, a file), chosen by
+    ``run.loggers``; core API 1.3.
+
+    Built by ``factory(options)`` on rank 0 only, before step 1; several may run at once. The core
+    calls :meth:`start` once, then :meth:`log_metrics` and :meth:`log_images` any number of times,
+    then :meth:`close` once (also when the run stops early). A logger whose :meth:`start` raises
+    stops the run before step 1 (one ``error:`` line naming ``run.loggers[i]``); one that raises in
+    ``log_metrics``, ``log_images`` or ``close`` is reported once as a warning and is not called
+    again (the run goes on). A logger must not import torch or its library in its hook module; its
+    ``target`` module may.
+    """
+
+    def start(self, run_info: dict[str, Any]) -> None:
+        """Open the logger's output for one run.
+
+        ``run_info`` holds ``config`` (the run's config as a JSON-ready dict), ``output_dir`` (the
+        run folder, a ``str``; a logger writes under it unless its options say otherwise),
+        ``run_name`` (the output folder's name), ``resume`` (True when the run continues from a
+        checkpoint: append rather than start afresh) and ``start_step`` (steps already done).
+        Raise (any exception, with a message that says what to fix) if the logger cannot work."""
+
+    def log_metrics(self, step: int, row: dict[str, Any], split: str) -> None:
+        """Record one metrics row at optimizer step ``step`` (1-based: the steps done).
+
+        ``row`` maps names to ``float``, ``int``, ``bool``, ``str`` or ``None`` (a figure the
+        device cannot give, such as MFU on CPU); a float may be NaN or inf (a skipped step).
+        ``split`` is ``"train"`` for training rows and ``"val"`` for validation rows; a logger
+        keeps the splits apart (TensorBoard: tags ``train/loss``, ``val/loss``)."""
+
+    def log_images(self, step: int, name: str, images: list[Any]) -> None:
+        """Record images at step ``step`` under ``name`` (such as ``samples/image``): each a numpy
+        ``uint8`` array of shape ``[H, W, 3]`` (RGB). A logger that cannot store images does
+        nothing."""
+
+    def close(self) -> None:
+        """Flush and release everything; called once, at the end of the run or when it stops."""
+
+
 CONTRACTS: dict[str, tuple[type, ...]] = {
     "encoder": (Encoder,),
     "decoder": (Decoder,),
@@ -473,6 +514,7 @@ CONTRACTS: dict[str, tuple[type, ...]] = {
     "foundation": (Foundation,),
     "parallel": (ParallelStrategy, ParallelStrategyOptional, SequenceParallel),
     "kernel": (Kernel, CrossEntropyKernel),
+    "logger": (Logger,),
 }
 """The protocols that make up each kind's contract (required first, then optional or per-op parts);
 ``processor`` is the data side of encoders and decoders (``ComponentSpec.processor``)."""

@@ -6,8 +6,10 @@ configures. Errors name the file, the dotted key and, for a misspelt key, the cl
     examples/digits/config.yaml: train.max_step: unknown key; did you mean 'max_steps'?
 
 Overrides use dotted keys, as in ``omnicore train CONFIG --train.max_steps 50``; the value is parsed
-as YAML (``50`` is an int, ``true`` a bool, ``[1, 2]`` a list). Numbers follow YAML 1.2 in files
-and overrides alike (``1e-6`` is a float, see :func:`yaml_load`).
+as YAML (``50`` is an int, ``true`` a bool, ``[1, 2]`` a list). A mapping merges into the file's
+(``--model.decoders '{}'`` changes nothing); ``null`` removes the key, so it takes its default
+(``--model.decoders null`` trains without decoders, ``--data.eval null`` without held-out data).
+Numbers follow YAML 1.2 in files and overrides alike (``1e-6`` is a float, see :func:`yaml_load`).
 """
 
 from __future__ import annotations
@@ -296,6 +298,15 @@ class TrainConfig(_Strict):
         description="stop with a checkpoint after this step, as if interrupted (the LR schedule still spans max_steps); --resume continues",
     )
     log_every: int = Field(default=1, gt=0, description="append metrics to metrics.jsonl every N steps")
+    eval_every: int = Field(
+        default=0,
+        ge=0,
+        description="held-out loss over data.eval every N steps and at the last step, as a 'split: val' row in metrics.jsonl "
+        "(omnicore.train.validate; 0 = off)",
+    )
+    eval_max_samples: int | None = Field(
+        default=None, gt=0, description="validation during training uses only the first N samples of data.eval (None = all)"
+    )
     save_every: int = Field(default=0, ge=0, description="save a checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = Field(default=2, gt=0, description="keep the newest N checkpoints")
     export: bool = Field(default=True, description="export the trained components as safetensors folders at the end")
@@ -410,8 +421,15 @@ class ParallelConfig(_Strict):
 
 
 class GenerateConfig(_Strict):
+    """How `omnicore eval` and `omnicore generate` generate (:mod:`omnicore.model.generation`)."""
+
     max_new_tokens: int = Field(default=8, gt=0, description="text tokens generated per answer in eval/generate")
     temperature: float = Field(default=0.0, ge=0, description="0 is greedy decoding; otherwise softmax temperature")
+    top_k: int = Field(default=0, ge=0, description="when sampling (temperature > 0), draw among the k most likely tokens only; 0 = all")
+    top_p: float = Field(
+        default=1.0, gt=0, le=1, description="when sampling, draw among the smallest set of tokens whose probability reaches top_p; 1 = all"
+    )
+    batch_size: int = Field(default=16, gt=0, description="prompts per forward in eval and generate (left-padded, KV-cached)")
 
 
 class PluginsConfig(_Strict):
@@ -439,6 +457,16 @@ class RunConfig(_Strict):
     seed: int = Field(default=0, description="seeds model init, data order and sampling")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="where to train")
     dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="parameter and compute dtype")
+    loggers: list[str | ComponentConfig] = Field(
+        default_factory=lambda: ["jsonl"],
+        description="where metrics rows, validation rows and images go (rank 0 only), several at once: registry names (jsonl: "
+        "metrics.jsonl in run.output_dir; tensorboard with the omnicore-logger-tensorboard plugin) or {name, options}; [] logs "
+        "nowhere (see `omnicore plugins --kind logger`)",
+    )
+
+    def logger_list(self) -> list[ComponentConfig]:
+        """``loggers`` with every bare name turned into a :class:`ComponentConfig`, in order."""
+        return [c if isinstance(c, ComponentConfig) else ComponentConfig(name=c) for c in self.loggers]
 
 
 class Config(_Strict):
@@ -452,6 +480,14 @@ class Config(_Strict):
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig, description="which installed plugins may load (disable, allow, strict)")
     source: str | None = Field(default=None, exclude=True, description="the file this config came from (set by load_config)")
+
+    @field_validator("train")
+    @classmethod
+    def _eval_needs_data(cls, train: TrainConfig, info: Any) -> TrainConfig:
+        data = info.data.get("data")  # validated before train (declared first); absent when it failed
+        if train.eval_every and data is not None and not data.eval:
+            raise ValueError("eval_every needs data.eval (a held-out chat JSONL); set data.eval or train.eval_every: 0")
+        return train
 
     def resolve_path(self, p: str) -> Path:
         """A data path from config, relative to the config file's folder when not absolute."""
@@ -599,10 +635,17 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with the overrides ``extra`` merged in: mappings merge key by key, other values
+    replace, and ``None`` (``--model.decoders null``) removes the key, at any depth, so the field
+    takes its default (a table such as ``model.decoders`` becomes empty; ``--model.decoders.image
+    null`` removes one entry). No field accepts ``None`` beside a default other than ``None``, so
+    removing a key and setting it to ``None`` never differ."""
     out = dict(base)
     for k, v in extra.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict):
+            out[k] = _merge(out[k] if isinstance(out.get(k), dict) else {}, v)
         else:
             out[k] = v
     return out

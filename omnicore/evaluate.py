@@ -1,14 +1,15 @@
-"""Loading a trained model, generation (text and decoder media), and held-out accuracy.
+"""Loading a trained model, generation (text and decoder media), held-out accuracy and loss.
 
-Generation is greedy by default (``generate.temperature: 0``) and uses the foundation's KV cache.
-Text tokens come from the LM head; when the model emits a decoder's ``<|m_start|>`` token, the next
-``n`` positions are codes: each is chosen from ``decoder.head(hidden)`` and fed back through
-``decoder.embed``, where ``n`` is the length of the decoder's ``dummy_codes()`` (one full item); then
-``decoder.decode(codes)`` turns them into the medium (a PIL image).
+Generation itself is :mod:`omnicore.model.generation` (batched, left-padded, KV-cached; greedy by
+default, ``generate.temperature: 0``); :func:`generate` is re-exported here. ``omnicore eval`` and
+``omnicore generate`` run on ``run.device`` (:func:`eval_device`), ``generate.batch_size`` prompts
+per forward; eval writes every answer to ``eval.json`` in the run folder.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +18,9 @@ from typing import Any
 import torch
 
 from omnicore.config import Config, ModelConfig
-from omnicore.data.chat import ChatProcessor, Encoded
+from omnicore.data.chat import ChatProcessor
 from omnicore.data.jsonl import Message, Part, Sample
-from omnicore.data.packing import collate
+from omnicore.model.generation import Sampling, generate, generate_batch  # generate: also the public name here
 
 
 def model_config_from_export(export_dir: str | Path) -> ModelConfig:
@@ -68,77 +69,6 @@ def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None 
     return model, tokenizer, processor
 
 
-def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
-    if temperature <= 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-@torch.no_grad()
-def generate(
-    model: Any,
-    tokenizer: Any,
-    prompt: Encoded,
-    *,
-    max_new_tokens: int = 8,
-    temperature: float = 0.0,
-    seed: int = 0,
-    stop_id: int | None = None,
-) -> dict[str, Any]:
-    """Continue an encoded prompt (from ``ChatProcessor.encode(..., prompt_only=True)``).
-
-    Returns ``{"text": str, "images": {modality: [PIL images]}, "token_ids": [int]}``; text stops at
-    ``stop_id`` (the processor's ``end_of_turn_id``: ``<|im_end|>`` for ChatML, the chat template's
-    end-of-turn token otherwise; default ``tokenizer.eos_token_id``) or after ``max_new_tokens``
-    text tokens.
-    """
-    from transformers import DynamicCache
-
-    mb = collate([prompt], dict(model.encoders), dict(model.decoders))
-    embeds, _, _ = model.embed(mb.input_ids, mb.encoder_inputs, {}, mb.wheres)
-    start_of = {tid: m for m, tid in model.token_ids["decoder_start"].items()}
-    eos = tokenizer.eos_token_id if stop_id is None else stop_id
-    gen = torch.Generator().manual_seed(seed)
-    cache = DynamicCache()
-    pos = embeds.shape[1]
-    hidden = model.lm.base_model(inputs_embeds=embeds, position_ids=mb.position_ids, cache=cache, use_cache=True).last_hidden_state[:, -1]
-    out_ids: list[int] = []
-    images: dict[str, list[Any]] = {}
-
-    def feed(x: torch.Tensor) -> torch.Tensor:
-        nonlocal pos
-        h = model.lm.base_model(
-            inputs_embeds=x.view(1, 1, -1), position_ids=torch.tensor([[pos]]), cache=cache, use_cache=True
-        ).last_hidden_state[:, -1]
-        pos += 1
-        return h
-
-    emb = model.lm.get_input_embeddings()
-    while len(out_ids) < max_new_tokens:  # every emitted id is a text token; decoder codes are not counted
-        tok = _pick(model.lm.get_output_embeddings()(hidden)[0], temperature, gen)
-        out_ids.append(tok)
-        if tok == eos:
-            break
-        hidden = feed(emb(torch.tensor([tok])))
-        if tok in start_of:
-            image, hidden = _generate_item(model.decoders[start_of[tok]], hidden, feed, temperature, gen)
-            images.setdefault(start_of[tok], []).append(image)
-    text_ids = [t for t in out_ids if t != eos]
-    return {"text": tokenizer.decode(text_ids, skip_special_tokens=True), "images": images, "token_ids": out_ids}
-
-
-def _generate_item(dec: Any, hidden: torch.Tensor, feed: Any, temperature: float, gen: torch.Generator) -> tuple[Any, torch.Tensor]:
-    """One full decoder item (``len(dec.dummy_codes())`` codes, each fed back through
-    ``dec.embed``) after its start token; returns the decoded medium and the last hidden state."""
-    codes = []
-    for _ in range(int(dec.dummy_codes().numel())):
-        code = _pick(dec.head(hidden)[0], temperature, gen)
-        codes.append(code)
-        hidden = feed(dec.embed(torch.tensor([code])))
-    return dec.decode(torch.tensor(codes)), hidden
-
-
 def _answer(sample: Sample) -> str | None:
     last = sample.messages[-1]
     if last.role != "assistant" or any(p.type != "text" for p in last.parts):
@@ -146,14 +76,199 @@ def _answer(sample: Sample) -> str | None:
     return "".join(p.value for p in last.parts).strip()
 
 
-def evaluate(cfg: Config, *, checkpoint: str | None = None, export: str | None = None, limit: int | None = None) -> dict[str, Any]:
-    """Exact-match accuracy of generated answers on ``data.eval`` samples whose answer is text.
-
-    Samples are grouped by their ``task`` key (or ``default``). Returns
-    ``{"accuracy", "correct", "total", "seconds", "tasks": {task: {"accuracy", "correct", "total"}}}``.
+def heldout_loss_of(cfg: Config, model: Any, processor: ChatProcessor) -> dict[str, Any]:
+    """The held-out loss of a loaded model on ``data.eval``, as validation during training computes
+    it (:func:`omnicore.train.validate.heldout_loss`: the same samples, ``train.eval_max_samples``
+    included, packing budget, autocast and normalisation), on one process; comparable with the
+    ``"split": "val"`` rows of ``metrics.jsonl``. Returns ``{"loss", "loss/text",
+    "loss/decoder.<m>"..., "loss_targets"}`` (a part without targets is left out).
 
     Raises:
-        ConfigError: if ``data.eval`` is not set.
+        SampleError: a bad held-out sample (``FILE:LINE: ...``) when ``data.on_error`` is ``raise``.
+    """
+    import contextlib
+
+    from omnicore.train.validate import heldout_loss
+
+    device = next(model.parameters()).device
+    bf16 = cfg.train.mixed_precision == "bf16"
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    path = cfg.resolve_path(cfg.data.eval or "")
+    figures = heldout_loss(model, processor, path, cfg.data.max_tokens, max_samples=cfg.train.eval_max_samples,
+                           on_error=cfg.data.on_error, autocast=autocast)  # fmt: skip
+    out = {k[4:]: v for k, v in figures.items() if k.startswith("val_loss")}
+    out["loss_targets"] = figures["val_targets"]
+    return out
+
+
+def eval_device(cfg: Config) -> torch.device:
+    """Where ``omnicore eval`` and ``generate`` run: ``run.device`` (``auto``: the GPU when torch
+    sees one, else the CPU).
+
+    Raises:
+        ConfigError: ``run.device: cuda`` on a machine where ``torch.cuda.is_available()`` is False.
+    """
+    from omnicore.config import ConfigError
+
+    want = cfg.run.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{cfg.source}: run.device: cuda, but torch sees no CUDA device here; use auto or cpu")
+    return torch.device("cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu")
+
+
+def sampling_of(cfg: Config) -> Sampling:
+    """The config's ``generate`` section (temperature, top_k, top_p) as a :class:`Sampling`."""
+    g = cfg.generate
+    return Sampling(g.temperature, g.top_k, g.top_p)
+
+
+def prompt_text(sample: Sample) -> str:
+    """The prompt of ``sample`` as one line for ``eval.json``: the messages before its answer,
+    ``role: text``, media as ``<image: PATH>`` (``<image: N bytes>`` for media read from a table)."""
+    messages = sample.messages[:-1] if sample.messages and sample.messages[-1].role == "assistant" else sample.messages
+
+    def part(p: Part) -> str:
+        if p.type == "text":
+            return str(p.value)
+        return f"<{p.type}: {len(p.value)} bytes>" if isinstance(p.value, bytes) else f"<{p.type}: {p.value}>"
+
+    return " | ".join(f"{m.role}: " + " ".join(part(p) for p in m.parts) for m in messages)
+
+
+class PlainLines:
+    """Eval progress in a log file (stderr not a terminal): ``eval: 160/800 samples (20%); 12 s
+    elapsed, about 48 s left`` after the first batch, at every further tenth of the samples and at the
+    end. The part of tqdm's interface the eval loop uses: ``update(n)`` and ``close()``.
+
+    Args:
+        total: samples to evaluate.
+        stream: where lines go (default: stderr at the time of each line).
+    """
+
+    def __init__(self, total: int, stream: Any = None) -> None:
+        self.total, self.n, self.stream = total, 0, stream
+        self.start = time.monotonic()
+        self.next_at = 0
+
+    def update(self, n: int) -> None:
+        """``n`` more samples done; prints a line when a tenth more of the total is done."""
+        self.n += n
+        if self.n < self.next_at and self.n < self.total:
+            return
+        self.next_at = self.n + max(1, self.total // 10)
+        elapsed = time.monotonic() - self.start
+        left = f", about {elapsed / self.n * (self.total - self.n):.0f} s left" if self.n < self.total else ""
+        pct = 100 * self.n / max(self.total, 1)
+        print(
+            f"eval: {self.n}/{self.total} samples ({pct:.0f}%); {elapsed:.0f} s elapsed{left}", file=self.stream or sys.stderr, flush=True
+        )
+
+    def close(self) -> None:
+        """Nothing to tidy: every line is complete when printed."""
+
+
+def _progress(total: int) -> Any:
+    """A tqdm bar on a terminal, else :class:`PlainLines`."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc="eval", unit="sample", dynamic_ncols=True)
+    return PlainLines(total)
+
+
+def score_samples(
+    cfg: Config, model: Any, tokenizer: Any, processor: ChatProcessor, samples: list[Sample], *, progress: bool = True
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Generate the answers of ``samples`` (each with a text answer) ``generate.batch_size`` prompts
+    per forward on the model's device, and score them by exact match.
+
+    Prompts are batched in order of length (less padding); sample ``i`` draws with seed
+    ``run.seed + i`` whatever its batch, so the answers do not depend on the batch size.
+
+    Returns:
+        ``(summary, rows)``: ``{"accuracy", "correct", "total", "seconds", "seconds_per_sample",
+        "batch_size", "device", "tasks": {task: {"accuracy", "correct", "total"}}}`` (tasks from each
+        sample's ``task`` key, else ``default``), and one row per sample in input order:
+        ``{"where", "task", "prompt", "expected", "answer", "correct"}``.
+
+    Raises:
+        SampleError: a prompt that cannot be encoded (``FILE:LINE: ...``).
+    """
+    t0 = time.perf_counter()
+    prompts = [processor.encode(s, prompt_only=True) for s in samples]
+    order = sorted(range(len(samples)), key=lambda i: len(prompts[i]))
+    size = cfg.generate.batch_size
+    answers: dict[int, str] = {}
+    bar = _progress(len(samples)) if progress else None
+    for b in range(0, len(order), size):
+        idx = order[b : b + size]
+        outs = generate_batch(
+            model,
+            tokenizer,
+            [prompts[i] for i in idx],
+            max_new_tokens=cfg.generate.max_new_tokens,
+            sampling=sampling_of(cfg),
+            seeds=[cfg.run.seed + i for i in idx],
+            stop_id=processor.end_of_turn_id,
+        )
+        answers.update((i, o["text"].strip()) for i, o in zip(idx, outs))
+        if bar is not None:
+            bar.update(len(idx))
+    if bar is not None:
+        bar.close()
+    rows = [_row(s, answers[i]) for i, s in enumerate(samples)]
+    seconds = time.perf_counter() - t0
+    summary = _summary(rows)
+    summary.update(seconds=seconds, seconds_per_sample=seconds / max(len(rows), 1), batch_size=size)
+    summary["device"] = str(next(model.parameters()).device)
+    return summary, rows
+
+
+def _row(sample: Sample, answer: str) -> dict[str, Any]:
+    expected = _answer(sample)
+    task = str(sample.meta.get("task", "default"))
+    return {
+        "where": sample.where,
+        "task": task,
+        "prompt": prompt_text(sample),
+        "expected": expected,
+        "answer": answer,
+        "correct": answer == expected,
+    }
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    tasks: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        t = tasks.setdefault(r["task"], {"correct": 0, "total": 0})
+        t["total"] += 1
+        t["correct"] += int(r["correct"])
+    for t in tasks.values():
+        t["accuracy"] = t["correct"] / max(t["total"], 1)
+    correct, total = sum(t["correct"] for t in tasks.values()), len(rows)
+    return {"accuracy": correct / max(total, 1), "correct": correct, "total": total, "tasks": tasks}
+
+
+def evaluate(
+    cfg: Config,
+    *,
+    checkpoint: str | None = None,
+    export: str | None = None,
+    limit: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """``omnicore eval``: exact-match accuracy of generated answers on the ``data.eval`` samples whose
+    answer is text (the first ``limit`` of them), on :func:`eval_device`, ``generate.batch_size``
+    prompts per forward (:func:`score_samples`), with a progress bar on stderr when ``progress``.
+
+    Writes ``eval.json`` in ``run.output_dir``: ``{"summary": ..., "samples": [{"where", "task",
+    "prompt", "expected", "answer", "correct"}, ...]}``. Returns the summary of
+    :func:`score_samples` plus ``"eval_json"`` (the file's path) and the held-out loss of
+    :func:`heldout_loss_of` (``"loss"``, ``"loss/text"``, ...; over every sample of ``data.eval`` up
+    to ``train.eval_max_samples``, not only those with a text answer, and not limited by ``limit``).
+
+    Raises:
+        ConfigError: if ``data.eval`` is not set, or ``run.device: cuda`` without a GPU.
     """
     from omnicore.config import ConfigError
     from omnicore.data.jsonl import read_jsonl
@@ -161,50 +276,94 @@ def evaluate(cfg: Config, *, checkpoint: str | None = None, export: str | None =
     if not cfg.data.eval:
         raise ConfigError(f"{cfg.source}: data.eval: required for `omnicore eval` (a held-out JSONL)")
     model, tokenizer, processor = load_trained(cfg, checkpoint, export)
+    model.to(eval_device(cfg))
+    loss = heldout_loss_of(cfg, model, processor)  # the held-out loss, as train.eval_every computes it
     samples = [s for s in read_jsonl(cfg.resolve_path(cfg.data.eval)) if _answer(s) is not None]
     samples = samples[:limit] if limit else samples
-    t0 = time.perf_counter()
-    tasks: dict[str, dict[str, Any]] = {}
-    for s in samples:
-        out = _generate(cfg, model, tokenizer, processor, s)
-        r = tasks.setdefault(str(s.meta.get("task", "default")), {"correct": 0, "total": 0})
-        r["total"] += 1
-        r["correct"] += int(out["text"].strip() == _answer(s))
-    for r in tasks.values():
-        r["accuracy"] = r["correct"] / max(r["total"], 1)
-    correct, total = sum(r["correct"] for r in tasks.values()), sum(r["total"] for r in tasks.values())
-    return {"accuracy": correct / max(total, 1), "correct": correct, "total": total, "seconds": time.perf_counter() - t0, "tasks": tasks}
+    summary, rows = score_samples(cfg, model, tokenizer, processor, samples, progress=progress)
+    summary.update(loss)
+    path = Path(cfg.run.output_dir) / "eval.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"summary": summary, "samples": rows}, indent=1) + "\n")
+    return {**summary, "eval_json": str(path)}
 
 
 def _generate(cfg: Config, model: Any, tokenizer: Any, processor: ChatProcessor, sample: Sample) -> dict[str, Any]:
     """:func:`generate` of ``sample``'s prompt with the config's ``generate`` section and seed, stopping
     at the end-of-turn token of ``processor``'s chat format."""
+    g = cfg.generate
     return generate(
         model,
         tokenizer,
         processor.encode(sample, prompt_only=True),
-        max_new_tokens=cfg.generate.max_new_tokens,
-        temperature=cfg.generate.temperature,
+        max_new_tokens=g.max_new_tokens,
+        temperature=g.temperature,
+        top_k=g.top_k,
+        top_p=g.top_p,
         seed=cfg.run.seed,
         stop_id=processor.end_of_turn_id,
     )
 
 
 def generate_cli(
-    cfg: Config, *, prompt: str, image: str | None, audio: str | None, out_dir: str, checkpoint: str | None, export: str | None
+    cfg: Config,
+    *,
+    prompts: list[str],
+    image: str | None,
+    audio: str | None,
+    out_dir: str,
+    checkpoint: str | None,
+    export: str | None,
+    num_samples: int = 1,
 ) -> Iterator[str]:
     """``omnicore generate``: yields lines to print: ``text: '...'`` (the generated text, quoted, so
     that text the model wrote after an image is not mistaken for an answer), then ``saved PATH``
-    for each generated image."""
+    for each generated image. With several prompts or ``num_samples`` > 1 each answer's line starts
+    with ``prompt P, sample S:`` (from 1) and its images are ``generated-pP-sS-MODALITY-I.png``.
+
+    ``image`` / ``audio`` go with every prompt. Runs on :func:`eval_device`, ``generate.batch_size``
+    rows per forward, with the ``generate`` section's sampling; answer ``k`` (prompt-major) draws
+    with seed ``run.seed + k``.
+
+    Raises:
+        ConfigError: ``num_samples`` < 1, or > 1 with greedy decoding (``generate.temperature: 0``
+            would give identical answers), or ``run.device: cuda`` without a GPU.
+    """
+    from omnicore.config import ConfigError
+
+    if num_samples < 1 or (num_samples > 1 and cfg.generate.temperature <= 0):
+        raise ConfigError(f"--num-samples {num_samples}: needs 1, or more with sampling (--temperature > 0; greedy answers are all alike)")
     model, tokenizer, processor = load_trained(cfg, checkpoint, export)
-    parts = [Part(k, v) for k, v in (("image", image), ("audio", audio)) if v] + [Part("text", prompt)]
-    sample = Sample([Message("user", parts)], "<command line>", 0)
-    out = _generate(cfg, model, tokenizer, processor, sample)
-    yield f"text: {out['text']!r}"
-    folder = Path(out_dir)
+    model.to(eval_device(cfg))
+    media = [Part(k, v) for k, v in (("image", image), ("audio", audio)) if v]
+    encoded = [
+        processor.encode(Sample([Message("user", media + [Part("text", p)])], "<command line>", 0), prompt_only=True) for p in prompts
+    ]
+    jobs = [(p, s) for p in range(len(prompts)) for s in range(num_samples)]
+    size = cfg.generate.batch_size
+    for b in range(0, len(jobs), size):
+        chunk = jobs[b : b + size]
+        outs = generate_batch(
+            model,
+            tokenizer,
+            [encoded[p] for p, _ in chunk],
+            max_new_tokens=cfg.generate.max_new_tokens,
+            sampling=sampling_of(cfg),
+            seeds=[cfg.run.seed + b + k for k in range(len(chunk))],
+            stop_id=processor.end_of_turn_id,
+        )
+        for (p, s), out in zip(chunk, outs):
+            multi = len(jobs) > 1
+            label, stem = (f"prompt {p + 1}, sample {s + 1}: ", f"p{p + 1}-s{s + 1}-") if multi else ("", "")
+            yield from _answer_lines(out, Path(out_dir), stem, label)
+
+
+def _answer_lines(out: dict[str, Any], folder: Path, stem: str, label: str) -> Iterator[str]:
+    """``LABELtext: '...'``, then ``saved PATH`` per image (``generated-STEMMODALITY-I.png``)."""
+    yield f"{label}text: {out['text']!r}"
     for m, imgs in out["images"].items():
         for i, img in enumerate(imgs):
             folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"generated-{m}-{i}.png"
+            path = folder / f"generated-{stem}{m}-{i}.png"
             img.save(path)
             yield f"saved {path}"

@@ -75,11 +75,22 @@ def omnicore_kernels() -> list:
     """
 
 
+@hookspec
+def omnicore_loggers() -> list:
+    """Register metrics loggers (TensorBoard, W&B, MLflow, a file), chosen by ``run.loggers``.
+
+    Returns a list of ``ComponentSpec`` with ``kind="logger"``; each ``target`` factory is called
+    as ``factory(options)`` on rank 0 only and returns a :class:`omnicore.components.Logger`.
+    Core API 1.3.
+    """
+
+
 HOOK_FOR_KIND: dict[str, str] = {
     "encoder": "omnicore_encoders",
     "decoder": "omnicore_decoders",
     "foundation": "omnicore_foundations",
     "parallel": "omnicore_parallel_strategies",
     "kernel": "omnicore_kernels",
+    "logger": "omnicore_loggers",
 }
 """Which registration hook registers which kind."""

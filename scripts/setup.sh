@@ -10,7 +10,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "creating $VENV"
   "$PY" -m venv "$VENV"
 fi
-PLUGINS=(plugins/omnicore-audio-whisper plugins/omnicore-image-siglip plugins/omnicore-image-movqgan contrib/omnicore-parallel-offload plugins/omnicore-parallel-ulysses plugins/omnicore-parallel-comet plugins/omnicore-kernels-flash-attn plugins/omnicore-kernels-liger)
+PLUGINS=(plugins/omnicore-audio-whisper plugins/omnicore-image-siglip plugins/omnicore-image-movqgan contrib/omnicore-parallel-offload plugins/omnicore-parallel-ulysses plugins/omnicore-parallel-comet plugins/omnicore-kernels-flash-attn plugins/omnicore-kernels-liger plugins/omnicore-logger-tensorboard)
 stamp="$VENV/.omnicore-setup"
 want=$(cat pyproject.toml "${PLUGINS[@]/%//pyproject.toml}" scripts/setup.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

@@ -16,7 +16,7 @@ import pytest
 
 from omnicore.testing import write_fake_distribution
 
-KINDS = ("encoder", "decoder", "foundation", "parallel", "kernel")
+KINDS = ("encoder", "decoder", "foundation", "parallel", "kernel", "logger")
 EXPECTED = [  # (kind, name, provider) in the order `omnicore plugins` lists them
     ("encoder", "siglip", "omnicore-image-siglip"),
     ("encoder", "whisper", "omnicore-audio-whisper"),
@@ -31,6 +31,7 @@ EXPECTED = [  # (kind, name, provider) in the order `omnicore plugins` lists the
         ("kernel", k, "omnicore")
         for k in ("chunked_cross_entropy", "eager", "sdpa", "sdpa_varlen", "torch_cross_entropy", "torch_rms_norm")
     ),
+    ("logger", "jsonl", "omnicore"),
 ]
 BUILTIN_KERNELS = [name for kind, name, _ in EXPECTED if kind == "kernel"]
 HEADER = ["KIND", "NAME", "PROVIDER", "VERSION", "STATUS", "DESCRIPTION"]
@@ -388,7 +389,7 @@ def test_plugins_no_load_imports_no_plugin_code(tmp_path, no_load_site):
     assert (data["future"]["status"], data["future"]["api"]) == ("incompatible", ">=2,<3")
     assert (
         data["future"]["reason"]
-        == "entry point 'future = nl_future' of omnicore-future 3.1.0 requires omnicore API >=2,<3; omnicore 0.1.0 provides API 1.2"
+        == "entry point 'future = nl_future' of omnicore-future 3.1.0 requires omnicore API >=2,<3; omnicore 0.1.0 provides API 1.3"
     )
     assert (data["whisper"]["value"], data["whisper"]["api"], data["whisper"]["version"]) == (
         "omnicore_audio_whisper.plugin",

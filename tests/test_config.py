@@ -106,7 +106,7 @@ def test_misspelt_required_key_reports_both_problems(tmp_path):
 
 def test_unknown_key_without_close_match_lists_valid_keys(tmp_path):
     p = write(tmp_path, BASE + "generate:\n  qqqqqqq: 3\n")
-    assert error_of(p) == f"{p}: generate.qqqqqqq: unknown key; valid keys: max_new_tokens, temperature"
+    assert error_of(p) == f"{p}: generate.qqqqqqq: unknown key; valid keys: max_new_tokens, temperature, top_k, top_p, batch_size"
 
 
 def test_several_errors_each_on_its_own_line(tmp_path):

@@ -82,7 +82,8 @@ def recording(monkeypatch):
 
 
 def test_contract_lists_are_the_protocols():
-    assert set(CONTRACTS) == {"encoder", "decoder", "processor", "foundation", "parallel", "kernel"}
+    assert set(CONTRACTS) == {"encoder", "decoder", "processor", "foundation", "parallel", "kernel", "logger"}
+    assert contract_members("logger") == {"start", "log_metrics", "log_images", "close"}
     assert contract_members("processor") == {"modality", "preprocess", "num_tokens", "collate"}
     assert contract_members("encoder") == {"modality", "forward", "dummy_batch", "save_pretrained"}
     assert contract_members("parallel") == {"mesh_dims", "apply", "phase", "apply_with_state", "validate", "plan", "data_split"}

@@ -86,9 +86,11 @@ def test_eval_accuracy_counts_exact_matches(built, digits_jsonl, tmp_path, monke
     from omnicore.data.jsonl import read_jsonl
 
     model, tok, processor = built
-    cfg = Config.model_validate(tiny_config_dict(str(digits_jsonl / "train.jsonl"), eval=str(digits_jsonl / "eval.jsonl")))
+    cfg = Config.model_validate(
+        tiny_config_dict(str(digits_jsonl / "train.jsonl"), eval=str(digits_jsonl / "eval.jsonl"), output_dir=str(tmp_path / "run"))
+    )
     monkeypatch.setattr(ev, "load_trained", lambda *a, **k: (model, tok, processor))
-    result = ev.evaluate(cfg, limit=8)
+    result = ev.evaluate(cfg, limit=8, progress=False)
     samples = read_jsonl(digits_jsonl / "eval.jsonl")[:8]
     want: dict[str, list[int]] = {}
     for s in samples:
@@ -110,7 +112,7 @@ def test_generate_cli_labels_the_text_and_saves_images(built, tmp_path, monkeypa
     cfg = Config.model_validate(tiny_config_dict("unused.jsonl"))
     monkeypatch.setattr(ev, "load_trained", lambda *a, **k: (model, tok, processor))
     lines = list(
-        ev.generate_cli(cfg, prompt="Draw the digit 7.", image=None, audio=None, out_dir=str(tmp_path), checkpoint=None, export=None)
+        ev.generate_cli(cfg, prompts=["Draw the digit 7."], image=None, audio=None, out_dir=str(tmp_path), checkpoint=None, export=None)
     )
     want = generate(model, tok, _prompt(processor, [Part("text", "Draw the digit 7.")]), max_new_tokens=cfg.generate.max_new_tokens)
     assert lines[0] == f"text: {want['text']!r}"

@@ -25,6 +25,7 @@ BUILTINS = [
     ("foundation", "hf_causal_lm"),
     *(("parallel", n) for n in ("activation_checkpointing", "compile", "ep", "fsdp2", "none")),
     *(("kernel", n) for n in ("chunked_cross_entropy", "eager", "sdpa", "sdpa_varlen", "torch_cross_entropy", "torch_rms_norm")),
+    ("logger", "jsonl"),
 ]
 """Every built-in component (kind, name)."""
 
@@ -191,7 +192,7 @@ def test_row_as_dict_keys():
         "description": d["description"],
         "entry_point": "builtin",
         "target": "omnicore.parallel.fsdp:FSDP2",
-        "api": "==1.2",
+        "api": "==1.3",
     }
     assert "FSDP2" in d["description"]
 
@@ -525,7 +526,7 @@ def test_unknown_kind():
     reg = Registry.discover()
     with pytest.raises(RegistryError) as ei:
         reg.resolve("encoders", "siglip")
-    assert str(ei.value) == "unknown component kind 'encoders'; kinds are encoder, decoder, foundation, parallel, kernel"
+    assert str(ei.value) == "unknown component kind 'encoders'; kinds are encoder, decoder, foundation, parallel, kernel, logger"
 
 
 # ---- (h) options validation -------------------------------------------------------------------
@@ -619,12 +620,12 @@ def test_registries_are_independent(site):
 def test_first_party_plugins_declare_their_api_range():
     from omnicore import CORE_API_VERSION
 
-    assert CORE_API_VERSION == "1.2"
+    assert CORE_API_VERSION == "1.3"
     reg = Registry.discover()
     api = {r.provider: r.api for r in reg.rows if r.provider in EXPECTED_INSTALLED.values()}
     # the media plugins register processors (ComponentSpec.processor, added in 1.2)
     assert api == {
-        "omnicore": "==1.2",
+        "omnicore": "==1.3",
         "omnicore-image-siglip": ">=1.2,<2",
         "omnicore-audio-whisper": ">=1.2,<2",
         "omnicore-image-movqgan": ">=1.2,<2",
@@ -637,7 +638,7 @@ def test_incompatible_plugin_is_not_imported(site):
     (row,) = rows_of(reg, "omnicore-future")
     assert (row.kind, row.name, row.version, row.status, row.api, row.spec) == ("-", "future", "3.1.0", "incompatible", ">=2.0,<3", None)
     assert row.reason == (
-        f"entry point 'future = {module}' of omnicore-future 3.1.0 requires omnicore API >=2.0,<3; omnicore 0.1.0 provides API 1.2"
+        f"entry point 'future = {module}' of omnicore-future 3.1.0 requires omnicore API >=2.0,<3; omnicore 0.1.0 provides API 1.3"
     )
     assert module not in sys.modules  # checked from metadata alone
     assert not [r for r in reg.components() if r.name in ("fastattn", "fakeenc")]
@@ -674,7 +675,7 @@ def test_strict_mode_raises_on_incompatible(site, monkeypatch):
     monkeypatch.setenv("OMNICORE_STRICT", "1")
     with pytest.raises(RegistryError) as ei:
         Registry.discover()
-    assert str(ei.value).endswith("requires omnicore API >=2; omnicore 0.1.0 provides API 1.2 (strict mode: OMNICORE_STRICT=1)")
+    assert str(ei.value).endswith("requires omnicore API >=2; omnicore 0.1.0 provides API 1.3 (strict mode: OMNICORE_STRICT=1)")
 
 
 def test_api_range_is_read_among_other_keywords(tmp_path):

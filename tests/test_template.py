@@ -28,6 +28,7 @@ VARIANTS = [
     ({"kind": "foundation"}, "omnicore-foundation-tiny-foundation", "foundation", "tiny_foundation"),
     ({"kind": "parallel"}, "omnicore-parallel-tiny-parallel", "parallel", "tiny_parallel"),
     ({"kind": "kernel"}, "omnicore-kernel-tiny-kernel", "kernel", "tiny_kernel"),
+    ({"kind": "logger", "name": "csvlog"}, "omnicore-logger-csvlog", "logger", "csvlog"),
 ]
 
 
@@ -92,6 +93,8 @@ def test_generated_files(generated):
     # one component file per kind: the other kinds' files are not generated
     assert not (enc / "omnicore_encoder_patchconv" / "decoder.py").exists()
     assert (dirs[5] / "omnicore_kernel_tiny_kernel" / "kernel.py").is_file()
+    assert (dirs[6] / "omnicore_logger_csvlog" / "logger.py").is_file()
+    assert "omnicore-api >=1.3,<2" in (dirs[6] / "pyproject.toml").read_text()  # loggers: core API 1.3
     assert "class TestPatchconvContract(EncoderContract):" in (enc / "tests" / "test_contract.py").read_text()
 
 

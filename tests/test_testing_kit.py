@@ -165,7 +165,8 @@ def test_isolated_registry_has_only_its_plugins(isolated_registry, toy_dist, mon
     keys = sorted(r.spec.key for r in with_builtins.components())
     kernels = ["chunked_cross_entropy", "eager", "sdpa", "sdpa_varlen", "torch_cross_entropy", "torch_rms_norm"]
     parallel = ["activation_checkpointing", "compile", "ep", "fsdp2", "none"]
-    assert keys == ["encoder/toy", "foundation/hf_causal_lm"] + [f"kernel/{k}" for k in kernels] + [f"parallel/{p}" for p in parallel]
+    builtin = [f"kernel/{k}" for k in kernels] + ["logger/jsonl"] + [f"parallel/{p}" for p in parallel]
+    assert keys == ["encoder/toy", "foundation/hf_causal_lm"] + builtin
     # discovery would also find siglip, whisper and movqgan: the isolated one does not
     assert "siglip" not in {r.name for r in with_builtins.rows}
 

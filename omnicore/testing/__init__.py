@@ -41,10 +41,19 @@ __all__ = [
     "FoundationContract",
     "KernelContract",
     "ParallelStrategyContract",
+    "LoggerContract",
     "sample_media",
 ]
 
-_CONTRACTS = {"EncoderContract", "DecoderContract", "FoundationContract", "KernelContract", "ParallelStrategyContract", "sample_media"}
+_CONTRACTS = {
+    "EncoderContract",
+    "DecoderContract",
+    "FoundationContract",
+    "KernelContract",
+    "ParallelStrategyContract",
+    "LoggerContract",
+    "sample_media",
+}
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: the contract suites import torch, so load them lazily

@@ -768,3 +768,102 @@ class ParallelStrategyContract(ComponentContract):
             got = applied(ids, labels, pos).loss_sum
         torch.testing.assert_close(got, want, atol=0, rtol=0)
         assert sum(p.numel() for p in applied.parameters()) == sum(p.numel() for p in tiny_causal_lm(self.seed).parameters())
+
+
+class LoggerContract(ComponentContract):
+    """Contract of a logger (:class:`omnicore.components.Logger`), run without training.
+
+    The logger is built through the registry, started with a ``run_info`` whose ``output_dir`` is a
+    fresh temporary folder, fed the rows of :attr:`rows` (training rows with ``int``, ``float``,
+    ``None``, ``bool`` and a NaN value, as a skipped step has, then a validation row) and a batch of
+    images, and closed. None of that may raise, and the logger must write nothing outside the
+    output folder it was given (unless its options point elsewhere).
+
+    Override :meth:`read_back` with one that reads what the logger stored (a TensorBoard event
+    file, an MLflow store): the suite then checks that every finite float and int of every row came
+    back, at its step and split, within ``rtol`` (TensorBoard stores float32 scalars; stored
+    non-finite values are not compared), also after a resumed ``start`` (``resume=True``), which
+    must keep what the earlier run logged. Without it only the calls are checked.
+    """
+
+    kind: ClassVar[str] = "logger"
+    rtol: ClassVar[float] = 1e-6
+
+    rows: ClassVar[list[tuple[int, dict[str, Any], str]]] = [
+        (1, {"step": 1, "loss": 2.5, "lr": 1e-4, "targets": 40, "mfu": None, "skipped": False}, "train"),
+        (2, {"step": 2, "loss": 2.25, "lr": 2e-4, "targets": 38, "mfu": None, "skipped": False}, "train"),
+        (3, {"step": 3, "loss": float("nan"), "lr": 3e-4, "targets": 0, "mfu": None, "skipped": True, "skip_reason": "nonfinite"}, "train"),
+        (2, {"step": 2, "loss": 2.75, "loss/text": 2.5}, "val"),
+    ]
+    """``(step, row, split)`` handed to ``log_metrics``, in order."""
+
+    def run_info(self, output_dir: Any, *, resume: bool = False, start_step: int = 0) -> dict[str, Any]:
+        """A ``run_info`` as the core gives it (see :meth:`omnicore.components.Logger.start`)."""
+        return {
+            "config": {"run": {"output_dir": str(output_dir), "seed": 0}, "train": {"max_steps": 3, "lr": 3e-4}},
+            "output_dir": str(output_dir),
+            "run_name": os.path.basename(str(output_dir)),
+            "resume": resume,
+            "start_step": start_step,
+        }
+
+    def read_back(self, output_dir: Any) -> dict[tuple[str, str], list[tuple[int, float]]] | None:
+        """What the logger stored under ``output_dir``: ``{(split, key): [(step, value), ...]}``.
+        None (the default) skips the value checks; override it for a logger that can be read."""
+        return None
+
+    def images(self) -> list[np.ndarray]:
+        """Two 8x12 RGB ``uint8`` images (a gradient and its inverse)."""
+        img = (np.arange(8 * 12 * 3).reshape(8, 12, 3) % 256).astype(np.uint8)
+        return [img, 255 - img]
+
+    def _log_all(self, out: Any, rows: list[tuple[int, dict[str, Any], str]], *, resume: bool = False) -> None:
+        logger = self.build()
+        logger.start(self.run_info(out, resume=resume, start_step=rows[0][0] - 1 if resume else 0))
+        for step, row, split in rows:
+            logger.log_metrics(step, copy.deepcopy(row), split)
+        logger.log_images(rows[-1][0], "samples/image", self.images())
+        logger.close()
+
+    def _expected(self, rows: list[tuple[int, dict[str, Any], str]]) -> dict[tuple[str, str], list[tuple[int, float]]]:
+        want: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        for step, row, split in rows:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
+                    want.setdefault((split, key), []).append((step, float(value)))
+        return want
+
+    def _check_stored(self, out: Any, rows: list[tuple[int, dict[str, Any], str]]) -> None:
+        got = self.read_back(out)
+        if got is None:
+            pytest.skip(f"{type(self).__name__}.read_back is not overridden: nothing reads the stored values")
+        for (split, key), points in self._expected(rows).items():
+            # a NaN logged for a skipped step may be stored as NaN (TensorBoard shows a gap): not compared
+            stored = sorted((int(s), float(v)) for s, v in got.get((split, key), []) if np.isfinite(float(v)))
+            assert [s for s, _ in stored] == [s for s, _ in points], (
+                f"logger {self.name}: {split} {key!r} stored at steps {[s for s, _ in stored]}, logged at {[s for s, _ in points]}"
+            )
+            np.testing.assert_allclose([v for _, v in stored], [v for _, v in points], rtol=self.rtol, err_msg=f"{split} {key!r}")
+
+    def test_implements_protocol(self):
+        from omnicore.components import Logger
+
+        assert isinstance(self.build(), Logger), f"logger {self.name}: needs start, log_metrics, log_images and close"
+
+    def test_logs_rows_and_images_without_raising(self, tmp_path):
+        out = tmp_path / "run"
+        before = set(os.listdir(tmp_path))
+        self._log_all(out, self.rows)
+        assert set(os.listdir(tmp_path)) - before <= {"run"}, f"logger {self.name} wrote outside run_info['output_dir']"
+
+    def test_stored_values_match_logged(self, tmp_path):
+        out = tmp_path / "run"
+        self._log_all(out, self.rows)
+        self._check_stored(out, self.rows)
+
+    def test_resume_keeps_earlier_rows(self, tmp_path):
+        out = tmp_path / "run"
+        first, later = self.rows[:2], [r for r in self.rows[2:] if r[2] == "train"]
+        self._log_all(out, first)
+        self._log_all(out, later, resume=True)
+        self._check_stored(out, first + later)

@@ -38,7 +38,6 @@ for the FLOP count and its source.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 import time
@@ -58,9 +57,11 @@ from omnicore.model.trainable import apply_freeze
 from omnicore.parallel.parallelize import build_strategies, data_split, parallelize
 from omnicore.parallel.state import ParallelState, init_parallel_state
 from omnicore.registry import Registry, registry_for
+from omnicore.train.loggers import Loggers, check_loggers, start_loggers
 from omnicore.train.metrics import FlopsModel, flops_model, padding_waste, peak_memory_mib, peak_tflops
 from omnicore.train.optim import NonFiniteError, build_optimizer, clip_grad_norm_, nonfinite_message, warmup_cosine
 from omnicore.train.signals import SIGNALS, GracefulStop, Interrupted, signal_flags, signal_from_flags
+from omnicore.train.validate import validate_if_due
 
 # ---------------------------------------------------------------------------------------------
 # set-up
@@ -91,13 +92,14 @@ class Run:
     metrics_path: Path
     log: Callable[..., None]  # print on rank 0, silent elsewhere
     start: int = 0  # steps already done (resume)
-    bar: Any = None  # tqdm progress bar on rank 0 with train.progress, else None
+    bar: Any = None  # rank 0 with train.progress: tqdm, or plain lines when stderr is no terminal
     history: list[dict[str, Any]] = field(default_factory=list)
     skipped_steps: int = 0  # steps without an update so far (non-finite or no targets), kept in checkpoints
     nonfinite_in_row: int = 0  # non-finite steps since the last applied update, kept in checkpoints
     stop: GracefulStop | None = None  # SIGTERM/SIGINT watcher while the loop runs
     stop_signal: int | None = None  # a signal some rank received, agreed in the last step's all-reduce
     saved_at: int = -1  # the step of the last checkpoint this process wrote
+    loggers: Loggers = field(default_factory=Loggers)  # run.loggers, started (rank 0; empty elsewhere)
 
 
 def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None = None, state: ParallelState | None = None) -> Run:
@@ -334,10 +336,10 @@ def _open_outputs(cfg: Config, state: ParallelState, out_dir: Path, resume: bool
         if not resume:
             metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh metrics file
     bar = None
-    if state.is_main and cfg.train.progress:
-        from tqdm import tqdm
+    if state.is_main and cfg.train.progress:  # tqdm on a terminal, plain lines in a log file
+        from omnicore.train.progress import progress_bar
 
-        bar = tqdm(total=cfg.train.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+        bar = progress_bar(cfg.train.max_steps, start)
     return metrics_path, bar
 
 
@@ -558,16 +560,14 @@ def _metrics_row(
 
 
 def log_step(run: Run, row: dict[str, Any]) -> None:
-    """Append ``row`` to ``metrics.jsonl`` every ``train.log_every`` steps and at the last one, and
-    advance the progress bar; rank 0 only."""
+    """Hand ``row`` to the run's loggers (``run.loggers``; the built-in ``jsonl`` appends it to
+    ``metrics.jsonl``) every ``train.log_every`` steps and at the last one, and advance the progress
+    bar; rank 0 only."""
     if not run.state.is_main:
         return
     done = row["step"]
     if done % run.cfg.train.log_every == 0 or done == run.cfg.train.max_steps:
-        # strict JSON: a skipped step's NaN or inf values are written as null
-        clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
-        with run.metrics_path.open("a") as fh:
-            fh.write(json.dumps(clean, allow_nan=False) + "\n")
+        run.loggers.log_metrics(done, row, "train")
     if run.bar is not None:
         post = {"loss": f"{row['loss']:.4f}", "tok_s": f"{row['tokens_per_s']:.0f}"}
         if row["mfu"] is not None:
@@ -649,6 +649,8 @@ def train(
         NonFiniteError: a non-finite loss or gradient norm (``train.on_nonfinite``); nothing of that
             step is saved or exported.
         Interrupted: SIGTERM or SIGINT; the step was finished and saved on every rank.
+        LoggerError: a ``run.loggers`` entry is unknown, has bad options, or its ``start`` raised
+            (before step 1; see :mod:`omnicore.train.loggers`).
     """
     state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
     log = print if state.is_main else (lambda *a, **k: None)
@@ -656,12 +658,18 @@ def train(
     # and one run at a time in the output folder
     with GracefulStop(announce=state.is_main) as stop, run_lock(cfg, state, log):
         # ---- set-up: model and data, parallelism, optimizer (restored on resume), outputs ------
+        registry = registry or registry_for(cfg)
+        check_loggers(cfg, registry)  # a misspelt logger fails now, not after the model build
         run = setup(cfg, resume=resume, registry=registry, state=state)
         run.stop = stop
         try:
+            # run.loggers on rank 0; one that cannot start stops the run here, before step 1
+            run.loggers = start_loggers(run.cfg, registry, is_main=state.is_main, resume=bool(resume), start_step=run.start,
+                                        distributed=state.distributed)  # fmt: skip
             _loop(run)
         finally:
             run.data.close()
+            run.loggers.close()
     return run.history
 
 
@@ -680,6 +688,7 @@ def _loop(run: Run) -> None:
             break
         run.history.append(row)
         log_step(run, row)
+        validate_if_due(run, step + 1)  # train.eval_every: held-out loss, a "split": "val" row (every rank)
         if not _after_step(run, step + 1):
             break
     # ---- wrap-up: throughput summary, then export of a finished run ------------------------
@@ -691,6 +700,10 @@ def _loop(run: Run) -> None:
     if cfg.train.export and finished:
         path = export_model(run.model, run.tokenizer, cfg, run.out_dir / "export", run.state)
         run.log(f"exported to {path}")
+    if run.state.is_main:  # loss.png from metrics.jsonl; a failure is a warning line, never an error
+        from omnicore.plot import plot_after_training
+
+        run.log(plot_after_training(run.out_dir))
 
 
 # ---------------------------------------------------------------------------------------------

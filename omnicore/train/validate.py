@@ -1,0 +1,287 @@
+"""The held-out loss: during training (``train.eval_every``) and in ``omnicore eval``.
+
+Definition (the training loss's, on ``data.eval``): the sum of the per-target cross-entropies over
+every target of the held-out samples (text tokens and decoder codes), divided by the global target
+count; ``val_loss/text`` and ``val_loss/decoder.<m>`` divide each part's sum by that part's count,
+as ``loss/text`` and ``loss/decoder.<m>`` do in the training rows. A part without targets in the
+held-out set is left out.
+
+The samples: ``data.eval`` in file order (no shuffle), the first ``train.eval_max_samples`` when
+set. Sample ``j`` belongs to data group ``j % data_size`` (the data-parallel groups of
+:func:`omnicore.parallel.parallelize.data_split`; ranks of one sequence-parallel group read the same
+samples), which packs its samples in order into rows of at most ``data.max_tokens`` tokens (next
+fit: a row is closed when the next sample does not fit). Attention never crosses samples in a
+packed row, so the loss does not depend on how samples are packed or sharded, up to the order of
+floating-point sums. The file is read line by line and at most one row is held per rank.
+
+Collectives: every rank runs one forward per round, so FSDP2's all-gathers and Ulysses' all-to-alls
+line up; a rank whose shard has run out runs a filler row (its last row, or the first sample of the
+file) whose loss is dropped. One all-reduce per round says whether any rank still has a row (and
+whether one failed on a bad sample: then every rank raises together); one at the end adds up the
+sums and counts. Each rank's model output holds the loss of its own part of the row (sequence
+parallelism slices it), so the all-reduced sums and counts are exact global totals.
+
+The model runs under ``torch.no_grad`` in eval mode and every submodule is put back in its previous
+mode after (a frozen part may train in eval mode); no parameter gets a gradient.
+
+The validation figures are a row of their own, handed to the run's loggers (``run.loggers``) with
+split ``val`` after the training row of the same step; in ``metrics.jsonl`` (the ``jsonl`` logger): ``{"step": N, "split": "val", "val_loss": ..., "val_loss/text": ...,
+"val_loss/decoder.image": ..., "val_targets": ..., "val_samples": ..., "val_skipped": ...,
+"val_time_s": ...}``. Training rows carry no ``split`` key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnicore.data.chat import ChatProcessor, Encoded
+from omnicore.data.jsonl import SampleError, decode_line, parse_line
+from omnicore.data.packing import collate
+from omnicore.parallel.state import ParallelState
+
+
+def _samples(path: Path, on_error: str, skipped: list[str]) -> Iterator[Any]:
+    """The parsed samples of a JSONL file, line by line (a bad line raises, or with ``on_error:
+    skip`` is appended to ``skipped``)."""
+    if not path.is_file():
+        raise SampleError(f"{path}: held-out data file (data.eval) not found")
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                text = decode_line(raw, str(path), lineno)
+                if text.strip():
+                    yield parse_line(text, str(path), lineno)
+            except SampleError as exc:
+                if on_error != "skip":
+                    raise
+                skipped.append(str(exc))
+
+
+def eval_rows(
+    path: Path,
+    processor: ChatProcessor,
+    max_tokens: int,
+    *,
+    shard: int = 0,
+    num_shards: int = 1,
+    max_samples: int | None = None,
+    on_error: str = "raise",
+    skipped: list[str] | None = None,
+) -> Iterator[list[Encoded]]:
+    """This data group's packed rows of the held-out set, in file order (see the module docstring).
+
+    Args:
+        path: the held-out JSONL.
+        max_tokens: the row budget (``data.max_tokens``).
+        shard, num_shards: this data group and the number of groups; sample ``j`` goes to group
+            ``j % num_shards``.
+        max_samples: only the first N samples of the file (``train.eval_max_samples``).
+        on_error: ``raise`` or ``skip`` (``data.on_error``); skipped samples' messages go to ``skipped``.
+
+    Raises:
+        SampleError: the file is missing; or (``on_error: raise``) a bad line, a sample that cannot
+            be encoded, or one longer than ``max_tokens`` (``FILE:LINE: ...``).
+    """
+    skipped = [] if skipped is None else skipped
+    # every group reads every line: a bad line is reported by group 0 only, a bad sample by its own group
+    bad_lines = skipped if shard == 0 else []
+    row: list[Encoded] = []
+    used = 0
+    for j, sample in enumerate(_samples(path, on_error, bad_lines)):
+        if max_samples is not None and j >= max_samples:
+            break
+        if j % num_shards != shard:
+            continue
+        try:
+            enc = processor.encode(sample)
+            if len(enc) > max_tokens:
+                raise SampleError(f"{sample.where}: held-out sample has {len(enc)} tokens, more than data.max_tokens={max_tokens}")
+        except SampleError as exc:
+            if on_error != "skip":
+                raise
+            skipped.append(str(exc))
+            continue
+        if row and used + len(enc) > max_tokens:
+            yield row
+            row, used = [], 0
+        row.append(enc)
+        used += len(enc)
+    if row:
+        yield row
+
+
+def _first_sample(path: Path, processor: ChatProcessor) -> list[Encoded]:
+    """A filler row: the first sample of the file that encodes."""
+    for sample in _samples(path, "skip", []):
+        with contextlib.suppress(SampleError):
+            return [processor.encode(sample)]
+    raise SampleError(f"{path}: no usable held-out sample")
+
+
+def _next_row(rows: Iterator[list[Encoded]], state: ParallelState) -> tuple[bool, list[Encoded] | None]:
+    """``(any rank has a row left, this rank's next row or None when its shard is done)``, from one
+    all-reduce, so that every rank leaves the loop at the same round.
+
+    Raises:
+        SampleError: this rank's data failed (its own message), or another rank's (naming it).
+    """
+    row, error = None, None
+    try:
+        row = next(rows, None)
+    except SampleError as exc:
+        error = exc
+    has, failed = state.all_reduce_sums([0.0 if row is None else 1.0, 0.0 if error is None else 1.0])
+    if failed:
+        if error is not None:
+            raise error
+        raise SampleError(f"{failed:.0f} rank(s) stopped on a bad held-out sample (see that rank's error); rank {state.rank} stops too")
+    return bool(has), row
+
+
+def heldout_loss(
+    model: torch.nn.Module,
+    processor: ChatProcessor,
+    path: str | Path,
+    max_tokens: int,
+    *,
+    state: ParallelState | None = None,
+    data_rank: int = 0,
+    data_size: int = 1,
+    max_samples: int | None = None,
+    on_error: str = "raise",
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    device: torch.device | None = None,
+) -> dict[str, Any]:
+    """The held-out loss of ``model`` on ``path`` (module docstring), the same on every rank.
+
+    Args:
+        model: an :class:`~omnicore.model.omni.OmniModel`, possibly wrapped by the parallel strategies.
+        processor: the run's :class:`ChatProcessor`.
+        state: the parallel state (None: one process); every rank of it must call this together.
+        data_rank, data_size: this rank's data group and the number of groups (training's split).
+        autocast: the forward's autocast context factory (training's, for bf16 mixed precision).
+        device: where the inputs go (the run's device; None: that of the model's first parameter,
+            which is wrong for parameters offloaded to the CPU).
+
+    Returns:
+        ``{"val_loss", "val_loss/text", "val_loss/decoder.<m>"..., "val_targets", "val_samples",
+        "val_skipped"}``; ``val_loss`` is NaN when the set has no target.
+
+    Raises:
+        SampleError: as :func:`eval_rows`, on every rank together.
+    """
+    state = state or ParallelState(0, 1, 0, torch.device("cpu"))
+    path = Path(path)
+    skipped: list[str] = []
+    rows = eval_rows(path, processor, max_tokens, shard=data_rank, num_shards=data_size,
+                     max_samples=max_samples, on_error=on_error, skipped=skipped)  # fmt: skip
+    parts = sorted({"text", *(f"decoder.{m}" for m in processor.decoders)})
+    sums, counts = dict.fromkeys(parts, 0.0), dict.fromkeys(parts, 0.0)
+    modes = [(m, m.training) for m in model.modules()]  # restored exactly: frozen parts may stay in eval mode
+    model.eval()
+    try:
+        with torch.no_grad():
+            samples = _forward_rows(
+                model, processor, rows, path, state, device or next(model.parameters()).device, autocast, (sums, counts)
+            )
+    finally:
+        for m, training in modes:
+            m.training = training
+    return _totals(state, parts, sums, counts, samples, len(skipped), data_size)
+
+
+def _forward_rows(
+    model: torch.nn.Module,
+    processor: ChatProcessor,
+    rows: Iterator[list[Encoded]],
+    path: Path,
+    state: ParallelState,
+    device: torch.device,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+    totals: tuple[dict[str, float], dict[str, float]],
+) -> int:
+    """One forward per round on every rank (a filler row where this rank's shard is done), adding
+    the counted rows' loss sums and target counts into ``totals``; returns the samples counted."""
+    samples, filler = 0, None
+    while True:
+        more, row = _next_row(rows, state)
+        if not more:
+            return samples
+        counted = row is not None
+        if row is None:  # keep the collectives in step with the ranks that still have rows
+            row = filler or _first_sample(path, processor)
+        filler = row
+        mb = collate(row, processor.encoders, processor.decoders)
+        with autocast():
+            out = model(**_to_device(vars(mb), device))
+        if counted:
+            samples += len(row)
+            _add(*totals, out)
+
+
+def _add(sums: dict[str, float], counts: dict[str, float], out: Any) -> None:
+    """Add one forward's loss sums and target counts, per part, to the running totals."""
+    dec = out.decoder_targets or {}
+    sums["text"] += float(out.text_loss_sum)
+    counts["text"] += out.n_targets - sum(dec.values())
+    for m, v in out.decoder_loss_sums.items():
+        sums[f"decoder.{m}"] += float(v)
+        counts[f"decoder.{m}"] += dec[m]
+
+
+def _totals(
+    state: ParallelState, parts: list[str], sums: dict[str, float], counts: dict[str, float], samples: int, skipped: int, data_size: int
+) -> dict[str, Any]:
+    """All-reduce the per-part sums and counts (and the sample counts) into the result row."""
+    replicas = state.world_size // max(data_size, 1)  # ranks that read the same rows count their samples alike
+    total = state.all_reduce_sums([sums[k] for k in parts] + [counts[k] for k in parts] + [samples, skipped])
+    n = len(parts)
+    part_sums, part_counts = dict(zip(parts, total[:n])), dict(zip(parts, total[n : 2 * n]))
+    n_all = sum(part_counts.values())
+    out: dict[str, Any] = {"val_loss": sum(part_sums.values()) / n_all if n_all else math.nan}
+    out.update({f"val_loss/{k}": part_sums[k] / part_counts[k] for k in parts if part_counts[k]})
+    out.update(val_targets=int(round(n_all)), val_samples=int(round(total[2 * n] / replicas)))
+    out["val_skipped"] = int(round(total[2 * n + 1] / replicas))
+    return out
+
+
+def _to_device(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_device(v, device) for v in obj]
+    return obj
+
+
+def validate_if_due(run: Any, done: int) -> dict[str, Any] | None:
+    """After step ``done`` (1-based) of a :class:`~omnicore.train.loop.Run`: every
+    ``train.eval_every`` steps and at ``train.max_steps``, the held-out loss on every rank (a
+    collective: every rank calls this after every step), handed on rank 0 to the run's loggers with
+    split ``val`` (``metrics.jsonl`` gets it with ``"split": "val"``) and printed as one line.
+    Returns the row (with ``"split": "val"``), or None when not due."""
+    cfg = run.cfg
+    every = cfg.train.eval_every
+    if not every or not (done % every == 0 or done == cfg.train.max_steps):
+        return None
+    t0 = time.perf_counter()
+    figures = heldout_loss(
+        run.model, run.processor, cfg.resolve_path(cfg.data.eval), cfg.data.max_tokens, state=run.state,
+        data_rank=run.data_rank, data_size=run.data_size, max_samples=cfg.train.eval_max_samples,
+        on_error=cfg.data.on_error, autocast=run.autocast, device=run.state.device,
+    )  # fmt: skip
+    row = {"step": done, **figures, "val_time_s": time.perf_counter() - t0}
+    if run.state.is_main:
+        run.loggers.log_metrics(done, row, "val")  # the jsonl logger writes it with "split": "val" after "step"
+        parts = ", ".join(f"{k[9:]} {v:.4f}" for k, v in figures.items() if k.startswith("val_loss/"))
+        line = f"step {done}: val_loss {figures['val_loss']:.4f} ({parts}; {figures['val_samples']} samples)"
+        (getattr(run.bar, "write", None) or run.log)(line)  # above a tqdm bar; plain progress lines print
+    return {"step": done, "split": "val", **row}

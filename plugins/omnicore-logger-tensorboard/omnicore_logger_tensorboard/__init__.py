@@ -1,0 +1,1 @@
+"""omnicore-logger-tensorboard: the ``tensorboard`` logger (:mod:`omnicore_logger_tensorboard.logger`)."""

@@ -1,0 +1,127 @@
+"""``omnicore plot`` and the ``loss.png`` written at the end of training: the PNG has the asked size,
+the curves drawn are exactly the values of ``metrics.jsonl`` (training rows, validation rows in both
+forms, skipped steps left out, the last row of a repeated step), bad or missing files are one error
+line naming the file, and the command imports no torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from omnicore.cli import main
+from omnicore.plot import PlotError, curves, plot_run, read_metrics
+
+
+def _train_row(step: int, loss: float | None) -> dict:
+    return {"step": step, "loss": loss, "lr": 1e-3 * step, "grad_norm": 1.0, "tokens_per_s": 100.0 + step}
+
+
+def _write(path: Path, rows: list[dict], tail: str = "") -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+    return path
+
+
+ROWS = [_train_row(s, 3.0 / s) for s in range(1, 7)]
+ROWS[3]["loss"] = None  # step 4 skipped: its NaN loss is written as null
+ROWS += [{"step": 6, "split": "val", "val_loss": 0.9, "val_loss/text": 0.8}]
+ROWS += [_train_row(5, 0.55), _train_row(6, 0.45)]  # resumed from step 4: steps 5 and 6 again
+ROWS += [{"step": 3, "split": "val", "loss": 1.5}]  # a validation row in the plain "split" form
+
+
+def test_curves_are_the_rows_values(tmp_path):
+    run = _write(tmp_path / "run", ROWS)
+    got = plot_run(run).panels
+    # by hand from ROWS: step 4 has no loss, steps 5 and 6 take their last rows
+    assert got["loss"]["train"] == ([1, 2, 3, 5, 6], [3.0, 1.5, 1.0, 0.55, 0.45])
+    assert got["loss"]["val"] == ([3, 6], [1.5, 0.9])
+    assert got["lr"] == {"train": ([1, 2, 3, 4, 5, 6], [1e-3 * s for s in range(1, 7)])}
+    assert got["tokens_per_s"] == {"train": ([1, 2, 3, 4, 5, 6], [101.0, 102.0, 103.0, 104.0, 105.0, 106.0])}
+
+
+@pytest.mark.parametrize("size", [(900, 900), (640, 480)])
+def test_png_has_the_asked_size_and_shows_lines(tmp_path, size):
+    run = _write(tmp_path / "run", ROWS)
+    out = tmp_path / "pics" / "curves.png"
+    plot = plot_run(run, out, size=size) if size != (900, 900) else plot_run(run)
+    path = out if size != (900, 900) else run / "loss.png"
+    assert plot.path == path
+    with Image.open(path) as img:
+        assert img.format == "PNG" and img.size == size
+        rgb = img.convert("RGB")
+        colours = {c for _, c in rgb.getcolors(maxcolors=1 << 20)}
+    assert (31, 119, 180) in colours and (255, 127, 14) in colours  # matplotlib's first two line colours: train, val
+
+
+def test_cli_plot_writes_loss_png_without_torch(tmp_path):
+    run = _write(tmp_path / "run", ROWS)
+    code = "import sys; from omnicore.cli import main; rc = main(['plot', sys.argv[1]]); print('torch' in sys.modules); sys.exit(rc)"
+    res = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [f"wrote {run / 'loss.png'} (steps 1-6)", "False"]
+    with Image.open(run / "loss.png") as img:
+        assert img.size == (900, 900)
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (None, "no such file"),
+        ("", "empty, no metrics rows"),
+        ("\n\n", "empty, no metrics rows"),
+        ('{"step": 1, "loss": 1.0}\n{"step": 2, "lo\n', ":2: not valid JSON"),
+        ('{"step": 1, "loss": 1.0}\n[1, 2]\n', ":2: not a metrics row"),
+        ('{"loss": 1.0}\n', ":1: not a metrics row"),
+    ],
+)
+def test_bad_metrics_file_is_one_error_line(tmp_path, capsys, content, words):
+    run = tmp_path / "run"
+    run.mkdir()
+    if content is not None:
+        (run / "metrics.jsonl").write_text(content)
+    assert main(["plot", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {run / 'metrics.jsonl'}") and words in err
+    assert not (run / "loss.png").exists()
+
+
+def test_row_being_written_is_left_out(tmp_path):
+    run = _write(tmp_path / "run", ROWS[:2], tail='{"step": 3, "lo')  # a live run mid-write
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
+
+
+def test_rows_without_any_curve_are_an_error(tmp_path):
+    run = _write(tmp_path / "run", [{"step": 1, "loss": None}])
+    assert curves(read_metrics(run / "metrics.jsonl")) == {}
+    with pytest.raises(PlotError, match="nothing to plot"):
+        plot_run(run)
+
+
+def test_training_ends_with_loss_png_and_plain_progress_lines(digits_jsonl, tmp_path, capsys):
+    """A tiny finished run: loss.png holds metrics.jsonl's curves; with stderr not a terminal (pytest
+    captures it) progress is plain lines, the first and last step at least, with no carriage return."""
+    from conftest import tiny_config_dict
+
+    from omnicore.config import Config
+    from omnicore.train.loop import train
+
+    d = tiny_config_dict(str(digits_jsonl / "train.jsonl"), output_dir=str(tmp_path / "run"), max_steps=3, progress=True)
+    history = train(Config.model_validate(d))
+    out = capsys.readouterr()
+    run = tmp_path / "run"
+    assert f"loss curves: {run / 'loss.png'}" in out.out.splitlines()
+    with Image.open(run / "loss.png") as img:
+        assert img.size == (900, 900)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    panels = plot_run(run, tmp_path / "again.png").panels
+    assert panels["loss"]["train"] == ([r["step"] for r in rows], [r["loss"] for r in rows])
+    assert panels["loss"]["train"][1] == [h["loss"] for h in history]
+    assert panels["lr"]["train"][1] == [r["lr"] for r in rows]
+    lines = [ln for ln in out.err.splitlines() if ln.startswith("train: step")]
+    assert "\r" not in out.err
+    assert lines[0].startswith("train: step 1/3 (33%), loss ") and lines[-1].startswith("train: step 3/3 (100%), loss ")
