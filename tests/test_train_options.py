@@ -8,6 +8,7 @@ bf16 must change them a little (it really computes in bf16) and keep parameters 
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -208,6 +209,18 @@ def test_train_metrics_and_options(text_jsonl, text_cfg, tmp_path):
     diffs = [abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(bf16, base)]
     assert max(diffs) < 2e-2  # close to fp32 ...
     assert max(diffs) > 1e-6  # ... but really computed in bf16
+
+
+def test_a_part_without_targets_is_left_out_of_the_row(text_jsonl, tmp_path):
+    """Text-only data with an image decoder configured: no step has image targets, so no row carries
+    loss/decoder.image (it used to read 0.0), and the text part is the whole loss."""
+    d = tiny_config_dict(str(text_jsonl), max_steps=2)
+    d["model"]["encoders"] = {}
+    rows = _train(d, tmp_path, "no-images")
+    assert len(rows) == 2 and all("loss/decoder.image" not in r for r in rows)
+    assert all(r["loss/text"] == pytest.approx(r["loss"], rel=1e-9) for r in rows)
+    written = [json.loads(line) for line in (tmp_path / "no-images" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in written] == [1, 2] and all("loss/decoder.image" not in r for r in written)
 
 
 def test_bf16_autocast_computes_in_bf16_keeps_fp32_params():

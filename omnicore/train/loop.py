@@ -424,7 +424,8 @@ def train_step(run: Run, step: int) -> dict[str, Any] | None:
     lr = run.scheduler.get_last_lr()[0] / run.optimizer.param_groups[0].get("factor", 1.0)  # train.lr x schedule this step
     loss, tokens_global, flops_global = sums[0] / max(n_global, 1.0), sums[1], sums[2]
     skip_reason = apply_update(run, step, loss, float(grad_norm), n_global)
-    part_loss = {k: sums[3 + i] / max(sums[3 + len(keys) + i], 1.0) for i, k in enumerate(keys)}
+    # a part without targets in this step (no image to generate) is left out, not logged as 0.0
+    part_loss = {k: sums[3 + i] / sums[3 + len(keys) + i] for i, k in enumerate(keys) if sums[3 + len(keys) + i] > 0}
     dt = time.perf_counter() - t0
     row = _metrics_row(run, step, loss=loss, lr=lr, grad_norm=float(grad_norm), n_global=n_global,
                        tokens_global=tokens_global, flops_global=flops_global, dt=dt)  # fmt: skip
