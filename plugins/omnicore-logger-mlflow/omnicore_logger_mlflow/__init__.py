@@ -1,0 +1,1 @@
+"""omnicore-logger-mlflow: the ``mlflow`` logger (:mod:`omnicore_logger_mlflow.logger`)."""

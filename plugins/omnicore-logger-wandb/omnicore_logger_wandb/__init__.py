@@ -1,0 +1,1 @@
+"""omnicore-logger-wandb: the ``wandb`` logger (:mod:`omnicore_logger_wandb.logger`)."""
