@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import logging
 import os
 import sys
 from typing import Any
@@ -86,17 +87,26 @@ def _plugins_no_load(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace, extra: list[str]) -> Any:
     from omnicore.config import load_config
+    from omnicore.logs import Phase
 
-    return load_config(args.config, extra)
+    with Phase(logging.getLogger("omnicore.cli"), "reading the config") as ph:
+        cfg = load_config(args.config, extra)
+        n = sum(1 for x in extra if x.startswith("--"))
+        ph.detail = args.config + (f" with {n} override(s)" if n else "")
+    return cfg
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     cfg = _config(args, extra)
-    from omnicore.parallel.state import init_parallel_state, shutdown
-    from omnicore.train.loop import train
-    from omnicore.train.signals import Interrupted
+    from omnicore.logs import Phase
 
-    state = init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
+    with Phase(logging.getLogger("omnicore.cli"), "importing torch and starting the process group") as ph:
+        from omnicore.parallel.state import init_parallel_state, shutdown
+        from omnicore.train.loop import train
+        from omnicore.train.signals import Interrupted
+
+        state = init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
+        ph.detail = f"rank {state.rank} of {state.world_size} on {state.device}"
     try:
         history = train(cfg, resume=args.resume, state=state)
     except Interrupted as exc:  # SIGTERM/SIGINT: every rank saved the same step; say how to go on
@@ -216,7 +226,7 @@ OVERRIDES = """\
 Any config key can be overridden after CONFIG by its dotted path, for example
   --train.max_steps 50  --run.output_dir runs/try  --parallel.strategies '[ulysses]'
 The value is read as YAML (50 is an int, true a bool, [a, b] a list). A mapping merges into the
-file's; null removes a key so that it takes its default (--model.decoders null: no decoders).
+file's; null removes a key so that it takes its default (--run.loggers null: back to [jsonl]).
 Every key is documented where it is defined, in omnicore/config.py (each field's description);
 README.md ("Using it") explains the sections."""
 """The part of each config-reading subcommand's ``--help`` that explains dotted overrides."""
@@ -246,6 +256,12 @@ def _subparser(sub: Any, name: str, text: str, *, config: bool) -> argparse.Argu
     )
     if config:
         sp.add_argument("config", help="the run's YAML config file")
+    sp.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="status lines on stderr at this level and above (default: OMNICORE_LOG_LEVEL, else info; ranks other than 0 "
+        "show only warnings and errors unless debug)",
+    )
     return sp
 
 
@@ -322,10 +338,23 @@ def _add_generate(sub: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from omnicore.registry import RegistryError
+    """``omnicore ARGS``: parse them, configure logging for the command (undone on return, so that an
+    in-process call leaves logging as it found it), run the subcommand; returns the exit status."""
+    from omnicore.logs import reset_logging
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    _start_logging(parser, args)
+    try:
+        return _run(parser, args, extra)
+    finally:
+        reset_logging()
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
+    """The subcommand of ``args``, its user errors as one ``error: ...`` line on stderr (status 2)."""
+    from omnicore.registry import RegistryError
+
     if args.command == "plugins":  # kept light: no config (pydantic) import, no torch
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -363,6 +392,18 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # the file system said no: a user's problem to fix, in one line
         print(f"error: {describe_os_error(exc)}", file=sys.stderr)
         return 2
+
+
+def _start_logging(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Configure logging for the command, before anything logs (:func:`omnicore.logs.setup_logging`:
+    the rank-aware format on stderr, warnings routed through it); a bad ``OMNICORE_LOG_LEVEL`` is a
+    usage error."""
+    from omnicore.logs import setup_logging
+
+    try:
+        setup_logging(args.log_level)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def _light(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str], handler: Any) -> int:

@@ -110,7 +110,7 @@ class ModelConfig(_Strict):
     init_from: str | None = Field(
         default=None,
         description="start from the weights of a previous run (a training stage): its run folder (its export/, else its newest "
-        "checkpoint that verifies), its export folder or one of its checkpoints/step-N; weights only: a new optimizer, LR schedule "
+        "checkpoint that verifies), its export folder or one of its checkpoints/step-NNNNNNNN (e.g. step-00000400); weights only: a new optimizer, LR schedule "
         "and data position; ignored by --resume (which continues this run). Configure the same components as that run. Relative "
         "to the config file (see omnicore.checkpoint.init_from)",
     )
@@ -307,6 +307,25 @@ class TrainConfig(_Strict):
     eval_max_samples: int | None = Field(
         default=None, gt=0, description="validation during training uses only the first N samples of data.eval (None = all)"
     )
+    eval_task_samples: int = Field(
+        default=0,
+        ge=0,
+        description="validation also generates answers for the first N samples of data.eval with a text answer (those of "
+        "`omnicore eval --limit N`) and logs their exact-match accuracy, val_acc and val_acc/<task>, in the val row; needs "
+        "eval_every (0 = off)",
+    )
+    sample_every: int = Field(
+        default=0,
+        ge=0,
+        description="every N steps and at the last step, generate from sample_prompts (generate section's sampling, seed "
+        "run.seed + i for prompt i) and write the images as one labelled grid to samples/step-NNNNNNNN.png (samples/final.png "
+        "at the end) and to the loggers as samples/<modality> (omnicore.train.samples; 0 = off)",
+    )
+    sample_prompts: list[str] = Field(
+        default_factory=list,
+        description="the fixed user prompts of sample_every, one grid cell each (e.g. ['Draw the digit 0.', ...]); required with "
+        "sample_every",
+    )
     save_every: int = Field(default=0, ge=0, description="save a checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = Field(default=2, gt=0, description="keep the newest N checkpoints")
     export: bool = Field(default=True, description="export the trained components as safetensors folders at the end")
@@ -460,7 +479,7 @@ class RunConfig(_Strict):
     loggers: list[str | ComponentConfig] = Field(
         default_factory=lambda: ["jsonl"],
         description="where metrics rows, validation rows and images go (rank 0 only), several at once: registry names (jsonl: "
-        "metrics.jsonl in run.output_dir; tensorboard with the omnicore-logger-tensorboard plugin) or {name, options}; [] logs "
+        "metrics.jsonl in run.output_dir; tensorboard, wandb, mlflow with the omnicore-logger-<name> plugins) or {name, options}; [] logs "
         "nowhere (see `omnicore plugins --kind logger`)",
     )
 
@@ -487,6 +506,13 @@ class Config(_Strict):
         data = info.data.get("data")  # validated before train (declared first); absent when it failed
         if train.eval_every and data is not None and not data.eval:
             raise ValueError("eval_every needs data.eval (a held-out chat JSONL); set data.eval or train.eval_every: 0")
+        if train.eval_task_samples and not train.eval_every:
+            raise ValueError("eval_task_samples is part of validation: set train.eval_every too, or train.eval_task_samples: 0")
+        if train.sample_every and not train.sample_prompts:
+            raise ValueError("sample_every needs sample_prompts (a list of prompts, e.g. ['Draw the digit 7.']); or sample_every: 0")
+        model = info.data.get("model")
+        if train.sample_every and model is not None and not model.decoders:
+            raise ValueError("sample_every draws with the model's decoders, and model.decoders is empty; set train.sample_every: 0")
         return train
 
     def resolve_path(self, p: str) -> Path:

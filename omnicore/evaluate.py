@@ -9,7 +9,7 @@ per forward; eval writes every answer to ``eval.json`` in the run folder.
 from __future__ import annotations
 
 import json
-import sys
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +20,11 @@ import torch
 from omnicore.config import Config, ModelConfig
 from omnicore.data.chat import ChatProcessor
 from omnicore.data.jsonl import Message, Part, Sample
+from omnicore.logs import Phase
 from omnicore.model.generation import Sampling, generate, generate_batch  # generate: also the public name here
+from omnicore.train.progress import progress_bar
+
+logger = logging.getLogger(__name__)
 
 
 def model_config_from_export(export_dir: str | Path) -> ModelConfig:
@@ -66,6 +70,17 @@ def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None 
         load_checkpoint(folder, model, None, None, ParallelState(0, 1, 0, torch.device("cpu")))
     model.eval()
     processor = ChatProcessor.for_model(tokenizer, model, cfg.data)
+    return model, tokenizer, processor
+
+
+def _load_on_device(cfg: Config, checkpoint: str | None, export: str | None) -> tuple[Any, Any, ChatProcessor]:
+    """:func:`load_trained`, then the model on :func:`eval_device`; one timed log line."""
+    with Phase(logger, "loading the trained model") as ph:
+        model, tokenizer, processor = load_trained(cfg, checkpoint, export)
+        device = eval_device(cfg)
+        model.to(device)
+        n = sum(p.numel() for p in model.parameters())
+        ph.detail = f"{n / 1e6:.2f} M parameters from {export or checkpoint or 'the latest checkpoint'}, on {device}"
     return model, tokenizer, processor
 
 
@@ -135,47 +150,6 @@ def prompt_text(sample: Sample) -> str:
     return " | ".join(f"{m.role}: " + " ".join(part(p) for p in m.parts) for m in messages)
 
 
-class PlainLines:
-    """Eval progress in a log file (stderr not a terminal): ``eval: 160/800 samples (20%); 12 s
-    elapsed, about 48 s left`` after the first batch, at every further tenth of the samples and at the
-    end. The part of tqdm's interface the eval loop uses: ``update(n)`` and ``close()``.
-
-    Args:
-        total: samples to evaluate.
-        stream: where lines go (default: stderr at the time of each line).
-    """
-
-    def __init__(self, total: int, stream: Any = None) -> None:
-        self.total, self.n, self.stream = total, 0, stream
-        self.start = time.monotonic()
-        self.next_at = 0
-
-    def update(self, n: int) -> None:
-        """``n`` more samples done; prints a line when a tenth more of the total is done."""
-        self.n += n
-        if self.n < self.next_at and self.n < self.total:
-            return
-        self.next_at = self.n + max(1, self.total // 10)
-        elapsed = time.monotonic() - self.start
-        left = f", about {elapsed / self.n * (self.total - self.n):.0f} s left" if self.n < self.total else ""
-        pct = 100 * self.n / max(self.total, 1)
-        print(
-            f"eval: {self.n}/{self.total} samples ({pct:.0f}%); {elapsed:.0f} s elapsed{left}", file=self.stream or sys.stderr, flush=True
-        )
-
-    def close(self) -> None:
-        """Nothing to tidy: every line is complete when printed."""
-
-
-def _progress(total: int) -> Any:
-    """A tqdm bar on a terminal, else :class:`PlainLines`."""
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc="eval", unit="sample", dynamic_ncols=True)
-    return PlainLines(total)
-
-
 def score_samples(
     cfg: Config, model: Any, tokenizer: Any, processor: ChatProcessor, samples: list[Sample], *, progress: bool = True
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -199,7 +173,7 @@ def score_samples(
     order = sorted(range(len(samples)), key=lambda i: len(prompts[i]))
     size = cfg.generate.batch_size
     answers: dict[int, str] = {}
-    bar = _progress(len(samples)) if progress else None
+    bar = progress_bar(len(samples), desc="eval", unit="sample", logger=logger) if progress else None
     for b in range(0, len(order), size):
         idx = order[b : b + size]
         outs = generate_batch(
@@ -249,6 +223,20 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"accuracy": correct / max(total, 1), "correct": correct, "total": total, "tasks": tasks}
 
 
+def answer_samples(cfg: Config, limit: int | None = None) -> list[Sample]:
+    """The samples ``omnicore eval`` scores: those of ``data.eval`` whose answer (last message, from
+    the assistant) is text only, in file order, the first ``limit`` of them (None or 0: all).
+    Validation during training (``train.eval_task_samples``) scores the same first samples.
+
+    Raises:
+        SampleError: ``data.eval`` is missing or holds a bad line (``FILE:LINE: ...``).
+    """
+    from omnicore.data.jsonl import read_jsonl
+
+    samples = [s for s in read_jsonl(cfg.resolve_path(cfg.data.eval or "")) if _answer(s) is not None]
+    return samples[:limit] if limit else samples
+
+
 def evaluate(
     cfg: Config,
     *,
@@ -271,15 +259,15 @@ def evaluate(
         ConfigError: if ``data.eval`` is not set, or ``run.device: cuda`` without a GPU.
     """
     from omnicore.config import ConfigError
-    from omnicore.data.jsonl import read_jsonl
 
     if not cfg.data.eval:
         raise ConfigError(f"{cfg.source}: data.eval: required for `omnicore eval` (a held-out JSONL)")
-    model, tokenizer, processor = load_trained(cfg, checkpoint, export)
-    model.to(eval_device(cfg))
-    loss = heldout_loss_of(cfg, model, processor)  # the held-out loss, as train.eval_every computes it
-    samples = [s for s in read_jsonl(cfg.resolve_path(cfg.data.eval)) if _answer(s) is not None]
-    samples = samples[:limit] if limit else samples
+    model, tokenizer, processor = _load_on_device(cfg, checkpoint, export)
+    with Phase(logger, "held-out loss over data.eval") as ph:
+        loss = heldout_loss_of(cfg, model, processor)  # the held-out loss, as train.eval_every computes it
+        ph.detail = f"{loss['loss']:.4f} over {loss['loss_targets']} targets"
+    samples = answer_samples(cfg, limit)
+    logger.info("generating the answers of %d samples, %d per forward", len(samples), cfg.generate.batch_size)
     summary, rows = score_samples(cfg, model, tokenizer, processor, samples, progress=progress)
     summary.update(loss)
     path = Path(cfg.run.output_dir) / "eval.json"
@@ -333,29 +321,40 @@ def generate_cli(
 
     if num_samples < 1 or (num_samples > 1 and cfg.generate.temperature <= 0):
         raise ConfigError(f"--num-samples {num_samples}: needs 1, or more with sampling (--temperature > 0; greedy answers are all alike)")
-    model, tokenizer, processor = load_trained(cfg, checkpoint, export)
-    model.to(eval_device(cfg))
+    model, tokenizer, processor = _load_on_device(cfg, checkpoint, export)
     media = [Part(k, v) for k, v in (("image", image), ("audio", audio)) if v]
-    encoded = [
-        processor.encode(Sample([Message("user", media + [Part("text", p)])], "<command line>", 0), prompt_only=True) for p in prompts
-    ]
+    encoded = [processor.encode(user_prompt(p, media), prompt_only=True) for p in prompts]
     jobs = [(p, s) for p in range(len(prompts)) for s in range(num_samples)]
+    outs = generate_answers(cfg, model, tokenizer, processor, [encoded[p] for p, _ in jobs])
+    for (p, s), out in zip(jobs, outs):
+        multi = len(jobs) > 1
+        label, stem = (f"prompt {p + 1}, sample {s + 1}: ", f"p{p + 1}-s{s + 1}-") if multi else ("", "")
+        yield from _answer_lines(out, Path(out_dir), stem, label)
+
+
+def user_prompt(text: str, media: list[Part] | None = None, where: str = "<command line>") -> Sample:
+    """A one-message prompt as ``omnicore generate --prompt TEXT`` makes it: a user message of
+    ``media`` (``image``/``audio`` parts) then ``text``; ``where`` names it in errors."""
+    return Sample([Message("user", list(media or []) + [Part("text", text)])], where, 0)
+
+
+def generate_answers(cfg: Config, model: Any, tokenizer: Any, processor: ChatProcessor, prompts: list[Any]) -> Iterator[dict[str, Any]]:
+    """The answers to encoded ``prompts``, in order, as ``omnicore generate`` makes them:
+    ``generate.batch_size`` per forward (:func:`generate_batch`), the ``generate`` section's
+    ``max_new_tokens`` and sampling, answer ``k`` drawn with seed ``run.seed + k``, stopping at the
+    processor's end-of-turn token. Yields each batch's answers as soon as it is done."""
     size = cfg.generate.batch_size
-    for b in range(0, len(jobs), size):
-        chunk = jobs[b : b + size]
-        outs = generate_batch(
+    for b in range(0, len(prompts), size):
+        chunk = prompts[b : b + size]
+        yield from generate_batch(
             model,
             tokenizer,
-            [encoded[p] for p, _ in chunk],
+            chunk,
             max_new_tokens=cfg.generate.max_new_tokens,
             sampling=sampling_of(cfg),
             seeds=[cfg.run.seed + b + k for k in range(len(chunk))],
             stop_id=processor.end_of_turn_id,
         )
-        for (p, s), out in zip(chunk, outs):
-            multi = len(jobs) > 1
-            label, stem = (f"prompt {p + 1}, sample {s + 1}: ", f"p{p + 1}-s{s + 1}-") if multi else ("", "")
-            yield from _answer_lines(out, Path(out_dir), stem, label)
 
 
 def _answer_lines(out: dict[str, Any], folder: Path, stem: str, label: str) -> Iterator[str]:

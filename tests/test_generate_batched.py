@@ -183,13 +183,18 @@ def test_cli_flags_become_config_overrides():
 
 
 def test_plain_progress_lines():
-    """Outside a terminal, eval progress is a plain line at each tenth of the samples and at the end."""
-    from omnicore.evaluate import PlainLines
+    """Outside a terminal, eval progress is training's plain-line helper counting samples: the first
+    batch, then a line once 30 s have passed since the previous one, and the end."""
+    from omnicore.train.progress import PlainProgress
 
-    out = io.StringIO()
-    bar = PlainLines(100, stream=out)
-    for _ in range(25):
+    now, out = [0.0], io.StringIO()
+    bar = PlainProgress(100, desc="eval", count="{n}/{total} samples", stream=out, clock=lambda: now[0])
+    for _ in range(25):  # 4 samples every 4 s
+        now[0] += 4.0
         bar.update(4)
-    lines = out.getvalue().splitlines()
-    assert [line.split()[1] for line in lines] == [f"{n}/100" for n in (4, 16, 28, 40, 52, 64, 76, 88, 100)]
-    assert all(line.startswith("eval: ") for line in lines) and "left" in lines[0] and "left" not in lines[-1]
+    assert out.getvalue().splitlines() == [
+        "eval: 4/100 samples (4%); 4 s elapsed, about 96 s left",
+        "eval: 36/100 samples (36%); 36 s elapsed, about 64 s left",
+        "eval: 68/100 samples (68%); 68 s elapsed, about 32 s left",
+        "eval: 100/100 samples (100%); 100 s elapsed",
+    ]

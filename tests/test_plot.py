@@ -102,19 +102,23 @@ def test_rows_without_any_curve_are_an_error(tmp_path):
         plot_run(run)
 
 
-def test_training_ends_with_loss_png_and_plain_progress_lines(digits_jsonl, tmp_path, capsys):
+def test_training_ends_with_loss_png_and_plain_progress_lines(digits_jsonl, tmp_path, capsys, caplog):
     """A tiny finished run: loss.png holds metrics.jsonl's curves; with stderr not a terminal (pytest
-    captures it) progress is plain lines, the first and last step at least, with no carriage return."""
+    captures it) progress is plain log lines, the first and last step at least, with no carriage return."""
+    import logging
+
     from conftest import tiny_config_dict
 
     from omnicore.config import Config
     from omnicore.train.loop import train
 
+    caplog.set_level(logging.INFO, logger="omnicore")
     d = tiny_config_dict(str(digits_jsonl / "train.jsonl"), output_dir=str(tmp_path / "run"), max_steps=3, progress=True)
     history = train(Config.model_validate(d))
     out = capsys.readouterr()
+    logged = [r.getMessage() for r in caplog.records]
     run = tmp_path / "run"
-    assert f"loss curves: {run / 'loss.png'}" in out.out.splitlines()
+    assert f"loss curves: {run / 'loss.png'}" in logged
     with Image.open(run / "loss.png") as img:
         assert img.size == (900, 900)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -122,6 +126,6 @@ def test_training_ends_with_loss_png_and_plain_progress_lines(digits_jsonl, tmp_
     assert panels["loss"]["train"] == ([r["step"] for r in rows], [r["loss"] for r in rows])
     assert panels["loss"]["train"][1] == [h["loss"] for h in history]
     assert panels["lr"]["train"][1] == [r["lr"] for r in rows]
-    lines = [ln for ln in out.err.splitlines() if ln.startswith("train: step")]
-    assert "\r" not in out.err
+    lines = [ln for ln in logged if ln.startswith("train: step")]
+    assert "\r" not in out.err and not any("\r" in ln for ln in logged)
     assert lines[0].startswith("train: step 1/3 (33%), loss ") and lines[-1].startswith("train: step 3/3 (100%), loss ")

@@ -56,7 +56,7 @@ def test_resume_skips_a_corrupt_newest_checkpoint(config, tmp_path):  # noqa: F8
         _cmd(config, out, 1, resume=True) + ["--train.max_steps", "6"], env=_env(), capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert bad.name in r.stdout and "step-00000002" in r.stdout and "resumed from step 2" in r.stdout, r.stdout
+    assert bad.name in r.stderr and "step-00000002" in r.stderr and "resumed from step 2" in r.stderr, r.stderr  # logged
     assert sorted(_losses(out)) == [1, 2, 3, 4, 5, 6]
 
 
@@ -70,5 +70,5 @@ def test_resume_from_a_named_corrupt_checkpoint_names_the_file_and_the_previous_
     assert len(err) == 1 and bad.name in err[0] and "step-00000002" in err[0] and "--resume" in err[0], r.stderr
     ok = subprocess.run(_cmd(config, out, 1) + ["--resume", str(out / "checkpoints" / "step-00000002"), "--train.max_steps", "3"],
                         env=_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert ok.returncode == 0 and "resumed from step 2" in ok.stdout, ok.stderr[-2000:]
+    assert ok.returncode == 0 and "resumed from step 2" in ok.stderr, ok.stderr[-2000:]
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The embedded default, end to end on CPU: set up, build the data from the shipped MNIST/FSDD subset,
 # fit the MoVQGAN image tokenizer, train the tiny omni-modal model, evaluate held-out accuracy, and
-# generate an image. Extra arguments are passed to `omnicore train` (e.g. --train.max_steps 50).
+# judge its drawings with a classifier trained apart (judge_drawn.py). Extra arguments are passed to
+# `omnicore train` (e.g. --train.max_steps 50). Each stage's wall time is printed, and all of them at the end.
 # Two processes instead of one: NPROC=2 bash examples/digits/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,30 +12,39 @@ CFG=examples/digits/config.yaml
 OUT=${OUT:-runs/digits}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 start=$(date +%s)
+times=()
+stage_done() { local now; now=$(date +%s); times+=("$1 $(( now - ${stage_start:-$start} )) s"); stage_start=$now; }
 
-echo "== 1/5 data: JSONL + PNG from examples/digits/raw"
+echo "== 1/6 data: JSONL + PNG from examples/digits/raw"
 $PY examples/digits/build_data.py
+stage_done data
 
-echo "== 2/5 image tokenizer: fit a tiny MoVQGAN on the training digits (MNIST indices 0-8999)"
-# (re)fit when there is no tokenizer yet, or one in the format before omnicore_extra.safetensors
-if [ ! -f examples/digits/data/movq/config.json ] || [ -f examples/digits/data/movq/omnicore_decoder.json ]; then
-  rm -rf examples/digits/data/movq
-  $PY -m omnicore_image_movqgan.fit --images 'examples/digits/data/images/0[0-8]*.png' \
-      --out examples/digits/data/movq --steps "${MOVQ_STEPS:-150}"
-fi
+echo "== 2/6 image tokenizer: fit a tiny MoVQGAN on the training digits (MNIST indices 0-8999)"
+# fit again when its inputs changed (command and MOVQ_STEPS, training images, fit code): see fit_tokenizer.sh
+PY=$PY bash examples/digits/fit_tokenizer.sh
+stage_done tokenizer
 
-echo "== 3/5 train"
+echo "== 3/6 train"
 rm -rf "$OUT"
 if [ "${NPROC:-1}" -gt 1 ]; then
   $PY -m torch.distributed.run --standalone --nproc-per-node "$NPROC" -m omnicore train $CFG --run.output_dir "$OUT" "$@"
 else
   .venv/bin/omnicore train $CFG --run.output_dir "$OUT" "$@"
 fi
+stage_done train
 
-echo "== 4/5 held-out accuracy (MNIST indices 9000-9999, FSDD takes 0-4)"
+echo "== 4/6 held-out accuracy (MNIST indices 9000-9999, FSDD takes 0-4)"
 .venv/bin/omnicore eval $CFG --run.output_dir "$OUT" --export "$OUT/export"
+stage_done eval
 
-echo "== 5/5 generate: 'Draw the digit 7.'"
-.venv/bin/omnicore generate $CFG --run.output_dir "$OUT" --export "$OUT/export" --prompt "Draw the digit 7." --out "$OUT/generated"
+echo "== 5/6 generate: 'Draw the digit 7.'"
+.venv/bin/omnicore generate $CFG --run.output_dir "$OUT" --export "$OUT/export" --prompt "Draw the digit 7." --out "$OUT/generated" --force
+stage_done generate
 
-echo "finished in $(( $(date +%s) - start )) s; checkpoints in $OUT/checkpoints, export in $OUT/export"
+echo "== 6/6 drawn digits: 10 samples per digit (temperature 0.7), judged by a classifier trained apart on MNIST 0-8999"
+if [ ! -f examples/digits/data/judge/model.safetensors ]; then $PY examples/digits/judge_drawn.py fit; fi
+$PY examples/digits/judge_drawn.py score --config $CFG --export "$OUT/export" --temperature 0.7
+stage_done judge
+
+echo "finished in $(( $(date +%s) - start )) s (${times[*]/%/,}); checkpoints in $OUT/checkpoints, export in $OUT/export"
+echo "pictures: $OUT/loss.png (loss, learning rate, tokens/s), $OUT/samples/final.png (the digits 0-9 as drawn at the end)"

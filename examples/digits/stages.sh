@@ -22,18 +22,14 @@ start=$(date +%s)
 
 echo "== data and image tokenizer (as in run.sh)"
 $PY examples/digits/build_data.py
-if [ ! -f examples/digits/data/movq/config.json ] || [ -f examples/digits/data/movq/omnicore_decoder.json ]; then
-  rm -rf examples/digits/data/movq
-  $PY -m omnicore_image_movqgan.fit --images 'examples/digits/data/images/0[0-8]*.png' \
-      --out examples/digits/data/movq --steps "${MOVQ_STEPS:-150}"
-fi
+PY=$PY bash examples/digits/fit_tokenizer.sh  # fit again when its inputs changed
 rm -rf "$OUT"
 
 echo "== stage 1: projectors only"
 .venv/bin/omnicore train $CFG --run.output_dir "$OUT/stage1" --train.max_steps "${STAGE1_STEPS:-1000}" \
     --train.freeze "[lm, encoders.image.tower, encoders.audio.whisper, decoders.image.vq]" "$@"
 echo "-- stage 1 held-out accuracy"
-.venv/bin/omnicore eval $CFG --export "$OUT/stage1/export" "${LIMIT[@]}"
+.venv/bin/omnicore eval $CFG --run.output_dir "$OUT/stage1" --export "$OUT/stage1/export" "${LIMIT[@]}"
 
 echo "== stage 2: from stage 1's export, ${STAGE2:-full} training"
 STAGE2_ARGS=(--train.freeze "[decoders.image.vq]")
@@ -45,6 +41,6 @@ fi
 .venv/bin/omnicore train $CFG --run.output_dir "$OUT/stage2" --train.max_steps "${STAGE2_STEPS:-2000}" \
     --model.init_from "$PWD/$OUT/stage1/export" "${STAGE2_ARGS[@]}" "$@"
 echo "-- stage 2 held-out accuracy"
-.venv/bin/omnicore eval $CFG --export "$OUT/stage2/export" "${LIMIT[@]}"
+.venv/bin/omnicore eval $CFG --run.output_dir "$OUT/stage2" --export "$OUT/stage2/export" "${LIMIT[@]}"
 
 echo "finished in $(( $(date +%s) - start )) s; stage exports in $OUT/stage1/export and $OUT/stage2/export"

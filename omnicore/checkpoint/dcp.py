@@ -8,11 +8,11 @@ Layout under ``<output_dir>/checkpoints/``::
                           every other file, see omnicore.checkpoint.manifest)
     latest                text file naming the newest complete checkpoint folder
 
-A checkpoint is written to ``.tmp-step-N`` and renamed only once every rank has finished, then
-``latest`` is replaced atomically (``os.replace``): a crash or an I/O error mid-save (a full disk)
-leaves the previous checkpoint and ``latest`` intact, and a failed save raises
-:class:`CheckpointError` on every rank. The saved state can be loaded at any world size (DCP
-reshards). Loading verifies the manifest first, then reads through
+A checkpoint is written to ``.tmp-step-NNNNNNNN`` (the step, zero-padded to 8 digits) and renamed
+only once every rank has finished, then ``latest`` is replaced atomically (``os.replace``): a crash
+or an I/O error mid-save (a full disk) leaves the previous checkpoint and ``latest`` intact, and a
+failed save raises :class:`CheckpointError` on every rank. The saved state can be loaded at any
+world size (DCP reshards). Loading verifies the manifest first, then reads through
 :mod:`omnicore.checkpoint.safety` (no pickle code runs).
 """
 
@@ -154,8 +154,8 @@ def save_checkpoint(
 ) -> Path:
     """Save a checkpoint for ``step`` (collective: every rank calls it). Returns the folder.
 
-    Writes ``.tmp-step-N`` (DCP shards, RNG JSON, trainer state, manifest), renames it to
-    ``step-N``, points ``latest`` at it, then prunes (:func:`prune_checkpoints`).
+    Writes ``.tmp-step-NNNNNNNN`` (DCP shards, RNG JSON, trainer state, manifest), renames it to
+    ``step-NNNNNNNN``, points ``latest`` at it, then prunes (:func:`prune_checkpoints`).
 
     Raises:
         CheckpointError: on every rank, when any rank's write fails with an OSError (full disk,
@@ -219,7 +219,7 @@ def replace_folder(src: Path, dst: Path) -> None:
 def prune_checkpoints(root: Path, just_saved: Path, keep: int) -> list[Path]:
     """Delete checkpoints older than ``just_saved`` beyond the ``keep`` newest; returns those deleted.
 
-    Only ``step-N`` folders with N below the step just saved are candidates (ordered by step
+    Only ``step-NNNNNNNN`` folders with a step below the step just saved are candidates (ordered by step
     number, not by name): the checkpoint just written, the one ``latest`` names, and folders of a
     later step (another run's, left in the folder) are never deleted.
     """

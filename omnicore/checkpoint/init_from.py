@@ -9,7 +9,7 @@ setting may name, relative to the config file:
   configured component is pointed at its folder of the export (``checkpoint: <export>/<kind>/<key>``;
   its ``config`` option dropped, since the folder holds it), so the normal loading path reads them
   (:func:`apply_export`);
-* a **checkpoint folder** (``checkpoints/step-N``, DCP): its files are verified against the
+* a **checkpoint folder** (``checkpoints/step-NNNNNNNN``, the step zero-padded to 8 digits; DCP): its files are verified against the
   manifest, and after the parallel strategies wrap the model, only its ``model`` part is loaded
   into the (sharded) model, strictly (:func:`load_model_weights`);
 * a **run folder**: its ``export/`` when there is one (a finished run), else its newest checkpoint
@@ -35,7 +35,7 @@ __all__ = ["InitFrom", "apply_export", "load_model_weights", "peft_base_key", "r
 @dataclass(frozen=True)
 class InitFrom:
     """Where a run's initial weights come from: ``kind`` is ``export`` (a folder holding
-    ``omnicore.yaml``) or ``checkpoint`` (a verified DCP ``step-N`` folder); ``folder`` is absolute."""
+    ``omnicore.yaml``) or ``checkpoint`` (a verified DCP ``step-NNNNNNNN`` folder); ``folder`` is absolute."""
 
     kind: Literal["export", "checkpoint"]
     folder: Path
@@ -63,7 +63,7 @@ def resolve_init_from(cfg: Config, state: Any | None = None) -> InitFrom:
     folder = cfg.resolve_path(given).resolve()
     where = f"model.init_from: {given}" + (f" ({folder})" if str(folder) != given else "")
     if not folder.is_dir():
-        raise CheckpointError(f"{where}: no such folder; give a run folder, its export/ or a checkpoint (checkpoints/step-N)")
+        raise CheckpointError(f"{where}: no such folder; give a run folder, its export/ or a checkpoint (checkpoints/step-NNNNNNNN)")
     if (folder / "omnicore.yaml").is_file():
         return InitFrom("export", folder)
     if _is_checkpoint(folder):
@@ -82,7 +82,7 @@ def resolve_init_from(cfg: Config, state: Any | None = None) -> InitFrom:
         return InitFrom("checkpoint", good)
     raise CheckpointError(
         f"{where}: neither an export (no omnicore.yaml), a checkpoint (no trainer_state.json) nor a run folder (no export/ "
-        "and no checkpoints/latest); give the output_dir of a previous run, its export/ or one of its checkpoints/step-N"
+        "and no checkpoints/latest); give the output_dir of a previous run, its export/ or one of its checkpoints/step-NNNNNNNN"
     )
 
 
@@ -142,7 +142,7 @@ def apply_export(cfg: Config, export: Path) -> Config:
         raise CheckpointError(
             f"model.init_from: {export} holds its LoRA adapter apart (foundation_lora/, written with model.lora.export: adapter); "
             "a stage started from foundation/ alone would lose the adapter's training. Start from that run's checkpoint instead "
-            "(model.init_from: RUN/checkpoints/step-N), or export it with model.lora.export: merged"
+            "(model.init_from: RUN/checkpoints/step-NNNNNNNN), or export it with model.lora.export: merged"
         )
     section = _export_section(export)
     m = cfg.model

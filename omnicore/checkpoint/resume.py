@@ -20,7 +20,7 @@ from omnicore.checkpoint.errors import CheckpointError
 
 def _candidates(root: Path) -> list[Path]:
     """Checkpoint folders to try, best first: the one ``latest`` names, then every complete
-    ``step-N`` folder of a lower step, newest first (folders of a later step than ``latest``,
+    ``step-NNNNNNNN`` folder of a lower step, newest first (folders of a later step than ``latest``,
     left by another run, are not this run's)."""
     named = latest_checkpoint(root)
     top = checkpoint_step(named)
@@ -86,7 +86,7 @@ def resolve_resume(root: str | Path, path: str | Path | None, state: Any | None 
         if not folder.is_dir() and (root / folder).is_dir():
             folder = root / folder
         if not folder.is_dir():
-            raise CheckpointError(f"--resume {path}: no such checkpoint folder (give a step-N folder, e.g. under {root})")
+            raise CheckpointError(f"--resume {path}: no such checkpoint folder (give a step-NNNNNNNN folder, e.g. under {root})")
     else:
         folder = latest_checkpoint(root)
     problem = _check(folder, state)

@@ -18,8 +18,10 @@ from typing import Any
 from omnicore.parallel.mesh import FLAT_DIMS, MESH_DIMS, MeshLayout, layout_errors
 from omnicore.parallel.parallelize import StrategyPlan, Violation, build_strategies, data_split, phase_of, validate
 
-ADAMW_STATE_BYTES = 8
-"""AdamW keeps two fp32 states (exp_avg, exp_avg_sq) per parameter element."""
+ADAMW_STATES = 2
+"""AdamW keeps two states (exp_avg, exp_avg_sq) per trainable parameter element, in the parameter's
+dtype (``torch.optim.AdamW`` makes them with ``zeros_like(param)``): 8 bytes for fp32 parameters
+(``train.mixed_precision: bf16`` included), 4 for ``run.dtype: bfloat16``."""
 
 MAX_GROUP_LISTING = 16
 """Print which ranks form which groups only up to this world size."""
@@ -42,6 +44,7 @@ class PlanReport:
     grad_bytes_per_rank: int = 0
     """Gradients of the trainable parameters (in their parameters' dtype); frozen ones have none."""
     optimizer_bytes_per_rank: int = 0
+    """AdamW's two states of the trainable parameters (in their parameters' dtype); frozen ones have none."""
     total_param_bytes: int = 0
     violations: list[Violation] = field(default_factory=list)
     data: list[tuple[int, int]] = field(default_factory=list)
@@ -193,7 +196,8 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
 
 def _add_memory(report: PlanReport, model: Any, prior: dict[str, list[tuple[str, int]]]) -> None:
     """Add each parameter's elements and per-rank bytes to ``report``: parameters all, gradients
-    and AdamW states (two fp32 moments) for the trainable ones only."""
+    and AdamW states (:data:`ADAMW_STATES` per element, in the parameter's dtype) for the trainable
+    ones only: a frozen parameter has neither."""
     for pname, param in model.named_parameters():
         n_rank = _per_rank_numel(tuple(param.shape), [w for _, w in prior.get(pname, [])])
         report.params += param.numel()
@@ -202,6 +206,6 @@ def _add_memory(report: PlanReport, model: Any, prior: dict[str, list[tuple[str,
         if param.requires_grad:
             report.trainable_params += param.numel()
             report.grad_bytes_per_rank += n_rank * param.element_size()
-            report.optimizer_bytes_per_rank += n_rank * ADAMW_STATE_BYTES
+            report.optimizer_bytes_per_rank += n_rank * ADAMW_STATES * param.element_size()
         else:
             report.frozen_param_bytes_per_rank += n_rank * param.element_size()

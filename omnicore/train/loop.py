@@ -38,6 +38,7 @@ for the FLOP count and its source.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import signal
 import time
@@ -53,6 +54,7 @@ from omnicore.config import Config
 from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError, read_jsonl
 from omnicore.data.pipeline import DataExhausted, DataPipeline, DataResumeError, DataWorkerError, merge_states
+from omnicore.logs import Phase
 from omnicore.model.trainable import apply_freeze
 from omnicore.parallel.parallelize import build_strategies, data_split, parallelize
 from omnicore.parallel.state import ParallelState, init_parallel_state
@@ -60,8 +62,11 @@ from omnicore.registry import Registry, registry_for
 from omnicore.train.loggers import Loggers, check_loggers, start_loggers
 from omnicore.train.metrics import FlopsModel, flops_model, padding_waste, peak_memory_mib, peak_tflops
 from omnicore.train.optim import NonFiniteError, build_optimizer, clip_grad_norm_, nonfinite_message, warmup_cosine
+from omnicore.train.samples import check_generation, sample_if_due, task_accuracy
 from omnicore.train.signals import SIGNALS, GracefulStop, Interrupted, signal_flags, signal_from_flags
 from omnicore.train.validate import validate_if_due
+
+logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # set-up
@@ -90,7 +95,7 @@ class Run:
     out_dir: Path
     ckpt_root: Path
     metrics_path: Path
-    log: Callable[..., None]  # print on rank 0, silent elsewhere
+    log: Callable[..., None]  # status lines: logger.info (shown on rank 0; see omnicore.logs)
     start: int = 0  # steps already done (resume)
     bar: Any = None  # rank 0 with train.progress: tqdm, or plain lines when stderr is no terminal
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -110,21 +115,21 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
     registry = registry or registry_for(cfg)
     state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
     out_dir = Path(cfg.run.output_dir)
-    log = print if state.is_main else (lambda *a, **k: None)
+    log = logger.info  # every rank logs; other ranks' INFO lines are left out by the handler (omnicore.logs)
     ckpt_root = out_dir / "checkpoints"
-    # checked before the (slow) build: a fresh run must not mix its checkpoints into an older run's
+    # checked before the (slow) build: a fresh run must not mix its checkpoints into an older run's,
+    # and a missing held-out file must not wait for the first validation
     if not resume and (ckpt_root / "latest").is_file():
         raise CheckpointError(
             f"{ckpt_root} already holds a run (latest: {(ckpt_root / 'latest').read_text().strip()}); "
             "continue it with --resume, or pick another --run.output_dir"
         )
+    check_eval_file(cfg)
 
     cfg, init_from, (model, tokenizer, processor, sources, flops) = _model_to_train(cfg, registry, state, resume, log)
     model, strategies, (data_rank, data_size, replicas) = _parallelize_model(model, cfg, registry, state, log)
     if init_from is not None:  # model.init_from names a checkpoint: its model weights, into the sharded model
-        from omnicore.checkpoint.init_from import load_model_weights
-
-        load_model_weights(init_from.folder, model, state)
+        _load_init_from(init_from.folder, model, state)
     pin = cfg.data.pin_memory if cfg.data.pin_memory is not None else state.device.type == "cuda"
     data = DataPipeline(sources, processor, cfg.data, cfg.run.seed, data_rank=data_rank, data_size=data_size,
                         grad_accum=cfg.train.grad_accum, pin_memory=pin)  # fmt: skip
@@ -136,12 +141,12 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
     )
     start, skips = 0, (0, 0)
     if resume:
-        folder = _resume_folder(ckpt_root, resume, state, log)
-        meta = load_checkpoint(folder, model, optimizer, scheduler, state, verify=False)  # verified just now
-        _resume_data(data, meta, folder)
-        start = meta["step"]
-        skips = (meta.get("skipped_steps", 0), meta.get("nonfinite_in_row", 0))
-        log(f"resumed from step {start} ({folder})")
+        with Phase(logger, "loading the checkpoint to resume from") as ph:
+            folder = _resume_folder(ckpt_root, resume, state, log)
+            meta = load_checkpoint(folder, model, optimizer, scheduler, state, verify=False)  # verified just now
+            _resume_data(data, meta, folder)
+            start, skips = meta["step"], (meta.get("skipped_steps", 0), meta.get("nonfinite_in_row", 0))
+            ph.detail = f"resumed from step {start} ({folder})"
 
     metrics_path, bar = _open_outputs(cfg, state, out_dir, resume, start)
     model.train()
@@ -167,7 +172,7 @@ def _model_to_train(
     from omnicore.model.lora import apply_lora
 
     cfg, init_from = start_from(cfg, resume, state, log)
-    model, tokenizer, processor, sources = _build_model_and_data(cfg, registry, log)
+    model, tokenizer, processor, sources = _build_model_and_data(cfg, registry)
     flops = flops_model(model.lm)  # counted before sharding turns parameters into shards
     apply_lora(model, cfg.model.lora, seed=cfg.run.seed)  # model.lora: adapters before freeze and the strategies
     log(apply_freeze(model, cfg.train.freeze).describe())  # train.freeze, after LoRA, before the strategies
@@ -222,14 +227,38 @@ def run_lock(cfg: Config, state: ParallelState, log: Callable[..., None]) -> Ite
             lock.__exit__(None, None, None)
 
 
-def _build_model_and_data(cfg: Config, registry: Registry, log: Callable[..., None]) -> tuple[Any, Any, ChatProcessor, list[Any]]:
+def _build_model_and_data(cfg: Config, registry: Registry) -> tuple[Any, Any, ChatProcessor, list[Any]]:
     """The model and tokenizer from the registry's components, the chat processor of the data side
     (the tokenizer and the components' processors, no weights) and the opened data sources (nothing
-    read yet)."""
-    from omnicore.data.sources import open_source
-    from omnicore.model.build import build_omni_model, build_processors
+    read yet), each timed in the log."""
+    from omnicore.model.build import build_omni_model
 
-    model, tokenizer = build_omni_model(cfg, registry, defer_load=True)  # filled shard by shard after parallelize
+    with Phase(logger, "building the model") as ph:
+        model, tokenizer = build_omni_model(cfg, registry, defer_load=True)  # filled shard by shard after parallelize
+        ph.detail = f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; {_components(cfg)}"
+    with Phase(logger, "opening the data") as ph:
+        processor, sources = _open_data(cfg, registry, tokenizer)
+        desc = ", ".join(f"{s.name} (weight {s.config.weight:g})" for s in sources)
+        ph.detail = f"{desc}; {cfg.data.num_workers} worker(s) per rank, started with the first step"
+    return model, tokenizer, processor, sources
+
+
+def _components(cfg: Config) -> str:
+    """``foundation qwen2; encoders image=qwen2_vl_vision, audio=whisper; decoders image=movqgan``."""
+    m = cfg.model
+    parts = [f"foundation {m.foundation.name}"]
+    for kind, table in (("encoders", m.encoders), ("decoders", m.decoders)):
+        if table:
+            parts.append(f"{kind} " + ", ".join(f"{k}={c.name}" for k, c in table.items()))
+    return "; ".join(parts)
+
+
+def _open_data(cfg: Config, registry: Registry, tokenizer: Any) -> tuple[ChatProcessor, list[Any]]:
+    """The chat processor of the data side (the tokenizer and the components' processors, no
+    weights) and the opened data sources (nothing read yet)."""
+    from omnicore.data.sources import open_source
+    from omnicore.model.build import build_processors
+
     encoders, decoders = build_processors(cfg, registry)
     d = cfg.data
     processor = ChatProcessor(
@@ -251,10 +280,41 @@ def _build_model_and_data(cfg: Config, registry: Registry, log: Callable[..., No
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise SampleError(f"data.sources: two sources are named alike ({names}); give each a distinct name")
-    n_params = sum(p.numel() for p in model.parameters())
-    desc = ", ".join(f"{s.name} (weight {s.config.weight:g})" for s in sources)
-    log(f"model: {n_params / 1e6:.2f} M parameters; data: {desc}; {d.num_workers} worker(s) per rank")
-    return model, tokenizer, processor, sources
+    return processor, sources
+
+
+def check_eval_file(cfg: Config) -> None:
+    """``data.eval`` must exist before the build when validation reads it (``train.eval_every``), not
+    only at the first validation; when training does not read it, a missing file is a warning (for
+    ``omnicore eval`` later).
+
+    Raises:
+        ConfigError: ``train.eval_every`` is set and the file is missing; the message names the
+            field, the path as configured and as resolved (relative to the config file's folder).
+    """
+    from omnicore.config import ConfigError
+
+    if not cfg.data.eval:
+        return
+    path = cfg.resolve_path(cfg.data.eval)
+    if path.is_file():
+        return
+    where = f"{cfg.data.eval!r}" + (f" (resolved to {path})" if str(path) != cfg.data.eval else "")
+    if cfg.train.eval_every:
+        raise ConfigError(
+            f"{cfg.source or 'config'}: data.eval: {where} is not a file; train.eval_every reads it for validation: fix the path "
+            "(relative to the config file's folder) or set train.eval_every: 0"
+        )
+    logger.warning("data.eval: %s is not a file; training does not read it, but `omnicore eval` will", where)
+
+
+def _load_init_from(folder: Path, model: Any, state: ParallelState) -> None:
+    """``model.init_from``'s checkpoint weights into the (sharded) model, timed."""
+    from omnicore.checkpoint.init_from import load_model_weights
+
+    with Phase(logger, "loading the weights of model.init_from") as ph:
+        load_model_weights(folder, model, state)
+        ph.detail = str(folder)
 
 
 def _check_rows(sources: list[Any], num_shards: int, cfg: Config) -> None:
@@ -299,15 +359,17 @@ def _parallelize_model(
     the strategies and ``(data_rank, data_size, replicas)``."""
     from omnicore.model.loading import fill_pending, to_device_keeping_meta
 
-    to_device_keeping_meta(model, state.device)
-    state.mixed_precision = cfg.train.mixed_precision
-    # parallel.strategies, or parallel.strategy with auto resolved; applied in phase order (see
-    # omnicore.parallel.parallelize)
-    strategies = build_strategies(cfg.parallel, registry, state.distributed)
-    model = parallelize(model, state, strategies)
-    filled = fill_pending(model, state.device)  # each rank reads its own shards of the foundation checkpoint
-    if filled:
-        log(f"loaded {filled} foundation tensors shard by shard from {cfg.model.foundation.options.get('checkpoint')}")
+    with Phase(logger, f"moving the model to {state.device} and applying the parallel strategies"):
+        to_device_keeping_meta(model, state.device)
+        state.mixed_precision = cfg.train.mixed_precision
+        # parallel.strategies, or parallel.strategy with auto resolved; applied in phase order (see
+        # omnicore.parallel.parallelize)
+        strategies = build_strategies(cfg.parallel, registry, state.distributed)
+        model = parallelize(model, state, strategies)
+    if getattr(model, "pending_loads", None):  # each rank reads its own shards of the foundation checkpoint
+        with Phase(logger, "loading the foundation weights shard by shard") as ph:
+            filled = fill_pending(model, state.device)
+            ph.detail = f"{filled} tensors from {cfg.model.foundation.options.get('checkpoint')}"
     # A strategy that splits each micro-batch over several ranks (sequence parallelism) decides which
     # micro-batches this rank reads; by default every rank reads its own. `replicas` ranks see each
     # micro-batch, so counts from the data are divided by it.
@@ -654,19 +716,21 @@ def train(
             (before step 1; see :mod:`omnicore.train.loggers`).
     """
     state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
-    log = print if state.is_main else (lambda *a, **k: None)
+    log = logger.info  # shown on rank 0 (omnicore.logs)
     # SIGTERM/SIGINT (a scheduler's notice, Ctrl-C) from here on: finish the step, save, stop;
     # and one run at a time in the output folder
     with GracefulStop(announce=state.is_main) as stop, run_lock(cfg, state, log):
         # ---- set-up: model and data, parallelism, optimizer (restored on resume), outputs ------
-        registry = registry or registry_for(cfg)
+        registry = registry or _discover(cfg)
         check_loggers(cfg, registry)  # a misspelt logger fails now, not after the model build
         run = setup(cfg, resume=resume, registry=registry, state=state)
         run.stop = stop
         try:
             # run.loggers on rank 0; one that cannot start stops the run here, before step 1
-            run.loggers = start_loggers(run.cfg, registry, is_main=state.is_main, resume=bool(resume), start_step=run.start,
-                                        distributed=state.distributed)  # fmt: skip
+            with Phase(logger, "starting the loggers") as ph:
+                run.loggers = start_loggers(run.cfg, registry, is_main=state.is_main, resume=bool(resume), start_step=run.start,
+                                            distributed=state.distributed)  # fmt: skip
+                ph.detail = ", ".join(c.name for c in run.cfg.run.logger_list()) or "none (run.loggers: [])"
             _loop(run)
         finally:
             run.data.close()
@@ -674,22 +738,46 @@ def train(
     return run.history
 
 
+def _discover(cfg: Config) -> Registry:
+    """:func:`registry_for`, timed: loading the plugins imports their hook modules."""
+    with Phase(logger, "loading the plugins") as ph:
+        registry = registry_for(cfg)
+        providers = {r.provider for r in registry.rows}
+        ph.detail = f"{sum(r.kind != '-' for r in registry.rows)} components from {len(providers)} providers (built-ins included)"
+    return registry
+
+
+def _first_step(run: Run, step: int) -> dict[str, Any] | None:
+    """:func:`train_step` of this process's first step, timed as the last phase of start-up: the data
+    workers start, decode and tokenise the first windows, then the first forward and backward run."""
+    d = run.cfg.data
+    workers = f"{d.num_workers} data worker(s) per rank" if d.num_workers else "the training process (data.num_workers 0)"
+    with Phase(logger, f"step {step + 1}: reading the first micro-batches in {workers}, then forward and backward") as ph:
+        row = train_step(run, step)
+        if row is not None:
+            ph.detail = f"{row['data_wait_s']:.1f} s of it waiting for data"
+    return row
+
+
 def _loop(run: Run) -> None:
     """The steps, then the wrap-up (throughput summary, export of a finished run)."""
     from omnicore.checkpoint.export import export_model
 
     cfg = run.cfg
+    check_generation(run)  # train.sample_every / eval_task_samples can run here (prompts encode; no sp)
     # ---- the loop ------------------------------------------------------------------------
     out_of_data = False
     for step in range(run.start, cfg.train.max_steps):
-        row = train_step(run, step)
+        row = train_step(run, step) if step > run.start else _first_step(run, step)
         if row is None:  # a source with on_exhausted: stop ran out on some rank
             out_of_data = True
             _out_of_data(run, step)
+            sample_if_due(run, step, final=True)  # train.sample_every: samples/final.png (every rank)
             break
         run.history.append(row)
         log_step(run, row)
-        validate_if_due(run, step + 1)  # train.eval_every: held-out loss, a "split": "val" row (every rank)
+        validate_if_due(run, step + 1, task_accuracy)  # train.eval_every: held-out loss (+ accuracy), a "split": "val" row (every rank)
+        sample_if_due(run, step + 1)  # train.sample_every: samples/step-N.png, final.png at the end (every rank)
         if not _after_step(run, step + 1):
             break
     # ---- wrap-up: throughput summary, then export of a finished run ------------------------

@@ -13,12 +13,14 @@ signal while stopping restores the default action and re-sends itself: the proce
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
-import sys
 import threading
 from types import FrameType
 from typing import Any
+
+_log = logging.getLogger(__name__)
 
 SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
 """The signals turned into a stop request."""
@@ -43,7 +45,7 @@ class GracefulStop:
     install handlers) it does nothing and :attr:`requested` stays False.
 
     Args:
-        announce: print one line on stderr when the first signal arrives (rank 0 only, say).
+        announce: log one warning when the first signal arrives (rank 0 only, say).
     """
 
     def __init__(self, announce: bool = True):
@@ -64,9 +66,7 @@ class GracefulStop:
         self.received = signum
         if self.announce:
             name = signal.Signals(signum).name
-            print(
-                f"received {name}: finishing this step and saving a checkpoint; send it again to exit at once", file=sys.stderr, flush=True
-            )
+            _log.warning("received %s: finishing this step and saving a checkpoint; send it again to exit at once", name)
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():

@@ -27,7 +27,9 @@ mode after (a frozen part may train in eval mode); no parameter gets a gradient.
 The validation figures are a row of their own, handed to the run's loggers (``run.loggers``) with
 split ``val`` after the training row of the same step; in ``metrics.jsonl`` (the ``jsonl`` logger): ``{"step": N, "split": "val", "val_loss": ..., "val_loss/text": ...,
 "val_loss/decoder.image": ..., "val_targets": ..., "val_samples": ..., "val_skipped": ...,
-"val_time_s": ...}``. Training rows carry no ``split`` key.
+"val_time_s": ...}``. Training rows carry no ``split`` key. With ``train.eval_task_samples`` the
+row also holds the exact-match accuracy of generated answers, ``val_acc``, ``val_acc/<task>`` and
+``val_acc_samples`` (:func:`omnicore.train.samples.task_accuracy`); ``val_time_s`` includes it.
 """
 
 from __future__ import annotations
@@ -262,11 +264,13 @@ def _to_device(obj: Any, device: torch.device) -> Any:
     return obj
 
 
-def validate_if_due(run: Any, done: int) -> dict[str, Any] | None:
+def validate_if_due(run: Any, done: int, task_metrics: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """After step ``done`` (1-based) of a :class:`~omnicore.train.loop.Run`: every
     ``train.eval_every`` steps and at ``train.max_steps``, the held-out loss on every rank (a
     collective: every rank calls this after every step), handed on rank 0 to the run's loggers with
-    split ``val`` (``metrics.jsonl`` gets it with ``"split": "val"``) and printed as one line.
+    split ``val`` (``metrics.jsonl`` gets it with ``"split": "val"``) and logged as one line.
+    With ``train.eval_task_samples``, ``task_metrics(run)`` (every rank; the training loop passes
+    :func:`omnicore.train.samples.task_accuracy`) adds its figures (``val_acc``, ...) to the row.
     Returns the row (with ``"split": "val"``), or None when not due."""
     cfg = run.cfg
     every = cfg.train.eval_every
@@ -278,10 +282,15 @@ def validate_if_due(run: Any, done: int) -> dict[str, Any] | None:
         data_rank=run.data_rank, data_size=run.data_size, max_samples=cfg.train.eval_max_samples,
         on_error=cfg.data.on_error, autocast=run.autocast, device=run.state.device,
     )  # fmt: skip
+    if task_metrics is not None and cfg.train.eval_task_samples:
+        figures.update(task_metrics(run))
     row = {"step": done, **figures, "val_time_s": time.perf_counter() - t0}
     if run.state.is_main:
         run.loggers.log_metrics(done, row, "val")  # the jsonl logger writes it with "split": "val" after "step"
         parts = ", ".join(f"{k[9:]} {v:.4f}" for k, v in figures.items() if k.startswith("val_loss/"))
         line = f"step {done}: val_loss {figures['val_loss']:.4f} ({parts}; {figures['val_samples']} samples)"
-        (getattr(run.bar, "write", None) or run.log)(line)  # above a tqdm bar; plain progress lines print
+        if "val_acc" in figures:
+            tasks = ", ".join(f"{k[8:]} {v:.3f}" for k, v in figures.items() if k.startswith("val_acc/"))
+            line += f", accuracy {figures['val_acc']:.3f} ({tasks}; {figures['val_acc_samples']} samples)"
+        run.log(line)  # logged (above a tqdm bar on a terminal: omnicore.logs)
     return {"step": done, "split": "val", **row}

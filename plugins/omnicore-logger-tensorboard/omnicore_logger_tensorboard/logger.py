@@ -5,7 +5,7 @@ What it writes, per run, into ``<run.output_dir>/<log_dir>`` (default ``tensorbo
 * the config, once, as text under the tag ``config`` (YAML-like JSON, in a code block so
   TensorBoard's text tab keeps its indentation);
 * every metrics row as scalars tagged ``<split>/<key>`` (``train/loss``, ``train/lr``,
-  ``val/loss``) at the row's step; keys with ``/`` keep them (``train/loss/text``). Values that are
+  ``val/val_loss``) at the row's step; keys with ``/`` keep them (``train/loss/text``). Values that are
   not numbers (``None``, strings) are left out, booleans are written as 0 or 1, and a non-finite
   float (a skipped step's NaN loss) is written as is: TensorBoard shows the gap;
 * images as one ``[N, H, W, 3]`` batch tagged with the given name (``add_images``, ``HWC`` order).

@@ -1,0 +1,269 @@
+"""What the model generates while it trains: sample grids (``train.sample_every``) and the task
+accuracy of validation (``train.eval_task_samples``).
+
+**Sample grids.** Every ``train.sample_every`` steps and at the last step (also when a source with
+``on_exhausted: stop`` ends the run early), the model answers each prompt of ``train.sample_prompts``
+(a user message of that text, as ``omnicore generate --prompt TEXT`` makes it) with the ``generate``
+section's ``max_new_tokens`` and sampling, prompt ``i`` drawing with seed ``run.seed + i``: the same
+answers as ``omnicore generate CONFIG --prompt P0 --prompt P1 ...`` on the same weights, and with
+fixed seeds, so the grids of successive steps differ only by what the model learnt. Each prompt is
+one cell of one grid: the first image it produced (the first decoder modality, in
+``model.decoders`` order, that it opened), or a grey cell when it produced none, labelled with
+the prompt (and the modality when the model has several decoders). On rank 0 the grid is written
+to ``RUN_DIR/samples/step-NNNNNNNN.png`` (the step zero-padded to 8 digits, as checkpoint folders
+are named) and, at the last step, also to ``RUN_DIR/samples/final.png``; each decoder modality
+``m``'s images (unlabelled, at their own size, in prompt order, prompts without one left out) go to
+the loggers as ``log_images(step, "samples/<m>", images)``. A grid that cannot be written (a full
+disk) is a logged warning, never a failed run.
+
+The grid (:func:`sample_grid`): ``rows = ceil(K / 8)`` rows of ``cols = ceil(K / rows)`` cells for
+``K`` prompts (at most 8 per row, rows filled evenly), in prompt order, row by row. Every image is
+scaled up by the integer factor ``ceil(CELL_MIN / longest side)`` (nearest neighbour, so every
+pixel stays a block of equal pixels; at least 1) and pasted at the top left of its cell; a cell is
+as wide and as high as the largest scaled image, with a label strip of ``LABEL_HEIGHT`` pixels below
+it (the prompt, wrapped on words into at most two lines, cut with ``...`` when longer), and
+``PAD`` white pixels between and around cells::
+
+    width  = PAD + cols * (cell width + PAD)
+    height = PAD + rows * (cell height + LABEL_HEIGHT + PAD)
+
+(ten 32x32 digits: 5 x 2 cells of 96 x 96, so a 504 x 252 PNG).
+
+**Task accuracy.** With ``train.eval_task_samples K``, each validation (``train.eval_every``) also
+generates the answers of the first ``K`` samples of ``data.eval`` whose answer is text (those of
+``omnicore eval --limit K``, scored by the same code, :func:`omnicore.evaluate.score_samples`) and
+adds their exact-match accuracy to the val row: ``val_acc`` (all of them), ``val_acc/<task>`` (per
+sample ``task`` key, else ``default``) and ``val_acc_samples`` (how many were scored).
+
+**On several processes** every rank generates the same answers (same prompts, seeds and weights),
+so that every forward's collectives line up: FSDP2 (and HSDP) all-gather the root's parameters
+(embeddings, LM head, decoders: :meth:`FSDPModule.unshard`) for the time of the generation and every
+block's and encoder's parameters in its forward, as in training; expert parallelism's all-to-alls
+run on every rank alike. Only rank 0 writes files and calls the loggers. Generation does not run
+under sequence parallelism (``parallel.sp`` > 1: its attention splits each sequence over ranks),
+which :func:`check_generation` refuses before step 1.
+
+The model runs under ``torch.no_grad`` in eval mode, and every submodule is put back in its
+previous mode after; generation draws from its own seeded generators, so the training that follows
+(weights, data order, global RNG) is the same as without samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnicore.config import Config, ConfigError
+from omnicore.evaluate import answer_samples, generate_answers, score_samples, user_prompt
+
+logger = logging.getLogger(__name__)
+
+CELL_MIN = 96
+"""Images are scaled up (by an integer factor) until their longest side is at least this, in pixels."""
+PAD = 4
+"""White pixels between cells and around the grid."""
+LABEL_HEIGHT = 24
+"""Pixels of the label strip under each image (two lines of 12)."""
+MAX_COLS = 8
+"""Cells per row at most."""
+_LINE = 12
+_EMPTY = (220, 220, 220)
+
+
+def grid_shape(n: int) -> tuple[int, int]:
+    """``(cols, rows)`` of a grid of ``n`` cells: at most :data:`MAX_COLS` per row, rows filled evenly."""
+    rows = max(1, math.ceil(n / MAX_COLS))
+    return math.ceil(n / rows), rows
+
+
+def sample_grid(images: list[Any], labels: list[str]) -> Any:
+    """One labelled grid of ``images`` (PIL images, or None for an empty grey cell), laid out as the
+    module docstring says; returns an RGB ``PIL.Image``.
+
+    Raises:
+        ValueError: no cells, or not one label per image.
+    """
+    from PIL import Image, ImageDraw, ImageFont
+
+    if not images or len(images) != len(labels):
+        raise ValueError(f"sample_grid: need at least one cell and one label per cell; got {len(images)} and {len(labels)}")
+    scaled = [None if im is None else _scaled(im.convert("RGB")) for im in images]
+    cw = max([CELL_MIN] if all(s is None for s in scaled) else [s.width for s in scaled if s is not None])
+    ch = max([CELL_MIN] if all(s is None for s in scaled) else [s.height for s in scaled if s is not None])
+    cols, rows = grid_shape(len(images))
+    grid = Image.new("RGB", (PAD + cols * (cw + PAD), PAD + rows * (ch + LABEL_HEIGHT + PAD)), "white")
+    draw = ImageDraw.Draw(grid)
+    font = ImageFont.load_default()
+    for i, (im, label) in enumerate(zip(scaled, labels)):
+        x, y = PAD + (i % cols) * (cw + PAD), PAD + (i // cols) * (ch + LABEL_HEIGHT + PAD)
+        if im is None:
+            draw.rectangle([x, y, x + cw - 1, y + ch - 1], fill=_EMPTY)
+        else:
+            grid.paste(im, (x, y))
+        for k, line in enumerate(_wrap(draw, font, label if im is not None else f"{label} (no image)", cw)):
+            draw.text((x, y + ch + k * _LINE), line, fill="black", font=font)
+    return grid
+
+
+def _scaled(im: Any) -> Any:
+    """``im`` scaled up by ``ceil(CELL_MIN / longest side)``, nearest neighbour (pixel blocks)."""
+    from PIL import Image
+
+    f = max(1, math.ceil(CELL_MIN / max(im.width, im.height)))
+    return im if f == 1 else im.resize((im.width * f, im.height * f), Image.NEAREST)
+
+
+def _wrap(draw: Any, font: Any, text: str, width: int) -> list[str]:
+    """``text`` in at most two lines that fit ``width`` pixels: wrapped on spaces, the rest cut with ``...``."""
+    fits = lambda s: draw.textlength(s, font=font) <= width  # noqa: E731
+    lines: list[str] = []
+    words = text.split()
+    while words and len(lines) < 2:
+        line = words.pop(0)
+        while words and fits(f"{line} {words[0]}"):
+            line = f"{line} {words.pop(0)}"
+        lines.append(line)
+    if words:  # more than two lines' worth: the rest goes on the last line, which is cut below
+        lines[-1] = " ".join([lines[-1], *words])
+    out = []
+    for line in lines:
+        if not fits(line):
+            while len(line) > 1 and not fits(line + "..."):
+                line = line[:-1]
+            line += "..."
+        out.append(line)
+    return out
+
+
+@contextlib.contextmanager
+def generating(model: torch.nn.Module) -> Iterator[None]:
+    """Run generation on ``model`` (possibly FSDP2-sharded) inside: eval mode and ``torch.no_grad``,
+    the FSDP2 root's parameters all-gathered (a collective: every rank enters together) and
+    resharded after; every submodule's mode restored exactly on the way out."""
+    modes = [(m, m.training) for m in model.modules()]  # restored exactly: frozen parts may stay in eval mode
+    root = _fsdp_root(model)
+    model.eval()
+    try:
+        if root is not None:
+            root.unshard()  # embeddings, LM head and decoders are used outside the root's forward
+        with torch.no_grad():
+            yield
+    finally:
+        if root is not None:
+            root.reshard()
+        for m, training in modes:
+            m.training = training
+
+
+def _fsdp_root(model: torch.nn.Module) -> Any:
+    """``model`` when FSDP2 (``fully_shard``) wrapped it, else None."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed
+        return None
+    return model if isinstance(model, FSDPModule) else None
+
+
+def check_generation(run: Any) -> None:
+    """Before step 1: generation during training (``train.sample_every``, ``train.eval_task_samples``)
+    must be able to run. Every rank raises alike.
+
+    Raises:
+        ConfigError: it is on under sequence parallelism (ranks share each sequence).
+        SampleError: a prompt of ``train.sample_prompts`` cannot be encoded (naming it).
+    """
+    t = run.cfg.train
+    if not (t.sample_every or t.eval_task_samples):
+        return
+    if run.replicas > 1:
+        raise ConfigError(
+            f"{run.cfg.source}: train.sample_every / train.eval_task_samples: generation during training does not run under sequence "
+            f"parallelism ({run.replicas} ranks share each sequence); set both to 0 and use `omnicore generate` / `omnicore eval` "
+            "on the checkpoints"
+        )
+    for i, text in enumerate(t.sample_prompts if t.sample_every else []):
+        run.processor.encode(user_prompt(text, where=f"train.sample_prompts[{i}]"), prompt_only=True)
+
+
+def draw_samples(cfg: Config, model: torch.nn.Module, tokenizer: Any, processor: Any) -> list[dict[str, Any]]:
+    """The answers to ``train.sample_prompts`` (module docstring), one ``{"text", "images",
+    "token_ids"}`` per prompt; every rank of a sharded model calls this together."""
+    where = "train.sample_prompts[{}]".format
+    encoded = [processor.encode(user_prompt(p, where=where(i)), prompt_only=True) for i, p in enumerate(cfg.train.sample_prompts)]
+    with generating(model):
+        return list(generate_answers(cfg, model, tokenizer, processor, encoded))
+
+
+def sample_cells(cfg: Config, modalities: list[str], answers: list[dict[str, Any]]) -> tuple[list[Any], list[str]]:
+    """The grid's cells from the answers: per prompt its first image (first modality in
+    ``modalities`` order that it produced) or None, and its label."""
+    images, labels = [], []
+    for prompt, out in zip(cfg.train.sample_prompts, answers):
+        m = next((m for m in modalities if out["images"].get(m)), None)
+        images.append(None if m is None else out["images"][m][0])
+        labels.append(prompt if m is None or len(modalities) == 1 else f"{prompt} [{m}]")
+    return images, labels
+
+
+def sample_if_due(run: Any, done: int, *, final: bool = False) -> list[Path]:
+    """After step ``done`` of a :class:`~omnicore.train.loop.Run`: every ``train.sample_every`` steps,
+    at ``train.max_steps`` and when ``final`` (the run ends early), the sample grid of the module
+    docstring (a collective: every rank calls this after every step). Returns the files written
+    (rank 0; ``[]`` elsewhere or when not due)."""
+    cfg = run.cfg
+    every = cfg.train.sample_every
+    last = final or done == cfg.train.max_steps
+    if not every or done <= 0 or not (done % every == 0 or last):
+        return []
+    t0 = time.perf_counter()
+    modalities = list(run.processor.decoders)
+    answers = draw_samples(cfg, run.model, run.tokenizer, run.processor)
+    if not run.state.is_main:
+        return []
+    images, labels = sample_cells(cfg, modalities, answers)
+    folder = run.out_dir / "samples"
+    paths = [folder / f"step-{done:08d}.png"] + ([folder / "final.png"] if last else [])
+    try:
+        grid = sample_grid(images, labels)
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in paths:
+            grid.save(path)
+    except OSError as exc:  # a picture is never worth a failed run
+        logger.warning("sample grid of step %d not written (%s: %s)", done, type(exc).__name__, exc)
+        paths = []
+    for m in modalities:
+        imgs = [_array(o["images"][m][0]) for o in answers if o["images"].get(m)]
+        if imgs:
+            run.loggers.log_images(done, f"samples/{m}", imgs)
+    drawn = sum(im is not None for im in images)
+    run.log(f"step {done}: samples {drawn}/{len(images)} drawn, {time.perf_counter() - t0:.1f} s" + (f"; {paths[0]}" if paths else ""))
+    return paths
+
+
+def _array(image: Any) -> Any:
+    """A PIL image as the numpy ``uint8`` ``[H, W, 3]`` array loggers take."""
+    import numpy as np
+
+    return np.asarray(image.convert("RGB"), dtype=np.uint8)
+
+
+def task_accuracy(run: Any) -> dict[str, Any]:
+    """The task figures of a validation row (module docstring): ``val_acc``, ``val_acc/<task>``,
+    ``val_acc_samples``; every rank of a sharded model calls this together and gets the same."""
+    cfg = run.cfg
+    samples = answer_samples(cfg, cfg.train.eval_task_samples)
+    if not samples:
+        return {"val_acc_samples": 0}
+    with generating(run.model):
+        summary, _ = score_samples(cfg, run.model, run.tokenizer, run.processor, samples, progress=False)
+    out: dict[str, Any] = {"val_acc": summary["accuracy"]}
+    out.update({f"val_acc/{task}": t["accuracy"] for task, t in sorted(summary["tasks"].items())})
+    out["val_acc_samples"] = summary["total"]
+    return out
