@@ -46,5 +46,6 @@ if [ ! -f examples/digits/data/judge/model.safetensors ]; then $PY examples/digi
 $PY examples/digits/judge_drawn.py score --config $CFG --export "$OUT/export" --temperature 0.7
 stage_done judge
 
-echo "finished in $(( $(date +%s) - start )) s (${times[*]/%/,}); checkpoints in $OUT/checkpoints, export in $OUT/export"
+summary=$(printf '%s, ' "${times[@]}")
+echo "finished in $(( $(date +%s) - start )) s (${summary%, }); checkpoints in $OUT/checkpoints, export in $OUT/export"
 echo "pictures: $OUT/loss.png (loss, learning rate, tokens/s), $OUT/samples/final.png (the digits 0-9 as drawn at the end)"
