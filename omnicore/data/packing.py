@@ -27,6 +27,19 @@ class PackingError(ValueError):
     """A sample does not fit the packing budget; the message names the sample and what to change."""
 
 
+def to_device(obj: Any, device: Any) -> Any:
+    """``obj`` with every tensor in it moved to ``device``: a tensor, or dicts and lists of them
+    nested any depth (a :class:`MicroBatch`'s ``vars()``, its ``encoder_inputs``); other values as
+    they are. Used by training, validation and generation alike."""
+    if hasattr(obj, "to") and hasattr(obj, "device"):  # a torch.Tensor, without importing torch here
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_device(v, device) for v in obj]
+    return obj
+
+
 class FreeSpaceIndex:
     """The free space of open bins in a max segment tree: the first bin (lowest index) with at
     least ``n`` free, and updates, in ``O(log B)`` each (the usual first-fit acceleration; see

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from omnicore.data.chat import Encoded
-from omnicore.data.packing import collate
+from omnicore.data.packing import collate, to_device
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class _Row:
 def _prefill_embeds(model: Any, prompts: list[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded input embeddings ``[B, T, H]`` (media merged) and the attention mask ``[B, T]``."""
     mb = collate(prompts, dict(model.encoders), dict(model.decoders))
-    embeds, _, _ = model.embed(mb.input_ids.to(device), _to_device(mb.encoder_inputs, device), {}, mb.wheres)
+    embeds, _, _ = model.embed(mb.input_ids.to(device), to_device(mb.encoder_inputs, device), {}, mb.wheres)
     lens = [len(p) for p in prompts]
     width = max(lens)
     x = embeds.new_zeros(len(prompts), width, embeds.shape[-1])
@@ -109,16 +109,6 @@ def _prefill_embeds(model: Any, prompts: list[Encoded], device: torch.device) ->
         mask[i, width - n :] = 1
         start += n
     return x, mask
-
-
-def _to_device(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_device(v, device) for v in obj]
-    return obj
 
 
 def _forward(model: Any, x: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:

@@ -53,6 +53,7 @@ import torch
 from omnicore.config import Config
 from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError, read_jsonl
+from omnicore.data.packing import to_device
 from omnicore.data.pipeline import DataExhausted, DataPipeline, DataResumeError, DataWorkerError, merge_states
 from omnicore.logs import Phase
 from omnicore.model.trainable import apply_freeze
@@ -425,7 +426,7 @@ def forward_backward_step(run: Run, mb: Any, scale: float) -> Any:
     """Forward and backward of one collated micro-batch; returns the model's output (loss sums and
     target counts of this rank's part of it). ``scale`` is ``dp / N`` (module docstring)."""
     with run.autocast():
-        out = run.model(**_to_device(vars(mb), run.state.device))
+        out = run.model(**to_device(vars(mb), run.state.device))
     (out.loss_sum * scale).backward()
     return out
 
@@ -833,13 +834,3 @@ def summarize(history: list[dict[str, Any]]) -> str:
     parts.append(f"padding waste {100 * statistics.mean(r['padding_waste'] for r in rows):.1f}%")
     parts.append(f"peak memory {max(r['peak_mem_mib'] for r in rows):.0f} MiB")
     return "throughput (median over steps 2..): " + ", ".join(parts)
-
-
-def _to_device(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_device(v, device) for v in obj]
-    return obj

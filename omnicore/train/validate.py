@@ -45,7 +45,7 @@ import torch
 
 from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError, decode_line, parse_line
-from omnicore.data.packing import collate
+from omnicore.data.packing import collate, to_device
 from omnicore.parallel.state import ParallelState
 
 
@@ -222,7 +222,7 @@ def _forward_rows(
         filler = row
         mb = collate(row, processor.encoders, processor.decoders)
         with autocast():
-            out = model(**_to_device(vars(mb), device))
+            out = model(**to_device(vars(mb), device))
         if counted:
             samples += len(row)
             _add(*totals, out)
@@ -252,16 +252,6 @@ def _totals(
     out.update(val_targets=int(round(n_all)), val_samples=int(round(total[2 * n] / replicas)))
     out["val_skipped"] = int(round(total[2 * n + 1] / replicas))
     return out
-
-
-def _to_device(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_device(v, device) for v in obj]
-    return obj
 
 
 def validate_if_due(run: Any, done: int, task_metrics: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any] | None:
