@@ -211,6 +211,27 @@ def cmd_generate(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_fit_tokenizer(args: argparse.Namespace, extra: list[str]) -> int:
+    """``omnicore fit-tokenizer CONFIG --vocab-size N --out DIR``: a byte-level BPE fitted on the
+    config's training text (:mod:`omnicore.model.text_tokenizer`); prints how much shorter the text
+    becomes than with the byte tokenizer."""
+    cfg = _config(args, extra)
+    from omnicore.model.text_tokenizer import fit_bpe, save_tokenizer, training_texts
+
+    texts = list(training_texts(cfg, limit=args.limit))
+    tok = fit_bpe(texts, args.vocab_size)
+    model_type = ((cfg.model.foundation.options or {}).get("config") or {}).get("model_type")
+    folder = save_tokenizer(tok, args.out, model_type)
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    n_tokens = sum(len(e.ids) for e in tok.encode_batch(texts))
+    print(
+        f"wrote {folder}: {tok.get_vocab_size()} tokens fitted on {len(texts)} texts; the training text takes {n_tokens} tokens "
+        f"({n_bytes / max(n_tokens, 1):.2f} bytes per token, {n_bytes} with the byte tokenizer)"
+    )
+    print(f"use it with: --model.foundation.options.tokenizer {folder} (a relative path in the config file is relative to it)")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     """``omnicore plot RUN_DIR [--out FILE]``: ``loss.png`` from ``metrics.jsonl`` (:mod:`omnicore.plot`);
     imports matplotlib, never torch."""
@@ -238,6 +259,7 @@ EXAMPLES = {
     "eval": "omnicore eval examples/digits/config.yaml --export runs/digits/export --limit 100",
     "generate": "omnicore generate examples/digits/config.yaml --export runs/digits/export --prompt 'Draw the digit 7.'",
     "plot": "omnicore plot runs/digits --out runs/digits/curves.png",
+    "fit-tokenizer": "omnicore fit-tokenizer examples/digits/config.yaml --vocab-size 400 --out examples/digits/data/tokenizer",
 }
 """One example of each subcommand's own use; its ``--help`` ends with it (``tests/test_cli_help.py``
 parses each one)."""
@@ -296,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = _subparser(sub, "plot", "draw a run's loss, learning rate and tokens/s against step from its metrics.jsonl", config=False)
     sp.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (run.output_dir) holding metrics.jsonl")
     sp.add_argument("--out", metavar="FILE", help="the PNG to write (default: RUN_DIR/loss.png)")
+    sp = _subparser(sub, "fit-tokenizer", "fit a byte-level BPE text tokenizer on the config's training text", config=True)
+    sp.add_argument("--vocab-size", type=int, required=True, metavar="N", help="tokens in all, the 256 bytes included (>= 256)")
+    sp.add_argument("--out", required=True, metavar="DIR", help="the tokenizer folder to write (AutoTokenizer layout)")
+    sp.add_argument("--limit", type=int, metavar="N", help="read at most N samples per source")
     return p
 
 
@@ -372,7 +398,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[
         return _light(parser, args, extra, cmd_plot)
     from omnicore.config import ConfigError
 
-    handlers = {"train": cmd_train, "plan": cmd_plan, "eval": cmd_eval, "generate": cmd_generate}
+    handlers = {"train": cmd_train, "plan": cmd_plan, "eval": cmd_eval, "generate": cmd_generate, "fit-tokenizer": cmd_fit_tokenizer}
     user_errors: tuple[type[BaseException], ...] = (ConfigError, RegistryError, UsageError)
     try:
         from omnicore.checkpoint.dcp import CheckpointError

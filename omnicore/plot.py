@@ -1,7 +1,9 @@
 """``omnicore plot RUN_DIR``: a run's curves as one PNG, ``RUN_DIR/loss.png``, from ``metrics.jsonl``.
 
-Three panels against the optimizer step: the loss (training rows' ``loss``; validation rows'
-``val_loss`` as a second line), the learning rate (``lr``) and the throughput (``tokens_per_s``).
+Four panels against the optimizer step: the loss (training rows' ``loss``; validation rows'
+``val_loss`` as a second line), the loss of each part (training rows' ``loss/text``,
+``loss/decoder.<m>``... as ``train text``, ``train decoder.<m>``; validation rows' ``val_loss/<part>``
+as ``val <part>``), the learning rate (``lr``) and the throughput (``tokens_per_s``).
 Training rows are those without a ``split`` key (or ``"split": "train"``); a validation row is one
 with ``"split": "val"`` (its ``val_loss``, or its ``loss`` when it has no ``val_loss``) or any row
 holding ``val_loss`` (see :mod:`omnicore.train.validate`). Values that are ``null`` (a skipped
@@ -24,7 +26,7 @@ from typing import Any
 Curve = tuple[list[int], list[float]]
 """``(steps, values)`` of one line, sorted by step."""
 
-PANELS = {"loss": "loss", "lr": "learning rate", "tokens_per_s": "tokens/s"}
+PANELS = {"loss": "loss", "parts": "loss by part", "lr": "learning rate", "tokens_per_s": "tokens/s"}
 """Panel key -> y-axis label, top to bottom."""
 
 
@@ -79,8 +81,9 @@ def curves(rows: list[dict[str, Any]]) -> dict[str, dict[str, Curve]]:
     """Per panel, the lines to draw from metrics rows (module docstring: which rows, which keys).
 
     Returns:
-        ``{"loss": {"train": curve, "val": curve}, "lr": {"train": curve}, "tokens_per_s":
-        {"train": curve}}`` with only the lines that have at least one finite value.
+        ``{"loss": {"train": curve, "val": curve}, "parts": {"train text": curve, "val text": curve,
+        ...}, "lr": {"train": curve}, "tokens_per_s": {"train": curve}}`` with only the lines that
+        have at least one finite value.
     """
     points: dict[tuple[str, str], dict[int, float]] = {}
 
@@ -95,6 +98,11 @@ def curves(rows: list[dict[str, Any]]) -> dict[str, dict[str, Curve]]:
                 add(key, "train", step, row.get(key))
         val = row.get("val_loss", row.get("loss") if split == "val" else None)
         add("loss", "val", step, val)
+        for key, value in row.items():
+            if split == "train" and key.startswith("loss/"):
+                add("parts", f"train {key[len('loss/') :]}", step, value)
+            elif key.startswith("val_loss/"):
+                add("parts", f"val {key[len('val_loss/') :]}", step, value)
     out: dict[str, dict[str, Curve]] = {}
     for (panel, label), by_step in points.items():
         steps = sorted(by_step)
@@ -102,7 +110,7 @@ def curves(rows: list[dict[str, Any]]) -> dict[str, dict[str, Curve]]:
     return {p: out[p] for p in PANELS if p in out}
 
 
-def plot_run(run_dir: str | Path, out: str | Path | None = None, *, size: tuple[int, int] = (900, 900)) -> Plot:
+def plot_run(run_dir: str | Path, out: str | Path | None = None, *, size: tuple[int, int] = (900, 1100)) -> Plot:
     """Draw a run's curves (module docstring) into ``out`` (default ``RUN_DIR/loss.png``).
 
     Args:
@@ -130,7 +138,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, *, size: tuple[
     fig, axes = plt.subplots(len(PANELS), 1, sharex=True, figsize=(size[0] / dpi, size[1] / dpi), dpi=dpi)
     try:
         for ax, (key, ylabel) in zip(axes, PANELS.items(), strict=True):
-            _draw_panel(ax, panels.get(key, {}), ylabel, log_y=key == "loss")
+            _draw_panel(ax, panels.get(key, {}), ylabel, log_y=key in ("loss", "parts"))
         axes[-1].set_xlabel("step")
         fig.suptitle(str(Path(run_dir)))
         fig.tight_layout()

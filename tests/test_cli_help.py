@@ -17,7 +17,7 @@ from omnicore.train.progress import PlainProgress
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_CFG = ROOT / "examples" / "digits" / "config.yaml"
-SUBCOMMANDS = ["plugins", "train", "plan", "eval", "generate", "plot"]
+SUBCOMMANDS = ["plugins", "train", "plan", "eval", "generate", "plot", "fit-tokenizer"]
 
 
 def _help(name: str) -> str:
@@ -38,7 +38,7 @@ def test_help_ends_with_its_own_example_which_parses(name):
     assert argv[:2] == ["omnicore", name]
     args, extra = build_parser().parse_known_args(argv[1:])
     assert args.command == name
-    if name in ("train", "plan", "eval", "generate"):  # the overrides in it are real keys of the digits config
+    if name in ("train", "plan", "eval", "generate", "fit-tokenizer"):  # the overrides in it are real keys of the digits config
         load_config(args.config if Path(args.config).is_absolute() else ROOT / args.config, extra)
     else:
         assert extra == []

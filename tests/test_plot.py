@@ -18,7 +18,10 @@ from omnicore.plot import PlotError, curves, plot_run, read_metrics
 
 
 def _train_row(step: int, loss: float | None) -> dict:
-    return {"step": step, "loss": loss, "lr": 1e-3 * step, "grad_norm": 1.0, "tokens_per_s": 100.0 + step}
+    row = {"step": step, "loss": loss, "lr": 1e-3 * step, "grad_norm": 1.0, "tokens_per_s": 100.0 + step, "loss/text": 0.1 * step}
+    if step % 2 == 0:  # image targets on even steps only: the key is absent on the others
+        row["loss/decoder.image"] = 2.0 + step
+    return row
 
 
 def _write(path: Path, rows: list[dict], tail: str = "") -> Path:
@@ -42,14 +45,19 @@ def test_curves_are_the_rows_values(tmp_path):
     assert got["loss"]["val"] == ([3, 6], [1.5, 0.9])
     assert got["lr"] == {"train": ([1, 2, 3, 4, 5, 6], [1e-3 * s for s in range(1, 7)])}
     assert got["tokens_per_s"] == {"train": ([1, 2, 3, 4, 5, 6], [101.0, 102.0, 103.0, 104.0, 105.0, 106.0])}
+    assert got["parts"] == {
+        "train text": ([1, 2, 3, 4, 5, 6], [0.1 * s for s in range(1, 7)]),
+        "train decoder.image": ([2, 4, 6], [4.0, 6.0, 8.0]),
+        "val text": ([6], [0.8]),
+    }
 
 
-@pytest.mark.parametrize("size", [(900, 900), (640, 480)])
+@pytest.mark.parametrize("size", [(900, 1100), (640, 480)])
 def test_png_has_the_asked_size_and_shows_lines(tmp_path, size):
     run = _write(tmp_path / "run", ROWS)
     out = tmp_path / "pics" / "curves.png"
-    plot = plot_run(run, out, size=size) if size != (900, 900) else plot_run(run)
-    path = out if size != (900, 900) else run / "loss.png"
+    plot = plot_run(run, out, size=size) if size != (900, 1100) else plot_run(run)
+    path = out if size != (900, 1100) else run / "loss.png"
     assert plot.path == path
     with Image.open(path) as img:
         assert img.format == "PNG" and img.size == size
@@ -65,7 +73,7 @@ def test_cli_plot_writes_loss_png_without_torch(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == [f"wrote {run / 'loss.png'} (steps 1-6)", "False"]
     with Image.open(run / "loss.png") as img:
-        assert img.size == (900, 900)
+        assert img.size == (900, 1100)
 
 
 @pytest.mark.parametrize(
@@ -120,12 +128,13 @@ def test_training_ends_with_loss_png_and_plain_progress_lines(digits_jsonl, tmp_
     run = tmp_path / "run"
     assert f"loss curves: {run / 'loss.png'}" in logged
     with Image.open(run / "loss.png") as img:
-        assert img.size == (900, 900)
+        assert img.size == (900, 1100)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     panels = plot_run(run, tmp_path / "again.png").panels
     assert panels["loss"]["train"] == ([r["step"] for r in rows], [r["loss"] for r in rows])
     assert panels["loss"]["train"][1] == [h["loss"] for h in history]
     assert panels["lr"]["train"][1] == [r["lr"] for r in rows]
+    assert panels["parts"]["train text"][1] == [r["loss/text"] for r in rows]
     lines = [ln for ln in logged if ln.startswith("train: step")]
     assert "\r" not in out.err and not any("\r" in ln for ln in logged)
     assert lines[0].startswith("train: step 1/3 (33%), loss ") and lines[-1].startswith("train: step 3/3 (100%), loss ")

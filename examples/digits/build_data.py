@@ -356,7 +356,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--raw", default=str(DEFAULT_RAW), help="folder with the shipped mnist/ and fsdd/ sources")
     add("--train-images", type=int, default=9000, help="image_to_text train samples (MNIST indices 0-8999)")
     add("--train-audio", type=int, default=1200, help="audio_to_text train samples (FSDD takes 5-24, 1200 shipped)")
-    add("--gen", type=int, default=1000, help="text_to_image train samples (MNIST indices 0-8999)")
+    add("--gen", type=int, default=3000, help="text_to_image train samples (MNIST indices 0-8999)")
     add("--eval-images", type=int, default=500, help="image_to_text eval samples (MNIST indices 9000-9999)")
     add("--eval-audio", type=int, default=300, help="audio_to_text eval samples (FSDD takes 0-4, 300 shipped)")
     add("--seed", type=int, default=0, help="seed for sampling and shuffling")

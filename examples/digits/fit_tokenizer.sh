@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The digits image tokenizer (a tiny MoVQGAN, fit on the training digits: MNIST indices 0-8999), fit
-# again whenever what it was fit from changed. Run from the repository root by run.sh and stages.sh.
+# The digits tokenizers, run from the repository root by run.sh and stages.sh:
+# - text: a byte-level BPE fitted on the training text (`omnicore fit-tokenizer`, about 2 s), written to
+#   examples/digits/data/tokenizer every time (deterministic: the same data gives the same tokenizer);
+# - image: a tiny MoVQGAN fit on the training digits (MNIST indices 0-8999), fit again whenever what
+#   it was fit from changed (below).
 #
 # examples/digits/data/movq/fit.stamp records the fit's inputs: the command line (MOVQ_STEPS
 # included), the training images (count and a hash of their bytes) and a hash of the fit code. The
@@ -20,6 +23,9 @@ inputs() {
   echo "images: $(printf '%s\n' "$files" | grep -c . || true) files, sha256 $(printf '%s\n' "$files" | tr '\n' '\0' | xargs -0 cat | sha256sum | cut -c1-16)"
   echo "fit code: sha256 $(sha256sum "$FIT_CODE" | cut -c1-16)"
 }
+
+"$PY" -m omnicore fit-tokenizer examples/digits/config.yaml --vocab-size "${TEXT_VOCAB:-400}" --out examples/digits/data/tokenizer \
+  | sed 's/^/   /'
 
 want=$(inputs)
 if [ "${FORCE_MOVQ_FIT:-0}" != 1 ] && [ -f "$MOVQ/config.json" ] && [ -f "$MOVQ/fit.stamp" ] && [ "$(cat "$MOVQ/fit.stamp")" = "$want" ]; then

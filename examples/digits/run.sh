@@ -19,8 +19,8 @@ echo "== 1/6 data: JSONL + PNG from examples/digits/raw"
 $PY examples/digits/build_data.py
 stage_done data
 
-echo "== 2/6 image tokenizer: fit a tiny MoVQGAN on the training digits (MNIST indices 0-8999)"
-# fit again when its inputs changed (command and MOVQ_STEPS, training images, fit code): see fit_tokenizer.sh
+echo "== 2/6 tokenizers: text (a byte-level BPE on the training text), image (a tiny MoVQGAN on MNIST indices 0-8999)"
+# the MoVQGAN is fit again only when its inputs changed (command and MOVQ_STEPS, training images, fit code): see fit_tokenizer.sh
 PY=$PY bash examples/digits/fit_tokenizer.sh
 stage_done tokenizer
 
@@ -41,9 +41,9 @@ echo "== 5/6 generate: 'Draw the digit 7.'"
 .venv/bin/omnicore generate $CFG --run.output_dir "$OUT" --export "$OUT/export" --prompt "Draw the digit 7." --out "$OUT/generated" --force
 stage_done generate
 
-echo "== 6/6 drawn digits: 10 samples per digit (temperature 0.7), judged by a classifier trained apart on MNIST 0-8999"
+echo "== 6/6 drawn digits: 10 samples per digit (temperature 0.5), judged by a classifier trained apart on MNIST 0-8999"
 if [ ! -f examples/digits/data/judge/model.safetensors ]; then $PY examples/digits/judge_drawn.py fit; fi
-$PY examples/digits/judge_drawn.py score --config $CFG --export "$OUT/export" --temperature 0.7
+$PY examples/digits/judge_drawn.py score --config $CFG --export "$OUT/export" --temperature "${JUDGE_TEMPERATURE:-0.5}"
 stage_done judge
 
 summary=$(printf '%s, ' "${times[@]}")

@@ -43,29 +43,38 @@ def _check_modality(component: Any, kind: str, key: str, name: str, part: str = 
         )
 
 
+PATH_OPTIONS = ("checkpoint", "tokenizer")
+"""Component options that name a folder or a Hugging Face model, resolved by :func:`_resolve_checkpoints`
+(``tokenizer: byte``, the foundation's built-in choice, is left as it is)."""
+
+
 def _resolve_checkpoints(options: dict[str, Any], base: Path | None) -> dict[str, Any]:
-    """A component's ``checkpoint`` option as a local folder: a relative path is relative to the
-    config file's folder; a Hugging Face model name (``org/name``) that is not a folder there is
-    looked up in the local HF cache (:func:`omnicore.model.loading.resolve_pretrained`). A path
-    that is neither is passed on unchanged, for the component to report.
+    """A component's ``checkpoint`` (and ``tokenizer``) option as a local folder: a relative path is
+    relative to the config file's folder; a Hugging Face model name (``org/name``) that is not a
+    folder there is looked up in the local HF cache (:func:`omnicore.model.loading.resolve_pretrained`).
+    A path that is neither is passed on unchanged, for the component to report.
 
     Raises:
-        RegistryError: starting ``options.checkpoint:``: the text names a model that is neither
-            cached nor downloadable (the caller puts the component's field in front).
+        RegistryError: starting ``options.checkpoint:`` (or ``options.tokenizer:``): the text names
+            a model that is neither cached nor downloadable (the caller puts the component's field in front).
     """
     from omnicore.model.loading import LoadError, looks_like_hub_name, resolve_pretrained
 
-    ckpt = options.get("checkpoint")
-    if not isinstance(ckpt, str):
-        return options
-    local = Path(ckpt).expanduser()
-    local = local if local.is_absolute() or base is None else base / local
-    if local.exists() or not looks_like_hub_name(ckpt) or local.parent.is_dir() and local.parent != (base or Path(".")):
-        return dict(options, checkpoint=str(local))  # a folder, or a missing one next to existing ones: the component says so
-    try:
-        return dict(options, checkpoint=str(resolve_pretrained(ckpt, base=base, what="options.checkpoint")))
-    except LoadError as exc:
-        raise RegistryError(str(exc)) from exc
+    out = dict(options)
+    for key in PATH_OPTIONS:
+        value = options.get(key)
+        if not isinstance(value, str) or (key == "tokenizer" and value == "byte"):
+            continue
+        local = Path(value).expanduser()
+        local = local if local.is_absolute() or base is None else base / local
+        if local.exists() or not looks_like_hub_name(value) or local.parent.is_dir() and local.parent != (base or Path(".")):
+            out[key] = str(local)  # a folder, or a missing one next to existing ones: the component says so
+            continue
+        try:
+            out[key] = str(resolve_pretrained(value, base=base, what=f"options.{key}"))
+        except LoadError as exc:
+            raise RegistryError(str(exc)) from exc
+    return out if out != options else options
 
 
 def build_kernels(m: ModelConfig, registry: Registry) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from transformers import WhisperConfig, WhisperFeatureExtractor
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 from omnicore.api import Audio, load_extra_weights, load_hf_pretrained, save_extra_weights
+from omnicore_audio_whisper.augment import SpecAugmentOptions, spec_augment
 from omnicore_audio_whisper.processor import (
     SHAPE_KEYS,
     WHAT_TO_PUT,
@@ -84,6 +85,8 @@ class WhisperAudioEncoder(nn.Module):
             ``chunk_samples`` samples at ``sampling_rate`` Hz.
         pool: average-pooling stride over encoder positions.
         hidden_size: ``H``, the width of the output rows.
+        spec_augment: the SpecAugment masks drawn per clip in training mode
+            (:class:`~omnicore_audio_whisper.augment.SpecAugmentOptions`; none by default).
 
     Build it with :func:`build` (the registry's factory) rather than directly.
     """
@@ -112,6 +115,7 @@ class WhisperAudioEncoder(nn.Module):
         self.chunk_samples = processor.chunk_samples
         self.frozen = bool(freeze)
         self.long_audio = processor.long_audio
+        self.spec_augment = SpecAugmentOptions()
         if freeze:
             self.whisper.requires_grad_(False)
 
@@ -149,10 +153,14 @@ class WhisperAudioEncoder(nn.Module):
 
         Returns:
             ``[sum_i num_tokens(item_i), hidden_size]``: each item's first ``num_tokens`` pooled and
-            projected rows, concatenated in item order (dtype of the projector).
+            projected rows, concatenated in item order (dtype of the projector). In training mode the
+            features first get :attr:`spec_augment`'s masks (:func:`~omnicore_audio_whisper.augment.spec_augment`;
+            none by default).
         """
         param = self.projector.weight
         feats = batch["input_features"].to(device=param.device, dtype=next(self.whisper.parameters()).dtype)
+        if self.training:
+            feats = spec_augment(feats, batch["valid_frames"], self.spec_augment)
         if self.frozen:
             with torch.no_grad():
                 hidden = self.whisper(input_features=feats).last_hidden_state  # [B, P, d_model]
@@ -255,6 +263,7 @@ def build(options: dict[str, Any], *, hidden_size: int) -> WhisperAudioEncoder:
 
     processor = WhisperAudioProcessor(feature_extractor, chunk_seconds=opts.chunk_seconds, pool=opts.pool, long_audio=opts.long_audio)
     encoder = WhisperAudioEncoder(whisper, processor, hidden_size=int(hidden_size), freeze=opts.freeze)
+    encoder.spec_augment = opts.spec_augment
     if ckpt is not None:
         meta = load_extra_weights(ckpt, encoder.projector, component=COMPONENT, required=False, legacy_files=LEGACY_FILES)
         for key, value in (("chunk_seconds", opts.chunk_seconds), ("pool", opts.pool)):

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import WhisperConfig, WhisperFeatureExtractor
 
 from omnicore.api import Audio, resample
+from omnicore_audio_whisper.augment import SpecAugmentOptions
 
 SHAPE_KEYS = ("d_model", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim", "num_mel_bins")
 """WhisperConfig keys that change weight shapes (a checkpoint's own values win; options must agree)."""
@@ -85,6 +86,13 @@ class WhisperEncoderOptions(BaseModel):
     freeze: bool = Field(
         default=False,
         description="Freeze the Whisper encoder (no gradients, run under no_grad); the projector still trains.",
+    )
+    spec_augment: SpecAugmentOptions = Field(
+        default_factory=SpecAugmentOptions,
+        description=(
+            "SpecAugment frequency and time masks while the encoder trains (never in eval, validation or "
+            "generation), e.g. {freq_masks: 2, freq_width: 10, time_masks: 2, time_width: 8}; off by default"
+        ),
     )
 
 

@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from omnicore.api import load_extra_weights, load_hf_pretrained, save_extra_weights
+from omnicore_image_siglip.augment import AugmentOptions, random_affine
 from omnicore_image_siglip.processor import PREPROCESSOR_FILE, SiglipEncoderOptions, SiglipImageProcessor
 
 __all__ = ["SiglipEncoderOptions", "SiglipImageEncoder", "SiglipImageProcessor", "build"]
@@ -89,8 +90,29 @@ def build(options: dict[str, Any] | SiglipEncoderOptions, *, hidden_size: int) -
     """
     opts = options if isinstance(options, SiglipEncoderOptions) else SiglipEncoderOptions.model_validate(dict(options))
     if opts.checkpoint:
-        return SiglipImageEncoder.from_checkpoint(opts.checkpoint, hidden_size=hidden_size, freeze=opts.freeze)
-    return SiglipImageEncoder.from_config(opts.config, hidden_size=hidden_size, freeze=opts.freeze)
+        enc = SiglipImageEncoder.from_checkpoint(opts.checkpoint, hidden_size=hidden_size, freeze=opts.freeze, merge=opts.merge)
+    else:
+        enc = SiglipImageEncoder.from_config(opts.config, hidden_size=hidden_size, freeze=opts.freeze, merge=opts.merge)
+    enc.augment = opts.augment
+    return enc
+
+
+def merge_patches(hidden: torch.Tensor, side: int, merge: int) -> torch.Tensor:
+    """Concatenate each ``merge x merge`` block of neighbouring patch tokens into one token.
+
+    Args:
+        hidden: ``[B, side * side, D]``, patch tokens in raster order (row by row).
+        side: patches per image side (a multiple of ``merge``).
+        merge: ``m``.
+
+    Returns:
+        ``[B, (side // m) ** 2, m * m * D]`` in raster order of the blocks; block ``(i, j)`` holds the
+        patches ``(m*i + a, m*j + b)`` for ``a`` then ``b`` in ``range(m)``, each ``D`` wide.
+    """
+    b, _, d = hidden.shape
+    g = side // merge
+    blocks = hidden.reshape(b, g, merge, g, merge, d).permute(0, 1, 3, 2, 4, 5)  # [B, g, g, m, m, D]
+    return blocks.reshape(b, g * g, merge * merge * d)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,19 +126,24 @@ class SiglipImageEncoder(nn.Module):
     Attributes:
         modality: ``"image"``.
         tower: ``transformers.SiglipVisionModel`` (without attention-pooling head).
-        projector: ``nn.Sequential(Linear(D, H), GELU(), Linear(H, H))``.
+        projector: ``nn.Sequential(Linear(m * m * D, H), GELU(), Linear(H, H))`` (``m`` = ``merge``).
         processor: the data side (:class:`~omnicore_image_siglip.processor.SiglipImageProcessor`),
             the same one ``build_processor`` makes from the same options; ``preprocess``,
             ``num_tokens`` and ``collate`` delegate to it.
         image_processor: its ``transformers.SiglipImageProcessorPil`` resizing to ``S x S``.
         image_size: ``S``, pixels; patch_size: ``P``, pixels; hidden_size: ``H``.
-        tokens_per_image: ``N = (S // P) ** 2``.
+        merge: ``m``: each ``m x m`` block of neighbouring patch tokens is concatenated into one
+            token before the projector (Qwen2-VL's patch merger: Wang et al., "Qwen2-VL", 2024,
+            arXiv:2409.12191; 1: no merging).
+        tokens_per_image: ``N = (S // P // m) ** 2``.
         frozen: whether the tower is frozen.
+        augment: the random affine changes drawn per image in training mode
+            (:class:`~omnicore_image_siglip.augment.AugmentOptions`; none by default).
     """
 
     modality = "image"
 
-    def __init__(self, tower: Any, *, hidden_size: int, image_processor: Any = None, freeze: bool = False) -> None:
+    def __init__(self, tower: Any, *, hidden_size: int, image_processor: Any = None, freeze: bool = False, merge: int = 1) -> None:
         """Wrap a SigLIP vision tower and add a freshly initialised projector.
 
         Args:
@@ -127,10 +154,11 @@ class SiglipImageEncoder(nn.Module):
                 target size is always set to ``image_size``. None: SigLIP's defaults (bicubic,
                 rescale by 1/255, mean = std = 0.5 per channel, i.e. pixels map to [-1, 1]).
             freeze: freeze the tower.
+            merge: ``m`` (see the class attributes).
 
         Raises:
-            ValueError: if ``hidden_size`` < 1, the tower has a pooling head, ``num_channels`` != 3
-                or ``patch_size`` > ``image_size``.
+            ValueError: if ``hidden_size`` < 1, the tower has a pooling head, ``num_channels`` != 3,
+                ``patch_size`` > ``image_size``, or the patch grid is not a multiple of ``merge``.
         """
         super().__init__()
         if int(hidden_size) < 1:
@@ -143,20 +171,22 @@ class SiglipImageEncoder(nn.Module):
         self.image_size = int(config.image_size)
         self.patch_size = int(config.patch_size)
         self.hidden_size = int(hidden_size)
-        self.tokens_per_image = (self.image_size // self.patch_size) ** 2
+        self.processor = SiglipImageProcessor(self.image_size, self.patch_size, image_processor, merge)
+        self.merge = int(merge)
+        self.tokens_per_image = self.processor.tokens_per_image
         self.tower = tower
-        width = config.hidden_size
+        width = config.hidden_size * self.merge**2
         self.projector = nn.Sequential(nn.Linear(width, self.hidden_size), nn.GELU(), nn.Linear(self.hidden_size, self.hidden_size))
-        self.processor = SiglipImageProcessor(self.image_size, self.patch_size, image_processor)
         self.image_processor = self.processor.image_processor
         self.frozen = False
+        self.augment = AugmentOptions()
         if freeze:
             self.freeze_tower()
 
     # ---- building and loading ---------------------------------------------------------------
 
     @classmethod
-    def from_config(cls, vision_config: Any, *, hidden_size: int, freeze: bool = False) -> SiglipImageEncoder:
+    def from_config(cls, vision_config: Any, *, hidden_size: int, freeze: bool = False, merge: int = 1) -> SiglipImageEncoder:
         """A randomly initialised tower from ``vision_config`` (a ``SiglipVisionConfig`` or its kwargs).
 
         The config is copied and ``vision_use_head`` forced to False. Raises ValueError as :meth:`__init__`.
@@ -165,10 +195,10 @@ class SiglipImageEncoder(nn.Module):
 
         config = SiglipVisionConfig(**vision_config) if isinstance(vision_config, dict) else copy.deepcopy(vision_config)
         config.vision_use_head = False
-        return cls(SiglipVisionModel(config), hidden_size=hidden_size, freeze=freeze)
+        return cls(SiglipVisionModel(config), hidden_size=hidden_size, freeze=freeze, merge=merge)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, *, hidden_size: int, freeze: bool = False) -> SiglipImageEncoder:
+    def from_checkpoint(cls, path: str | Path, *, hidden_size: int, freeze: bool = False, merge: int = 1) -> SiglipImageEncoder:
         """Load the tower (and, if present, the projector and image processor config) from a folder.
 
         See the module docstring for the three accepted folder layouts. The tower comes from
@@ -187,7 +217,7 @@ class SiglipImageEncoder(nn.Module):
         processor = None
         if (folder / PREPROCESSOR_FILE).is_file():
             processor = SiglipImageProcessorPil.from_pretrained(str(folder))
-        enc = cls(tower, hidden_size=hidden_size, image_processor=processor, freeze=False)
+        enc = cls(tower, hidden_size=hidden_size, image_processor=processor, freeze=False, merge=merge)
         meta = load_extra_weights(folder, enc.projector, component=COMPONENT, required=False, legacy_files=(LEGACY_PROJECTOR_FILE,))
         logger.info("siglip: loaded tower from %s; projector %s", folder, "restored" if meta is not None else "freshly initialised")
         enc.train()  # from_pretrained leaves the tower in eval mode; build() returns training mode
@@ -217,6 +247,8 @@ class SiglipImageEncoder(nn.Module):
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         """Encode a collated batch: ``[B, 3, S, S]`` -> ``[B * N, H]``, rows in item order.
 
+        In training mode, each image first gets the random shift, rotation and zoom of
+        :attr:`augment` (:func:`~omnicore_image_siglip.augment.random_affine`; none by default).
         Every patch token of the tower's ``last_hidden_state`` (after its final LayerNorm) goes
         through the projector; image ``b``'s tokens are rows ``b * N`` to ``(b + 1) * N - 1``. Pixel
         values are moved to the module's device; the tower casts them to its own dtype.
@@ -225,8 +257,12 @@ class SiglipImageEncoder(nn.Module):
         if pixel_values.dim() == 3:
             pixel_values = pixel_values.unsqueeze(0)
         pixel_values = pixel_values.to(self.projector[0].weight.device)
+        if self.training:
+            pixel_values = random_affine(pixel_values, self.augment)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
-            hidden = self.tower(pixel_values=pixel_values).last_hidden_state  # [B, N, D]
+            hidden = self.tower(pixel_values=pixel_values).last_hidden_state  # [B, (S // P) ** 2, D]
+        if self.merge > 1:
+            hidden = merge_patches(hidden, self.image_size // self.patch_size, self.merge)  # [B, N, m * m * D]
         # flatten before projecting, so the output is a fresh tensor rather than a view (FSDP2 warns
         # that in-place ops on a module's view output can corrupt gradients)
         return self.projector(hidden.reshape(-1, hidden.shape[-1]))  # [B * N, H]
@@ -242,7 +278,7 @@ class SiglipImageEncoder(nn.Module):
         writes it, so transformers loads it directly), ``preprocessor_config.json`` (the image
         processor) and ``omnicore_extra.safetensors`` (:func:`omnicore.api.save_extra_weights`: the
         projector's ``0.weight`` ``[H, D]``, ``0.bias`` ``[H]``, ``2.weight`` ``[H, H]``, ``2.bias``
-        ``[H]``, with ``hidden_size`` and ``tower_width`` recorded). Call it on an unsharded module
+        ``[H]``, with ``hidden_size``, ``tower_width`` (the projector input, ``m * m * D``) and ``merge`` recorded). Call it on an unsharded module
         (e.g. gathered on rank 0).
         """
         folder = Path(path)
@@ -250,5 +286,10 @@ class SiglipImageEncoder(nn.Module):
         self.tower.save_pretrained(str(folder))
         self.image_processor.save_pretrained(str(folder))
         save_extra_weights(
-            folder, self.projector, component=COMPONENT, hidden_size=self.hidden_size, tower_width=int(self.projector[0].in_features)
+            folder,
+            self.projector,
+            component=COMPONENT,
+            hidden_size=self.hidden_size,
+            tower_width=int(self.projector[0].in_features),
+            merge=self.merge,
         )

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from omnicore_image_siglip.augment import AugmentOptions
+
 PREPROCESSOR_FILE = "preprocessor_config.json"
 """The image processor's settings in a checkpoint folder (mean, std, resampling)."""
 
@@ -56,6 +58,22 @@ class SiglipEncoderOptions(BaseModel):
         default=False,
         description=("Freeze the vision tower (requires_grad=False, run without autograd); the projector always trains."),
     )
+    merge: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "merge each m x m block of neighbouring patch tokens into one token before the projector (its input "
+            "is m*m*D wide), as Qwen2-VL's patch merger does: (image_size // patch_size // merge) ** 2 tokens "
+            "per image; image_size // patch_size must be a multiple of merge"
+        ),
+    )
+    augment: AugmentOptions = Field(
+        default_factory=AugmentOptions,
+        description=(
+            "random shift / rotate / scale of each image while the encoder trains (never in eval, validation "
+            "or generation), e.g. {shift: 0.1, rotate: 10, scale: 0.1}; off by default"
+        ),
+    )
 
     @field_validator("config")
     @classmethod
@@ -95,31 +113,41 @@ class SiglipImageProcessor:
     Attributes:
         modality: ``"image"``.
         image_processor: ``transformers.SiglipImageProcessorPil`` resizing to ``S x S``.
-        image_size: ``S``, pixels; patch_size: ``P``, pixels.
-        tokens_per_image: ``N = (S // P) ** 2``.
+        image_size: ``S``, pixels; patch_size: ``P``, pixels; merge: ``m``, patch tokens merged per side.
+        tokens_per_image: ``N = (S // P // m) ** 2``.
 
     Build it with :func:`build_processor`, or from a tower's config with :meth:`for_config`.
     """
 
     modality = "image"
 
-    def __init__(self, image_size: int, patch_size: int, image_processor: Any = None) -> None:
+    def __init__(self, image_size: int, patch_size: int, image_processor: Any = None, merge: int = 1) -> None:
         """Args:
             image_size: ``S`` in pixels; patch_size: ``P`` in pixels (``P <= S``).
+            merge: ``m``: each ``m x m`` block of patch tokens becomes one token (``S // P`` must be
+                a multiple of ``m``).
             image_processor: a ``SiglipImageProcessorPil`` to reuse (its mean, std, resampling); its
                 target size is always set to ``S``. None: SigLIP's defaults (bicubic, rescale by
                 1/255, mean = std = 0.5 per channel, i.e. pixels map to [-1, 1]).
 
         Raises:
-            ValueError: if ``patch_size`` > ``image_size``.
+            ValueError: if ``patch_size`` > ``image_size``, or the patch grid ``S // P`` is not a
+                multiple of ``merge``.
         """
         from transformers import SiglipImageProcessorPil
 
         if patch_size > image_size:
             raise ValueError(f"patch_size {patch_size} is larger than image_size {image_size}")
+        side = int(image_size) // int(patch_size)
+        if merge < 1 or side % merge:
+            raise ValueError(
+                f"merge {merge}: the patch grid is {side} x {side} (image_size {image_size} // patch_size {patch_size}), "
+                "not a multiple of merge; change merge, image_size or patch_size"
+            )
         self.image_size = int(image_size)
         self.patch_size = int(patch_size)
-        self.tokens_per_image = (self.image_size // self.patch_size) ** 2
+        self.merge = int(merge)
+        self.tokens_per_image = (side // self.merge) ** 2
         size = {"height": self.image_size, "width": self.image_size}
         if image_processor is None:
             image_processor = SiglipImageProcessorPil(size=size)
@@ -130,15 +158,15 @@ class SiglipImageProcessor:
         self.image_processor = image_processor
 
     @classmethod
-    def for_config(cls, config: Any, folder: Path | None = None) -> SiglipImageProcessor:
-        """The processor of a tower with ``config`` (a ``SiglipVisionConfig``), with the image
-        processor settings of ``folder/preprocessor_config.json`` when that file exists."""
+    def for_config(cls, config: Any, folder: Path | None = None, merge: int = 1) -> SiglipImageProcessor:
+        """The processor of a tower with ``config`` (a ``SiglipVisionConfig``) and ``merge``, with the
+        image processor settings of ``folder/preprocessor_config.json`` when that file exists."""
         base = None
         if folder is not None and (folder / PREPROCESSOR_FILE).is_file():
             from transformers import SiglipImageProcessorPil
 
             base = SiglipImageProcessorPil.from_pretrained(str(folder))
-        return cls(int(config.image_size), int(config.patch_size), base)
+        return cls(int(config.image_size), int(config.patch_size), base, merge)
 
     def preprocess(self, media: Any) -> dict[str, torch.Tensor]:
         """One ``PIL.Image.Image`` (any size and mode) to ``{"pixel_values": float32 [3, S, S]}``.
@@ -161,12 +189,13 @@ class SiglipImageProcessor:
         return {"pixel_values": out["pixel_values"][0].to(torch.float32)}
 
     def num_tokens(self, features: dict[str, Any]) -> int:
-        """Tokens (and output rows) of one image: ``(image_size // patch_size) ** 2``.
+        """Tokens (and output rows) of one image: ``(image_size // patch_size // merge) ** 2``.
 
         This is the one formula shared by the data side (placeholder tokens) and the model (rows of
         :meth:`forward`): every image is resized to ``S x S`` and the tower's stride-``P`` patch
         convolution yields ``(S // P) ** 2`` patch tokens (SigLIP has no class token), e.g. 16 for
-        ``S = 28, P = 7``.
+        ``S = 28, P = 7``; with ``merge`` ``m`` each ``m x m`` block of them is one token (16 for
+        ``S = 32, P = 4, m = 2``).
 
         Raises:
             ValueError: if ``features["pixel_values"]`` is not ``[3, S, S]``.
@@ -176,6 +205,18 @@ class SiglipImageProcessor:
             shape = None if pv is None else tuple(pv.shape)
             raise ValueError(f"siglip features must hold pixel_values of shape (3, {self.image_size}, {self.image_size}), got {shape}")
         return self.tokens_per_image
+
+    def grid(self, features: dict[str, Any]) -> tuple[int, int, int]:
+        """The ``(t, h, w)`` layout of one image's tokens in the foundation: ``(1, S // P, S // P)``,
+        the patch grid in raster order (what an mRoPE foundation's positions follow; see
+        ``omnicore.data.positions``).
+
+        Raises:
+            ValueError: as :meth:`num_tokens`.
+        """
+        self.num_tokens(features)
+        side = self.image_size // self.patch_size // self.merge
+        return (1, side, side)
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Stack per-image features (in order): ``{"pixel_values": float32 [B, 3, S, S]}``.
@@ -207,7 +248,7 @@ def build_processor(options: dict[str, Any]) -> SiglipImageProcessor:
 
     opts = SiglipEncoderOptions.model_validate(dict(options))
     if not opts.checkpoint:
-        return SiglipImageProcessor.for_config(SiglipVisionConfig(**opts.config))
+        return SiglipImageProcessor.for_config(SiglipVisionConfig(**opts.config), merge=opts.merge)
     folder = Path(opts.checkpoint).expanduser()
     if not (folder / "config.json").is_file():
         raise ValueError(f"SigLIP: {folder} has no config.json; point `checkpoint` at a SigLIP folder (SiglipVisionModel or SiglipModel)")
@@ -215,4 +256,4 @@ def build_processor(options: dict[str, Any]) -> SiglipImageProcessor:
         config = SiglipVisionConfig.from_pretrained(str(folder))
     except (OSError, ValueError) as exc:
         raise ValueError(f"SigLIP: cannot read {folder / 'config.json'} as a SigLIP config: {exc}") from exc
-    return SiglipImageProcessor.for_config(config, folder)
+    return SiglipImageProcessor.for_config(config, folder, opts.merge)

@@ -94,7 +94,7 @@ def test_save_pretrained_roundtrip(encoder, tmp_path):
         assert sorted(f.keys()) == ["0.bias", "0.weight", "2.bias", "2.weight"]
         assert torch.equal(f.get_tensor("2.weight"), encoder.projector[2].weight)
     assert meta["component"] == "encoder/siglip"
-    assert json.loads(meta["meta"]) == {"hidden_size": H, "tower_width": 64}
+    assert json.loads(meta["meta"]) == {"hidden_size": H, "tower_width": 64, "merge": 1}
     assert json.loads(meta["shapes"])["0.weight"] == [H, 64]
     torch.manual_seed(123)  # a different seed: nothing may come from fresh initialisation
     loaded = build({"checkpoint": str(tmp_path / "ckpt")}, hidden_size=H)
@@ -207,7 +207,7 @@ def test_projector_of_another_hidden_size_raises_naming_file_and_shapes(encoder,
     assert str(tmp_path / "omnicore_extra.safetensors") in msg
     assert f"'0.weight' has shape ({H}, 64) in the file, ({2 * H}, 64) in this module" in msg
     assert f"'2.weight' has shape ({H}, {H}) in the file, ({2 * H}, {2 * H}) in this module" in msg
-    assert f"saved with hidden_size={H}, tower_width=64: build encoder/siglip with those settings" in msg
+    assert f"saved with hidden_size={H}, tower_width=64, merge=1: build encoder/siglip with those settings" in msg
 
 
 def test_old_projector_file_is_not_silently_ignored(encoder, tmp_path):
