@@ -14,7 +14,7 @@ What is here, by topic:
   :class:`Registry` (``Registry.discover().build(kind, name, options)`` builds any installed
   component, as a run does) and :class:`RegistryError`.
 * **Data**: :data:`IGNORE_INDEX` (the label of positions that are not trained), :class:`Audio`,
-  :func:`load_audio`, :func:`load_image`, :func:`resample`.
+  :func:`load_audio`, :func:`load_image`, :func:`resample`, :class:`Video`, :func:`load_video`.
 * **Varlen (packed samples)**: :func:`cu_seqlens_from_position_ids`, :func:`plan_varlen`,
   :func:`mark_varlen`, :func:`is_varlen`, :data:`CU_SEQLENS_KWARGS`, :func:`varlen_from_kwargs`.
 * **Kernels**: :func:`cuda_and_package` (the build-time check of a GPU kernel), :func:`plain_weight`
@@ -48,6 +48,8 @@ _EXPORTS: dict[str, str] = {
     "Audio": "omnicore.data.media",
     "load_audio": "omnicore.data.media",
     "load_image": "omnicore.data.media",
+    "Video": "omnicore.data.media",
+    "load_video": "omnicore.data.media",
     "resample": "omnicore.data.media",
     # varlen
     "cu_seqlens_from_position_ids": "omnicore.kernels.varlen",

@@ -134,8 +134,9 @@ class Processor(Protocol):
     def preprocess(self, media: Any) -> dict[str, Any]:
         """Turn one loaded medium into CPU features (runs in data workers, no gradients).
 
-        ``media`` is a ``PIL.Image.Image`` for images and an :class:`omnicore.data.media.Audio`
-        (float32 samples in [-1, 1], shape ``[num_samples]``, and ``sample_rate`` in Hz) for audio.
+        ``media`` is a ``PIL.Image.Image`` for images, an :class:`omnicore.data.media.Audio`
+        (float32 samples in [-1, 1], shape ``[num_samples]``, and ``sample_rate`` in Hz) for audio and
+        an :class:`omnicore.data.media.Video` (uint8 RGB ``frames`` ``[T, H, W, 3]`` and ``fps``) for video.
         Returns a dict of CPU tensors for one item (no batch dim).
         """
 
@@ -147,6 +148,12 @@ class Processor(Protocol):
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         """Batch a list of per-item feature dicts (in order) for the module's ``forward``
         (encoder) or ``encode`` (decoder)."""
+
+    # Optional: ``grid(features) -> tuple[int, int, int]``, the ``(t, h, w)`` layout of one item's
+    # tokens as placed in the foundation (after any spatial merge; tokens in t, h, w raster order),
+    # with ``t * h * w == num_tokens(features)``. Read only for an mRoPE foundation
+    # (:mod:`omnicore.data.positions`); an encoder whose processor lacks it (audio) is laid out as
+    # text. Decoders' grids are not used (their codes are laid out as text).
 
 
 @runtime_checkable
@@ -210,7 +217,9 @@ class Decoder(Protocol):
         """Hidden states ``[N, H]`` to codebook logits ``[N, C]``."""
 
     def decode(self, codes: Any) -> Any:
-        """Codes of one item ``[num_tokens]`` back to the medium (a ``PIL.Image.Image`` for images)."""
+        """Codes of one item ``[num_tokens]`` back to the medium: a ``PIL.Image.Image`` for images, or an
+        :class:`omnicore.data.media.Audio` (``omnicore.api.Audio``: float32 samples in [-1, 1],
+        ``sample_rate`` in Hz) for audio; the core writes the first as PNG and the second as WAV."""
 
     def dummy_codes(self) -> Any:
         """A LongTensor of codes used for the dummy pass on ranks without this modality."""
@@ -317,7 +326,8 @@ class ParallelModel(Protocol):
         ``decoder_labels`` (modality -> ``[1, T]`` codes, ``-100`` elsewhere); ``cu_seqlens``
         (int32 ``[n+1]``, the packed samples' boundaries in the row, FlashAttention's varlen
         convention) and ``max_seqlen`` (int); and ``foundation_kwargs`` (extra keyword arguments of
-        the foundation's forward, which transformers passes down to the attention function). A hook
+        the foundation's forward, which transformers passes down to the attention function); with an
+        mRoPE foundation also ``rope_position_ids`` ``[3, 1, T]`` (cut like ``position_ids``). A hook
         returns the same keys, possibly sliced to this rank's part of the sequence; the losses are
         then sums over that part. ``cu_seqlens`` always describes the *whole* row (attention
         wrappers that gather the sequence use it). Returns a handle whose ``remove()`` unregisters.

@@ -307,7 +307,8 @@ def generate_cli(
     """``omnicore generate``: yields lines to print: ``text: '...'`` (the generated text, quoted, so
     that text the model wrote after an image is not mistaken for an answer), then ``saved PATH``
     for each generated image. With several prompts or ``num_samples`` > 1 each answer's line starts
-    with ``prompt P, sample S:`` (from 1) and its images are ``generated-pP-sS-MODALITY-I.png``.
+    with ``prompt P, sample S:`` (from 1) and its images are ``generated-pP-sS-MODALITY-I.png``
+    (audio: ``.wav``, 16-bit PCM).
 
     ``image`` / ``audio`` go with every prompt. Runs on :func:`eval_device`, ``generate.batch_size``
     rows per forward, with the ``generate`` section's sampling; answer ``k`` (prompt-major) draws
@@ -358,11 +359,28 @@ def generate_answers(cfg: Config, model: Any, tokenizer: Any, processor: ChatPro
 
 
 def _answer_lines(out: dict[str, Any], folder: Path, stem: str, label: str) -> Iterator[str]:
-    """``LABELtext: '...'``, then ``saved PATH`` per image (``generated-STEMMODALITY-I.png``)."""
+    """``LABELtext: '...'``, then ``saved PATH`` per decoded item (``generated-STEMMODALITY-I.png``,
+    ``.wav`` for audio: :func:`save_decoded`)."""
     yield f"{label}text: {out['text']!r}"
     for m, imgs in out["images"].items():
         for i, img in enumerate(imgs):
             folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"generated-{stem}{m}-{i}.png"
-            img.save(path)
-            yield f"saved {path}"
+            yield f"saved {save_decoded(img, folder / f'generated-{stem}{m}-{i}')}"
+
+
+def save_decoded(medium: Any, stem: Path) -> Path:
+    """Write what a decoder's ``decode`` returned to ``stem`` plus a suffix and return the path: an
+    :class:`omnicore.data.media.Audio` as ``STEM.wav`` (16-bit PCM at its own ``sample_rate``, samples
+    clipped to [-1, 1]; soundfile), anything else (a ``PIL.Image``) as ``STEM.png``."""
+    from omnicore.data.media import Audio
+
+    if isinstance(medium, Audio):
+        import numpy as np
+        import soundfile as sf
+
+        path = stem.with_name(stem.name + ".wav")
+        sf.write(str(path), np.clip(np.asarray(medium.samples, dtype=np.float32), -1.0, 1.0), int(medium.sample_rate), subtype="PCM_16")
+        return path
+    path = stem.with_name(stem.name + ".png")
+    medium.save(path)
+    return path

@@ -345,7 +345,10 @@ def _bad_cases(digit_lines, garbage):
     return {
         "malformed_json": ('{"messages": [', "not valid JSON"),
         "no_messages": ({"task": "x"}, "non-empty 'messages'"),
-        "unknown_part": ({"messages": [{"role": "user", "content": [{"type": "video", "path": "v.mp4"}]}]}, "unknown type 'video'"),
+        "unknown_part": (
+            {"messages": [{"role": "user", "content": [{"type": "pointcloud", "path": "v.ply"}]}]},
+            "unknown type 'pointcloud'",
+        ),
         "missing_image": (_media_line("image", garbage / "nope.png"), "image file not found"),
         "missing_audio": (_media_line("audio", garbage / "nope.wav"), "audio file not found"),
         "unreadable_image": (_media_line("image", garbage / "x.png"), "cannot read image"),

@@ -28,7 +28,8 @@ from typing import Any
 
 from omnicore.data.chat_template import TemplateInfo, has_template, inspect_template, render_pieces
 from omnicore.data.jsonl import Sample, SampleError
-from omnicore.data.media import MediaError, describe_media, load_audio, load_image
+from omnicore.data.media import MediaError, describe_media, load_audio, load_image, load_video
+from omnicore.data.positions import mrope_positions
 
 IGNORE_INDEX = -100
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|pad|>"
@@ -82,7 +83,7 @@ def placeholder_ids(tokenizer: Any, encoder_modalities: list[str], decoder_modal
     }
 
 
-LOADERS = {"image": load_image, "audio": load_audio}
+LOADERS = {"image": load_image, "audio": load_audio, "video": load_video}
 
 
 def processor_of(component: Any) -> Any:
@@ -129,6 +130,9 @@ class Encoded:
     media: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     n_targets: int = 0
     where: str = ""
+    rope_position_ids: list[list[int]] | None = None
+    """``[3][T]`` multi-dimensional rotary positions (:mod:`omnicore.data.positions`) when the
+    processor was built for an mRoPE foundation (``rope``), else None."""
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -153,6 +157,10 @@ class ChatProcessor:
             its length and the budget (so ``data.on_error: skip`` counts it); None: no limit here.
         chat_template: ``data.chat_template``: ``auto`` renders with the tokenizer's own chat template
             when it has one (:mod:`omnicore.data.chat_template`), else ChatML; ``chatml``: always ChatML.
+        rope: the foundation's :class:`~omnicore.data.positions.RopeLayout` (``OmniModel.rope``) when
+            its rotary positions are multi-dimensional: each sample then carries its own 3-D
+            positions (``Encoded.rope_position_ids``), media laid out by their processors' ``grid``;
+            None (every 1-D foundation): nothing is computed.
 
     Attributes:
         template: the measured :class:`~omnicore.data.chat_template.TemplateInfo` when samples are
@@ -177,6 +185,7 @@ class ChatProcessor:
         special_tokens_in_text: str = "escape",
         max_tokens: int | None = None,
         chat_template: str = "auto",
+        rope: Any = None,
     ):
         if special_tokens_in_text not in SPECIAL_TOKEN_POLICIES:
             raise ValueError(f"special_tokens_in_text={special_tokens_in_text!r}; choose one of {', '.join(SPECIAL_TOKEN_POLICIES)}")
@@ -188,6 +197,7 @@ class ChatProcessor:
         self.system_prompt = system_prompt
         self.special_tokens_in_text = special_tokens_in_text
         self.max_tokens = max_tokens
+        self.rope = rope
         self.token_ids = placeholder_ids(tokenizer, list(encoders), list(decoders))
         self.im_start, self.im_end = tokenizer.convert_tokens_to_ids([IM_START, IM_END])
         self.enc_ids, self.dec_ids, self.dec_start_ids = (self.token_ids[k] for k in ("encoder", "decoder", "decoder_start"))
@@ -222,6 +232,7 @@ class ChatProcessor:
             special_tokens_in_text=data.special_tokens_in_text,
             max_tokens=data.max_tokens if budget else None,
             chat_template=data.chat_template,
+            rope=getattr(model, "rope", None),
         )
 
     def _text(self, text: str, where: str) -> list[int]:
@@ -295,7 +306,8 @@ class ChatProcessor:
         self._check_length(len(ids), where)
         labels = [ids[i + 1] if trained[i + 1] else IGNORE_INDEX for i in range(len(ids) - 1)] + [IGNORE_INDEX]
         n_text = sum(1 for x in labels if x != IGNORE_INDEX)
-        return Encoded(ids, labels, out.media, n_text + out.n_dec, where)
+        rope = None if self.rope is None else mrope_positions(len(ids), out.blocks, self.rope)
+        return Encoded(ids, labels, out.media, n_text + out.n_dec, where, rope)
 
     def _chatml(self, messages: list[Any], out: _Tokens, where: str, prompt_only: bool) -> None:
         """omnicore's ChatML (the module docstring's template)."""
@@ -337,6 +349,14 @@ class ChatProcessor:
                 self._pieces[text] = ids
         return ids
 
+    @staticmethod
+    def _grid(proc: Any, features: dict[str, Any], n: int, kind: str, where: str) -> tuple[int, int, int]:
+        """``proc.grid(features)`` as three ints whose product is ``n`` (its ``num_tokens``)."""
+        grid = tuple(int(x) for x in proc.grid(features))
+        if len(grid) != 3 or grid[0] * grid[1] * grid[2] != n or min(grid) < 1:
+            raise SampleError(f"{where}: the {kind} processor's grid {grid} does not lay out its {n} tokens as (t, h, w) with t*h*w == {n}")
+        return grid  # type: ignore[return-value]
+
     def _parts(self, parts: list[Any], assistant: bool, out: _Tokens, where: str) -> None:
         """One message's parts: text (a target in assistant messages), encoder placeholder runs, or
         (assistant) a decoder's start token plus its code placeholders."""
@@ -353,6 +373,8 @@ class ChatProcessor:
             else:
                 features, enc = self._media(part.type, part.value, "encoder", where)
                 n = int(enc.num_tokens(features))
+                if self.rope is not None and callable(getattr(processor_of(enc), "grid", None)):
+                    out.blocks.append((len(out.ids), self._grid(processor_of(enc), features, n, part.type, where)))
                 out.add([self.enc_ids[part.type]] * n, False)
                 out.media.append(("encoder", part.type, features))
 
@@ -365,6 +387,7 @@ class _Tokens:
     trained: list[bool] = field(default_factory=list)
     media: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     n_dec: int = 0
+    blocks: list[tuple[int, tuple[int, int, int]]] = field(default_factory=list)  # (start, (t, h, w)) of gridded media
 
     def add(self, tokens: list[int], train: bool) -> None:
         self.ids.extend(tokens)

@@ -7,7 +7,7 @@ One sample per line::
                                      {"type": "text", "text": "Which digit is this?"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "7"}]}]}
 
-``content`` is a list of typed parts (``text`` with ``text``; ``image`` or ``audio`` with ``path``,
+``content`` is a list of typed parts (``text`` with ``text``; ``image``, ``audio`` or ``video`` with ``path``,
 relative to the JSONL file's folder) or a plain string. A table's ``messages`` column
 (:mod:`omnicore.data.sources`) uses the same format, and there a media part may also hold the encoded
 bytes: ``{"type": "image", "image": b"..."}`` or Hugging Face's ``{"bytes": ..., "path": ...}``. Other top-level keys (for example ``task``)
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ROLES = ("system", "user", "assistant")
-MEDIA_TYPES = ("image", "audio")
+MEDIA_TYPES = ("image", "audio", "video")
 
 
 class SampleError(Exception):

@@ -1,7 +1,9 @@
 """Loading media named by samples (files, or encoded bytes from a table), with errors that name them.
 
-Images are decoded by Pillow, audio by soundfile (libsndfile). Resampling is the encoder's business
-(each encoder knows the rate it expects): see :func:`resample`.
+Images are decoded by Pillow, audio by soundfile (libsndfile), video by PyAV (FFmpeg; the ``av``
+package, installed with a video encoder plugin such as omnicore-video-frames). Resampling in time
+is the encoder's business (each encoder knows the rate it expects): see :func:`resample` for audio;
+a video encoder samples the frames it needs from :class:`Video`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,19 @@ class Audio:
     @property
     def seconds(self) -> float:
         return len(self.samples) / float(self.sample_rate)
+
+
+@dataclass
+class Video:
+    """Decoded video: ``frames`` uint8 ``[T, H, W, 3]`` (RGB), frame ``i`` shown at ``i / fps``
+    seconds (a constant frame rate, FFmpeg's average rate for the stream); ``fps`` in frames per second."""
+
+    frames: np.ndarray
+    fps: float
+
+    @property
+    def seconds(self) -> float:
+        return len(self.frames) / float(self.fps)
 
 
 def load_image(source: str | Path | bytes, *, name: str | None = None):
@@ -151,3 +166,73 @@ def resample(audio: Audio, target_rate: int) -> Audio:
 
     out = soxr.resample(audio.samples, audio.sample_rate, target_rate, quality="HQ")
     return Audio(samples=np.asarray(out, dtype=np.float32), sample_rate=target_rate)
+
+
+MAX_VIDEO_BYTES = 1 << 31
+"""Decoded size above which :func:`load_video` refuses a video (2 GiB of RGB frames, e.g. about 15
+minutes of 320 x 240 at 30 fps): every frame is decoded before an encoder samples it."""
+
+
+def load_video(source: str | Path | bytes, *, name: str | None = None) -> Video:
+    """Decode the first video stream of a file (or its encoded bytes: MP4, MKV, WebM, ...) with
+    PyAV into RGB frames and the stream's frame rate.
+
+    Every frame is decoded (frames are converted to ``rgb24`` by FFmpeg's swscale); audio streams
+    are ignored. The frame rate is the stream's average rate (``av``'s ``average_rate``, else its
+    guessed rate); variable-rate clips are treated as constant-rate at that average.
+
+    Args:
+        source: a path, or the bytes of an encoded video (as a table column holds them).
+        name: where bytes came from (for example ``data.parquet row 12``), for error messages.
+
+    Returns:
+        a :class:`Video` with ``frames`` uint8 ``[T, H, W, 3]`` and ``fps`` (> 0).
+
+    Raises:
+        MediaError: if PyAV is not installed (install the ``av`` package), the file is missing, the
+            file or bytes cannot be decoded, hold no video stream or no frames, have no frame rate,
+            or decode to more than :data:`MAX_VIDEO_BYTES`. The message names the path, or
+            ``name`` for bytes.
+    """
+    import io
+
+    what = describe_media(source, name)
+    try:
+        import av
+    except ImportError as exc:
+        raise MediaError(f"cannot read video {what}: PyAV is not installed (pip install av, or install omnicore-video-frames)") from exc
+    if not isinstance(source, (bytes, bytearray)):
+        source = Path(source)
+        if not source.is_file():
+            raise MediaError(f"video file not found: {source}")
+    try:
+        with av.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else str(source)) as container:
+            if not container.streams.video:
+                raise MediaError(f"video {what} has no video stream")
+            stream = container.streams.video[0]
+            rate = stream.average_rate or stream.guessed_rate
+            frames = _decode_frames(container, stream, what)
+    except MediaError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - PyAV raises av.FFmpegError subclasses, OSError, ValueError on bad files
+        raise MediaError(f"cannot read video {what}: {type(exc).__name__}: {_one_line(exc)}") from exc
+    if not frames:
+        raise MediaError(f"video {what} holds no frames")
+    if not rate or float(rate) <= 0:
+        raise MediaError(f"video {what} has no frame rate; re-encode it with a constant frame rate (ffmpeg -r)")
+    return Video(frames=np.stack(frames), fps=float(rate))
+
+
+def _decode_frames(container, stream, what: str) -> list[np.ndarray]:
+    """Every frame of ``stream`` as uint8 ``[H, W, 3]`` RGB, refusing more than :data:`MAX_VIDEO_BYTES`."""
+    frames: list[np.ndarray] = []
+    total = 0
+    for frame in container.decode(stream):
+        rgb = frame.to_ndarray(format="rgb24")
+        if frames and rgb.shape != frames[0].shape:
+            raise MediaError(f"video {what} changes frame size ({frames[0].shape[:2]} to {rgb.shape[:2]}); re-encode it at one size")
+        total += rgb.nbytes
+        if total > MAX_VIDEO_BYTES:
+            raise MediaError(f"video {what} decodes to more than {MAX_VIDEO_BYTES} bytes of frames; cut or downscale it")
+        frames.append(rgb)
+    return frames

@@ -151,6 +151,9 @@ class MicroBatch:
     ``max_seqlen`` (int, the longest sample): built here once and handed by the model to the
     attention kernels. ``encoder_inputs`` / ``decoder_inputs``: modality -> collated
     features of the media in this row, in order of appearance. ``n_targets``: text + code targets.
+    ``rope_position_ids``: LongTensor ``[3, 1, T]``, the samples' own multi-dimensional rotary
+    positions (:mod:`omnicore.data.positions`), each restarting at 0, for an mRoPE foundation; None
+    otherwise. ``position_ids`` stays the 1-D restarting row either way (sample boundaries).
     """
 
     input_ids: Any
@@ -162,6 +165,7 @@ class MicroBatch:
     decoder_inputs: dict[str, Any]
     n_targets: int
     wheres: list[str]
+    rope_position_ids: Any = None
 
     @property
     def num_tokens(self) -> int:
@@ -195,7 +199,25 @@ def collate(samples: list[Encoded], encoders: dict[str, Any], decoders: dict[str
         decoder_inputs={m: decoders[m].collate(v) for m, v in dec_items.items()},
         n_targets=sum(s.n_targets for s in samples),
         wheres=[s.where for s in samples],
+        rope_position_ids=_rope_rows(samples),
     )
+
+
+def _rope_rows(samples: list[Encoded]) -> Any:
+    """``[3, 1, T]`` LongTensor of the samples' 3-D positions, back to back (a sample encoded without
+    them gets its text layout); None when no sample has them (every 1-D foundation)."""
+    if all(s.rope_position_ids is None for s in samples):
+        return None
+    import torch
+
+    from omnicore.data.positions import text_positions
+
+    rows: list[list[int]] = [[], [], []]
+    for s in samples:
+        own = s.rope_position_ids if s.rope_position_ids is not None else text_positions(len(s))
+        for r, part in zip(rows, own, strict=True):
+            r.extend(part)
+    return torch.tensor(rows, dtype=torch.long).unsqueeze(1)
 
 
 class PackedStream:

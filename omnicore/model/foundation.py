@@ -10,6 +10,14 @@ library converts while loading (mixture-of-experts models whose experts transfor
 3-D tensors) or that are not safetensors are loaded whole by ``from_pretrained``, with the same
 strict key check.
 
+Models with multi-dimensional rotary positions (mRoPE: ``model_type`` ``qwen2_vl``, ``qwen2_5_vl``,
+``qwen2_5_omni_thinker``, or their ``*_text`` types) are built as the library's text model under an
+LM head, without the vision or audio tower that omnicore's encoders replace
+(:mod:`omnicore.model.mrope`); ``rope_parameters.mrope_section`` must sum to half the head dim (for
+``qwen2_5_omni_thinker`` the text settings go under ``text_config``). Their checkpoints are read
+through the strict key plan only (safetensors with ``model.layers.*`` keys: the published Qwen2-VL
+layout, its ``visual.*`` listed in ``ignore_unused``, or omnicore's own export).
+
 Tokenizers: a checkpoint folder's own tokenizer when it has one; otherwise (or with
 ``tokenizer: byte``) a byte-level tokenizer built with Hugging Face ``tokenizers`` (256 byte tokens,
 no merges), which needs no download and round-trips any UTF-8 text.
@@ -126,32 +134,36 @@ class HFCausalLM:
                 it does not use, or holds tensors of other shapes; each named.
         """
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
+
+        from omnicore.model.mrope import is_mrope_type
 
         dtype = dtype or torch.float32
         if self.options.checkpoint is None:
             kwargs = dict(self.options.config or {})
             config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs, vocab_size=vocab_size)
-            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+            return _new_model(config, vocab_size, dtype)
         from omnicore.model.loading import checkpoint_index
 
         folder = Path(self.options.checkpoint)
         config = AutoConfig.from_pretrained(folder)
         entries = checkpoint_index(folder)
-        if entries is None or _converted_on_load(config) or torch.get_default_device().type == "meta":
+        if is_mrope_type(config):
+            _check_mrope_checkpoint(folder, entries)
+        elif entries is None or _converted_on_load(config) or torch.get_default_device().type == "meta":
             return self._load_whole(folder, config, vocab_size, dtype)
+        if torch.get_default_device().type == "meta":
+            return _new_model(config, vocab_size, dtype)
         return self._build_on_meta(folder, config, entries, vocab_size, dtype)
 
     def _build_on_meta(self, folder: Path, config: Any, entries: dict[str, Any], vocab_size: int, dtype: Any) -> Any:
         """The model with its parameters on meta (buffers real) and the plan to fill them."""
         from accelerate import init_empty_weights
-        from transformers import AutoModelForCausalLM
 
         from omnicore.model.loading import plan_load
 
-        config.vocab_size = max(int(config.vocab_size), vocab_size)
         with init_empty_weights(include_buffers=False):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            model = _new_model(config, vocab_size, dtype)
         model.tie_weights()  # accelerate's meta parameters come untied (tie_word_embeddings); one tensor, as from_pretrained leaves it
         ids = {id(p): n for n, p in model.named_parameters()}
         grow = tuple(ids[id(m.weight)] for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None)
@@ -187,6 +199,41 @@ class HFCausalLM:
         if model.get_input_embeddings().num_embeddings < vocab_size:
             model.resize_token_embeddings(vocab_size)
         return model.train()
+
+
+def _new_model(config: Any, vocab_size: int, dtype: Any) -> Any:
+    """A freshly initialised model of ``config`` with at least ``vocab_size`` input embeddings: an
+    mRoPE model type's text model and LM head (:func:`omnicore.model.mrope.build_mrope_lm`, no
+    vision tower), else ``AutoModelForCausalLM.from_config``."""
+    from transformers import AutoModelForCausalLM
+
+    from omnicore.model.mrope import build_mrope_lm, is_mrope_type
+
+    if is_mrope_type(config):
+        return build_mrope_lm(config, vocab_size, dtype)
+    config.vocab_size = max(int(config.vocab_size), vocab_size)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def _check_mrope_checkpoint(folder: Path, entries: dict[str, Any] | None) -> None:
+    """An mRoPE checkpoint is read through the strict key plan only: safetensors whose language
+    model keys are ``model.layers.*`` (the published Qwen2-VL layout, and omnicore's exports).
+
+    Raises:
+        LoadError: no safetensors, or the transformers-5 layout (``model.language_model.*``).
+    """
+    from omnicore.model.loading import LoadError
+
+    if entries is None:
+        raise LoadError(
+            f"model.foundation.options.checkpoint: {str(folder)!r} has no safetensors; an mRoPE foundation is read from safetensors only"
+        )
+    if any(k.startswith("model.language_model.") for k in entries):
+        raise LoadError(
+            f"model.foundation.options.checkpoint: {str(folder)!r} holds transformers 5's layout (model.language_model.*); omnicore "
+            "reads an mRoPE language model from the published layout (model.layers.*, lm_head.*; list the vision tower, e.g. "
+            "visual, in ignore_unused) or from its own export"
+        )
 
 
 def _converted_on_load(config: Any) -> bool:

@@ -4,7 +4,9 @@ Several prompts run in one forward: they are left-padded to the longest (``atten
 padding, ``position_ids`` counted from each prompt's first real token, so every row sees the
 positions it would see alone), their media placeholders are merged by :meth:`OmniModel.embed` once
 for the whole batch, and the first forward fills the foundation's KV cache
-(``transformers.DynamicCache``). Then every row advances one token per forward.
+(``transformers.DynamicCache``). Then every row advances one token per forward. With an mRoPE
+foundation (``model.rope``) each row also carries its prompt's 3-D positions (from the processor,
+``Encoded.rope_position_ids``), and new tokens continue one past the prompt's largest position.
 
 Text tokens come from the LM head; when a row emits a decoder's ``<|m_start|>`` token, its next
 ``n`` positions are codes: each is chosen from ``decoder.head(hidden)`` and fed back through
@@ -111,6 +113,30 @@ def _prefill_embeds(model: Any, prompts: list[Encoded], device: torch.device) ->
     return x, mask
 
 
+def _rope_prefill(model: Any, prompts: list[Encoded], mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """For an mRoPE foundation (``model.rope``): the prompts' 3-D positions left-padded to
+    ``[3, B, T]`` (0 on the padding) and, per row, the position of the first new token ``[3, B, 1]``:
+    one past the prompt's largest position on any axis (Qwen2-VL's ``rope_deltas``); each new token
+    then takes the next one on all three axes. ``(None, None)`` for a 1-D foundation."""
+    if getattr(model, "rope", None) is None:
+        return None, None
+    from omnicore.data.positions import next_position, text_positions
+
+    b, width = mask.shape
+    rope = torch.zeros(3, b, width, dtype=torch.long)
+    nxt = torch.zeros(3, b, 1, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        own = p.rope_position_ids if p.rope_position_ids is not None else text_positions(len(p))
+        rope[:, i, width - len(p) :] = torch.tensor(own, dtype=torch.long)
+        nxt[:, i] = next_position(own)
+    return rope.to(mask.device), nxt.to(mask.device)
+
+
+def _with_rope(pos: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
+    """``pos [B, t]``, or with an mRoPE foundation's rows ``[3, B, t]`` the ``[4, B, t]`` it takes."""
+    return pos if rope is None else torch.cat([pos.unsqueeze(0), rope], dim=0)
+
+
 def _forward(model: Any, x: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
     """The foundation on ``x [B, t, H]`` with the cache; the last position's hidden state ``[B, H]``."""
     out = model.lm.base_model(inputs_embeds=x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
@@ -157,14 +183,16 @@ def generate_batch(
     sampling = sampling or Sampling()
     x, mask = _prefill_embeds(model, prompts, device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)  # each row counts from its first real token
+    rope, nxt = _rope_prefill(model, prompts, mask)
     cache = DynamicCache()
-    hidden = _forward(model, x, mask, pos, cache)
+    hidden = _forward(model, x, mask, _with_rope(pos, rope), cache)
     rows = [_Row() for _ in prompts]
     last = pos[:, -1:]
     while (x := _step(model, rows, hidden, sampling, gens, max_new_tokens, eos)) is not None:
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
         last = last + 1
-        hidden = _forward(model, x.unsqueeze(1), mask, last, cache)
+        hidden = _forward(model, x.unsqueeze(1), mask, _with_rope(last, nxt), cache)
+        nxt = None if nxt is None else nxt + 1
     return [
         {"text": tokenizer.decode([t for t in r.out_ids if t != eos], skip_special_tokens=True), "images": r.images, "token_ids": r.out_ids}
         for r in rows

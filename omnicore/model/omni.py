@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnicore.data.chat import IGNORE_INDEX
+from omnicore.data.positions import RopeLayout, rope_layout
 from omnicore.kernels.varlen import CU_SEQLENS_KWARGS, cu_seqlens_from_position_ids
 
 
@@ -79,6 +80,9 @@ class OmniModel(nn.Module):
         self.token_ids = token_ids
         self._sequence_hooks: OrderedDict[int, Any] = OrderedDict()
         self.pending_loads: list[Any] = []  # parameters on meta still to be read (omnicore.model.loading.fill_pending)
+        config = getattr(lm, "config", None)
+        self.rope: RopeLayout | None = rope_layout(config) if config is not None else None
+        """The foundation's multi-dimensional rotary layout (mRoPE), or None for 1-D positions."""
 
     def register_sequence_hook(self, hook: Any) -> Any:
         """Call ``hook(model, seq) -> seq`` in :meth:`forward` after the media embeddings are merged
@@ -158,6 +162,7 @@ class OmniModel(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
         max_seqlen: int | None = None,
         n_targets: int | None = None,
+        rope_position_ids: torch.Tensor | None = None,
     ) -> ModelOutput:
         """Summed losses of one packed micro-batch (a :class:`~omnicore.data.packing.MicroBatch`'s
         fields, as ``model(**vars(micro_batch))``).
@@ -174,6 +179,10 @@ class OmniModel(nn.Module):
                 varlen attention kernels never rebuild them per layer.
             max_seqlen: the longest sample (int); None: computed from ``cu_seqlens``.
             n_targets: ignored (the collated count; the model counts its own targets).
+            rope_position_ids: LongTensor ``[3, 1, T]``, the samples' 3-D rotary positions (mRoPE
+                foundations, :attr:`rope`); None: the text layout (``position_ids`` on every axis).
+                The foundation gets ``[4, 1, T]``: ``position_ids`` first (the 1-D row that keeps
+                packed samples apart, transformers' packed Qwen2-VL convention), then these.
         """
         if cu_seqlens is None:
             cu_seqlens, max_seqlen = cu_seqlens_from_position_ids(position_ids.detach().cpu())
@@ -189,6 +198,8 @@ class OmniModel(nn.Module):
             "max_seqlen": max_seqlen,
             "foundation_kwargs": {},
         }
+        if self.rope is not None:
+            seq["rope_position_ids"] = rope_position_ids if rope_position_ids is not None else position_ids.expand(3, -1, -1)
         for hook in list(self._sequence_hooks.values()):
             seq = hook(self, seq)
         # No attention mask: transformers builds a block-diagonal causal mask from position_ids for
@@ -196,9 +207,33 @@ class OmniModel(nn.Module):
         cu, max_len = seq.get("cu_seqlens"), seq.get("max_seqlen")
         varlen = dict(zip(CU_SEQLENS_KWARGS, (cu, cu, max_len, max_len))) if cu is not None else {}
         hidden = self.lm.base_model(
-            inputs_embeds=seq["inputs_embeds"], position_ids=seq["position_ids"], use_cache=False, **varlen, **seq["foundation_kwargs"]
+            inputs_embeds=seq["inputs_embeds"],
+            position_ids=self.foundation_positions(seq),
+            use_cache=False,
+            **varlen,
+            **seq["foundation_kwargs"],
         ).last_hidden_state
         return self.losses(hidden, seq["labels"], seq["decoder_labels"], dummy, return_logits)
+
+    def foundation_positions(self, seq: dict[str, Any]) -> torch.Tensor:
+        """The ``position_ids`` the foundation takes: ``seq["position_ids"]`` (``[B, T]``), or for an
+        mRoPE foundation ``[4, B, T]``: that row, then ``seq["rope_position_ids"]`` (``[3, B, T]``).
+
+        Raises:
+            ValueError: a sequence hook dropped ``rope_position_ids`` or changed ``position_ids`` but
+                not them (it must cut both alike along the sequence).
+        """
+        pos = seq["position_ids"]
+        if self.rope is None:
+            return pos
+        rope = seq.get("rope_position_ids")
+        if rope is None or rope.shape[1:] != pos.shape:
+            raise ValueError(
+                f"rope_position_ids {None if rope is None else tuple(rope.shape)} do not match position_ids {tuple(pos.shape)}: an mRoPE "
+                "foundation needs every sequence hook (sequence parallelism) to pass seq['rope_position_ids'] on, cut along its "
+                "last dim as seq['position_ids'] is"
+            )
+        return torch.cat([pos.unsqueeze(0), rope.to(pos.device)], dim=0)
 
     def decoder_labels(self, input_ids: torch.Tensor, codes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Per decoder modality, ``[1, T]``: the code that each position's hidden state predicts (the

@@ -466,7 +466,8 @@ class DecoderContract(ModuleComponentContract):
         assert torch.isfinite(logits).all()
 
     def test_decode_returns_medium(self):
-        """decode(codes of one item) returns the medium; for images a PIL image of the expected size."""
+        """decode(codes of one item) returns the medium; for images a PIL image of the expected size,
+        for audio an :class:`omnicore.data.media.Audio` (1-D float32 samples in [-1, 1], rate > 0)."""
         dec = self.build().eval()
         feats, batch = self._batch(dec)
         with torch.no_grad():
@@ -480,6 +481,12 @@ class DecoderContract(ModuleComponentContract):
             want = self.image_size or ((dec.image_size, dec.image_size) if isinstance(getattr(dec, "image_size", None), int) else None)
             if want is not None:
                 assert out.size == tuple(want)
+        if dec.modality == "audio":
+            from omnicore.data.media import Audio
+
+            assert isinstance(out, Audio) and int(out.sample_rate) > 0
+            assert out.samples.dtype == np.float32 and out.samples.ndim == 1 and out.samples.size > 0
+            assert np.abs(out.samples).max() <= 1.0
 
     def test_dummy_codes_reach_every_parameter(self):
         """dummy_codes() are in range; ``0 * head(embed(codes)).sum()`` backward reaches every trainable parameter."""
@@ -520,7 +527,14 @@ class DecoderContract(ModuleComponentContract):
             proc_b = self.build_processor(self.checkpoint_options(str(tmp_path / "ckpt")))
             n = int(proc_b.num_tokens(proc_b.preprocess(self.make_media(b.modality)[0])))
             ia, ib = a.decode(want[0][:n]), b.decode(want[0][:n])
-        assert np.array_equal(np.asarray(ia), np.asarray(ib))
+        assert np.array_equal(_medium_array(ia), _medium_array(ib))
+
+
+def _medium_array(medium: Any) -> np.ndarray:
+    """A decoded item as an array to compare: an ``Audio``'s samples (with its rate), else ``np.asarray``."""
+    if hasattr(medium, "samples") and hasattr(medium, "sample_rate"):
+        return np.append(np.asarray(medium.samples, dtype=np.float64), float(medium.sample_rate))
+    return np.asarray(medium)
 
 
 # ---- foundations -----------------------------------------------------------------------------

@@ -238,7 +238,7 @@ def _build_model_and_data(cfg: Config, registry: Registry) -> tuple[Any, Any, Ch
         model, tokenizer = build_omni_model(cfg, registry, defer_load=True)  # filled shard by shard after parallelize
         ph.detail = f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; {_components(cfg)}"
     with Phase(logger, "opening the data") as ph:
-        processor, sources = _open_data(cfg, registry, tokenizer)
+        processor, sources = _open_data(cfg, registry, tokenizer, rope=model.rope)
         desc = ", ".join(f"{s.name} (weight {s.config.weight:g})" for s in sources)
         ph.detail = f"{desc}; {cfg.data.num_workers} worker(s) per rank, started with the first step"
     return model, tokenizer, processor, sources
@@ -254,9 +254,10 @@ def _components(cfg: Config) -> str:
     return "; ".join(parts)
 
 
-def _open_data(cfg: Config, registry: Registry, tokenizer: Any) -> tuple[ChatProcessor, list[Any]]:
+def _open_data(cfg: Config, registry: Registry, tokenizer: Any, rope: Any = None) -> tuple[ChatProcessor, list[Any]]:
     """The chat processor of the data side (the tokenizer and the components' processors, no
-    weights) and the opened data sources (nothing read yet)."""
+    weights; ``rope``: the foundation's mRoPE layout, ``OmniModel.rope``) and the opened data
+    sources (nothing read yet)."""
     from omnicore.data.sources import open_source
     from omnicore.model.build import build_processors
 
@@ -270,6 +271,7 @@ def _open_data(cfg: Config, registry: Registry, tokenizer: Any) -> tuple[ChatPro
         special_tokens_in_text=d.special_tokens_in_text,
         max_tokens=d.max_tokens,
         chat_template=d.chat_template,
+        rope=rope,
     )
     base = Path(cfg.source).parent if cfg.source else Path.cwd()
     sources = []

@@ -13,8 +13,11 @@ the prompt (and the modality when the model has several decoders). On rank 0 the
 to ``RUN_DIR/samples/step-NNNNNNNN.png`` (the step zero-padded to 8 digits, as checkpoint folders
 are named) and, at the last step, also to ``RUN_DIR/samples/final.png``; each decoder modality
 ``m``'s images (unlabelled, at their own size, in prompt order, prompts without one left out) go to
-the loggers as ``log_images(step, "samples/<m>", images)``. A grid that cannot be written (a full
-disk) is a logged warning, never a failed run.
+the loggers as ``log_images(step, "samples/<m>", images)``. Audio (a decoder whose ``decode`` returns
+an :class:`omnicore.data.media.Audio`) is left out of the grid and the loggers: prompt ``k``'s first
+clip of modality ``m`` is written as ``RUN_DIR/samples/step-NNNNNNNN-<m>-<k>.wav`` (and
+``final-<m>-<k>.wav`` at the last step; 16-bit PCM, :func:`omnicore.evaluate.save_decoded`). A grid
+or clip that cannot be written (a full disk) is a logged warning, never a failed run.
 
 The grid (:func:`sample_grid`): ``rows = ceil(K / 8)`` rows of ``cols = ceil(K / rows)`` cells for
 ``K`` prompts (at most 8 per row, rows filled evenly), in prompt order, row by row. Every image is
@@ -61,7 +64,8 @@ from typing import Any
 import torch
 
 from omnicore.config import Config, ConfigError
-from omnicore.evaluate import answer_samples, generate_answers, score_samples, user_prompt
+from omnicore.data.media import Audio
+from omnicore.evaluate import answer_samples, generate_answers, save_decoded, score_samples, user_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -203,11 +207,11 @@ def draw_samples(cfg: Config, model: torch.nn.Module, tokenizer: Any, processor:
 
 def sample_cells(cfg: Config, modalities: list[str], answers: list[dict[str, Any]]) -> tuple[list[Any], list[str]]:
     """The grid's cells from the answers: per prompt its first image (first modality in
-    ``modalities`` order that it produced) or None, and its label."""
+    ``modalities`` order that it produced; audio is not drawn) or None, and its label."""
     images, labels = [], []
     for prompt, out in zip(cfg.train.sample_prompts, answers):
-        m = next((m for m in modalities if out["images"].get(m)), None)
-        images.append(None if m is None else out["images"][m][0])
+        m = next((m for m in modalities if _pictures(out, m)), None)
+        images.append(None if m is None else _pictures(out, m)[0])
         labels.append(prompt if m is None or len(modalities) == 1 else f"{prompt} [{m}]")
     return images, labels
 
@@ -239,12 +243,34 @@ def sample_if_due(run: Any, done: int, *, final: bool = False) -> list[Path]:
         logger.warning("sample grid of step %d not written (%s: %s)", done, type(exc).__name__, exc)
         paths = []
     for m in modalities:
-        imgs = [_array(o["images"][m][0]) for o in answers if o["images"].get(m)]
+        imgs = [_array(_pictures(o, m)[0]) for o in answers if _pictures(o, m)]
         if imgs:
             run.loggers.log_images(done, f"samples/{m}", imgs)
+    paths += _write_clips(folder, [f"step-{done:08d}"] + (["final"] if last else []), modalities, answers)
     drawn = sum(im is not None for im in images)
     run.log(f"step {done}: samples {drawn}/{len(images)} drawn, {time.perf_counter() - t0:.1f} s" + (f"; {paths[0]}" if paths else ""))
     return paths
+
+
+def _pictures(out: dict[str, Any], m: str) -> list[Any]:
+    """The decoded items of modality ``m`` in one answer that are pictures (not audio)."""
+    return [x for x in out["images"].get(m, []) if not isinstance(x, Audio)]
+
+
+def _write_clips(folder: Path, stems: list[str], modalities: list[str], answers: list[dict[str, Any]]) -> list[Path]:
+    """Prompt ``k``'s first audio clip of each modality ``m`` as ``FOLDER/STEM-<m>-<k>.wav`` per stem;
+    the paths written (a clip that cannot be written is a logged warning)."""
+    written = []
+    for k, out in enumerate(answers):
+        for m in modalities:
+            clips = [x for x in out["images"].get(m, []) if isinstance(x, Audio)]
+            for stem in stems if clips else []:
+                try:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    written.append(save_decoded(clips[0], folder / f"{stem}-{m}-{k}"))
+                except (OSError, RuntimeError) as exc:  # soundfile's errors are RuntimeErrors
+                    logger.warning("sample clip %s-%s-%d not written (%s: %s)", stem, m, k, type(exc).__name__, exc)
+    return written
 
 
 def _array(image: Any) -> Any:

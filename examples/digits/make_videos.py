@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Build "Moving MNIST" clips for the digits example: the task ``video_to_text``.
+
+Each clip shows two or three MNIST digits (28 x 28) moving in straight lines on a black 64 x 64
+canvas and bouncing off its edges, after Srivastava, Mansimov, Salakhutdinov, "Unsupervised
+Learning of Video Representations using LSTMs", ICML 2015 (overlapping digits are combined by
+the pixel-wise maximum). The question is "Which digits appear, in order?"; the answer lists the
+digits **left to right by their position in the first frame** (the left edges of their 28 x 28
+boxes are at least ``--gap`` pixels apart there, so the order is never a tie), separated by
+spaces, e.g. ``"3 7 1"``.
+
+Digits come from the shipped MNIST file with the split of ``build_data.py``: train clips use
+indices 0-8999, eval clips 9000-9999. Each clip is a lossless FFV1 video (8-bit grey) in Matroska
+(``.mkv``), a few kilobytes, that PyAV (and so ``omnicore.api.load_video``) decodes back to
+exactly the frames written.
+
+Output (``--out``, default ``examples/digits/data``)::
+
+    videos/train_00000.mkv ...  videos/eval_00000.mkv ...
+    videos_train.jsonl, videos_eval.jsonl   (chat format: a video part, then the question)
+
+Only the standard library, numpy and PyAV (``av``) are needed. Usage::
+
+    python examples/digits/make_videos.py [--train 2000] [--eval 200] [--frames 8] [--fps 4] [--seed 0]
+
+The output is deterministic for given arguments (FFmpeg's bit-exact mode), and re-running rewrites
+nothing that is unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+from build_data import DEFAULT_OUT, DEFAULT_RAW, MNIST_EVAL, MNIST_TRAIN, DataError, jsonl_bytes, load_mnist, write_if_changed
+
+PROMPT_VIDEO = "Which digits appear, in order?"
+DIGIT = 28
+"""MNIST digits are 28 x 28 pixels."""
+VIDEO_NAME = re.compile(r"^(train|eval)_[0-9]{5}\.mkv$")
+
+
+def clip_plan(rng: np.random.Generator, pool: range, args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One clip's digits and motion: ``(mnist_indices [k], start [k, 2] as (x, y), velocity [k, 2])``
+    in pixels and pixels per frame, sorted left to right by start x (gaps >= ``args.gap``)."""
+    k = int(rng.integers(args.min_digits, args.max_digits + 1))
+    room = args.size - DIGIT  # the largest top-left coordinate that keeps a digit inside
+    if room - args.gap * (k - 1) < 0:
+        raise DataError(f"--size {args.size} cannot hold {k} digits {args.gap} pixels apart; lower --gap or --max-digits")
+    # sorted draws plus i * gap: every left-to-right arrangement with gaps >= gap, uniformly over the draws
+    xs = np.sort(rng.integers(0, room - args.gap * (k - 1) + 1, k)) + args.gap * np.arange(k)
+    ys = rng.integers(0, room + 1, k)
+    angle = rng.uniform(0, 2 * np.pi, k)
+    speed = rng.uniform(args.min_speed, args.max_speed, k)
+    velocity = np.stack([np.cos(angle), np.sin(angle)], axis=1) * speed[:, None]
+    indices = rng.choice(np.asarray(pool), size=k, replace=False)
+    return indices, np.stack([xs, ys], axis=1).astype(np.float64), velocity
+
+
+def trajectory(start: np.ndarray, velocity: np.ndarray, frames: int, room: int) -> np.ndarray:
+    """Top-left corners ``[frames, k, 2]`` (rounded to pixels) of digits moving by ``velocity`` per
+    frame and bouncing (mirror reflection) off the walls at 0 and ``room``."""
+    pos, vel = start.copy(), velocity.copy()
+    out = np.empty((frames, *start.shape), dtype=np.int64)
+    for t in range(frames):
+        out[t] = np.rint(pos)
+        pos = pos + vel
+        low, high = pos < 0, pos > room
+        pos[low], vel[low] = -pos[low], -vel[low]
+        pos[high], vel[high] = 2 * room - pos[high], -vel[high]
+    return np.clip(out, 0, room)
+
+
+def render(digits: np.ndarray, corners: np.ndarray, size: int) -> np.ndarray:
+    """uint8 frames ``[T, size, size]``: each digit ``[28, 28]`` at its corner, overlaps by maximum."""
+    frames = np.zeros((len(corners), size, size), dtype=np.uint8)
+    for t, frame_corners in enumerate(corners):
+        for digit, (x, y) in zip(digits, frame_corners):
+            box = frames[t, y : y + DIGIT, x : x + DIGIT]
+            np.maximum(box, digit, out=box)
+    return frames
+
+
+def mkv_bytes(frames: np.ndarray, fps: int) -> bytes:
+    """Grey frames ``[T, H, W]`` as a lossless FFV1 stream in Matroska, bit-exact (no random IDs)."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="matroska", options={"fflags": "+bitexact"}) as container:
+        stream = container.add_stream("ffv1", rate=Fraction(fps))
+        stream.height, stream.width = frames.shape[1:]
+        stream.pix_fmt = "gray"
+        for frame in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="gray")))
+        container.mux(stream.encode())
+    return buf.getvalue()
+
+
+def video_to_text(path: str, answer: str, indices: list[int]) -> dict:
+    return {
+        "task": "video_to_text",
+        "mnist": indices,
+        "messages": [
+            {"role": "user", "content": [{"type": "video", "path": path}, {"type": "text", "text": PROMPT_VIDEO}]},
+            {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+        ],
+    }
+
+
+def make_split(
+    split: str, n: int, pool: range, images: np.ndarray, labels: np.ndarray, args: argparse.Namespace
+) -> tuple[list[dict], dict[str, bytes]]:
+    """``n`` clips of one split: their JSONL rows and ``{file name: mkv bytes}``."""
+    rng = np.random.default_rng([args.seed, 0 if split == "train" else 1])
+    rows, files = [], {}
+    for i in range(n):
+        indices, start, velocity = clip_plan(rng, pool, args)
+        corners = trajectory(start, velocity, args.frames, args.size - DIGIT)
+        name = f"{split}_{i:05d}.mkv"
+        files[name] = mkv_bytes(render(images[indices], corners, args.size), args.fps)
+        answer = " ".join(str(int(labels[j])) for j in indices)  # indices are already left to right
+        rows.append(video_to_text(f"videos/{name}", answer, [int(j) for j in indices]))
+    return rows, files
+
+
+def build(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    if not 1 <= args.min_digits <= args.max_digits:
+        raise DataError(f"need 1 <= --min-digits <= --max-digits, got {args.min_digits} and {args.max_digits}")
+    if args.frames < 1 or args.fps < 1 or args.size < DIGIT:
+        raise DataError(f"need --frames >= 1, --fps >= 1 and --size >= {DIGIT}")
+    out = Path(args.out).resolve()
+    folder = out / "videos"
+    folder.mkdir(parents=True, exist_ok=True)
+    images, labels = load_mnist(Path(args.raw).resolve())
+    written, files, counts = 0, {}, {}
+    for split, n, pool in (("train", args.train, MNIST_TRAIN), ("eval", args.eval, MNIST_EVAL)):
+        rows, clips = make_split(split, n, pool, images, labels, args)
+        files.update(clips)
+        written += write_if_changed(out / f"videos_{split}.jsonl", jsonl_bytes(rows))
+        counts[split] = len(rows)
+    written += sum(write_if_changed(folder / name, data) for name, data in files.items())
+    stale = [name for name in os.listdir(folder) if VIDEO_NAME.match(name) and name not in files]
+    for name in stale:
+        (folder / name).unlink()
+    size = sum(len(d) for d in files.values())
+    print(f"wrote {out}/videos_train.jsonl ({counts['train']} clips), videos_eval.jsonl ({counts['eval']} clips)")
+    print(f"  videos/: {len(files)} FFV1 .mkv files, {size / 1e6:.1f} MB ({written} files written, {len(stale)} stale removed)")
+    print(f"done in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add = p.add_argument
+    add("--out", default=str(DEFAULT_OUT), help="output folder (videos/ and the two JSONL files go there)")
+    add("--raw", default=str(DEFAULT_RAW), help="folder with the shipped mnist/")
+    add("--train", type=int, default=2000, help="train clips (MNIST indices 0-8999)")
+    add("--eval", type=int, default=200, help="eval clips (MNIST indices 9000-9999)")
+    add("--frames", type=int, default=8, help="frames per clip")
+    add("--fps", type=int, default=4, help="frame rate written in the files")
+    add("--size", type=int, default=64, help="canvas side in pixels")
+    add("--min-digits", type=int, default=2, help="fewest digits per clip")
+    add("--max-digits", type=int, default=3, help="most digits per clip")
+    add("--gap", type=int, default=14, help="least horizontal distance in pixels between digits in the first frame")
+    add("--min-speed", type=float, default=1.5, help="slowest digit speed, pixels per frame")
+    add("--max-speed", type=float, default=3.0, help="fastest digit speed, pixels per frame")
+    add("--seed", type=int, default=0, help="seed of digits, positions and motion")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return build(args)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
