@@ -1,6 +1,7 @@
-"""examples/digits/fit_tokenizer.sh keeps the fitted MoVQGAN tokenizer only while its inputs (the fit
-command with MOVQ_STEPS, the training images, the fit code) are those it was fit from, and says why
-it fits again. The fit itself is replaced by a fake interpreter that records its calls."""
+"""examples/digits/fit_tokenizer.sh fits the text BPE on every run and keeps the fitted MoVQGAN
+tokenizer only while its inputs (the fit command with MOVQ_STEPS, the training images, the fit code)
+are those it was fit from, and says why it fits again. The fits themselves are replaced by a fake
+interpreter that records its calls."""
 
 from __future__ import annotations
 
@@ -39,13 +40,18 @@ def repo(tmp_path: Path) -> Path:
 
 
 def _fit(repo: Path, **env: str) -> tuple[str, int]:
-    """Run the script; returns its output and how many fits it ran so far in ``repo``."""
+    """Run the script; returns its output and how many MoVQGAN fits it ran so far in ``repo`` (and
+    checks that every run fitted the text tokenizer once, with the digits config)."""
     calls = repo / "calls.txt"
     full = {k: v for k, v in os.environ.items() if k not in ("MOVQ_STEPS", "FORCE_MOVQ_FIT")}
     full.update(PY=str(repo / "fake-python"), CALLS=str(calls), **env)
+    before = len(calls.read_text().splitlines()) if calls.exists() else 0
     r = subprocess.run(["bash", str(SCRIPT)], cwd=repo, env=full, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    return r.stdout.strip(), len(calls.read_text().splitlines()) if calls.exists() else 0
+    lines = calls.read_text().splitlines()
+    text_fits = [c for c in lines[before:] if "fit-tokenizer" in c]
+    assert text_fits == ["-m omnicore fit-tokenizer examples/digits/config.yaml --vocab-size 400 --out examples/digits/data/tokenizer"]
+    return r.stdout.strip(), sum("omnicore_image_movqgan.fit" in c for c in lines)
 
 
 def test_refits_exactly_when_an_input_changed(repo):

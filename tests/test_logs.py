@@ -87,6 +87,7 @@ def test_cli_log_level_on_every_subcommand_and_a_bad_environment_value(clean_log
 
     parser = build_parser()
     positional = {"plugins": [], "plot": ["runs/x"], "plan": ["c.yaml", "--world-size", "2"], "generate": ["c.yaml", "--prompt", "p"]}
+    positional["fit-tokenizer"] = ["c.yaml", "--vocab-size", "300", "--out", "tok"]
     for name in EXAMPLES:
         args, _ = parser.parse_known_args([name, *positional.get(name, ["c.yaml"]), "--log-level", "warning"])
         assert args.log_level == "warning", name
