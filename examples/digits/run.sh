@@ -48,4 +48,4 @@ stage_done judge
 
 summary=$(printf '%s, ' "${times[@]}")
 echo "finished in $(( $(date +%s) - start )) s (${summary%, }); checkpoints in $OUT/checkpoints, export in $OUT/export"
-echo "pictures: $OUT/loss.png (loss, learning rate, tokens/s), $OUT/samples/final.png (the digits 0-9 as drawn at the end)"
+echo "pictures: $OUT/loss.png (loss, loss by part, learning rate, tokens/s), $OUT/samples/final.png (the digits 0-9 as drawn at the end)"
