@@ -225,10 +225,14 @@ def cmd_fit_tokenizer(args: argparse.Namespace, extra: list[str]) -> int:
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
     n_tokens = sum(len(e.ids) for e in tok.encode_batch(texts))
     print(
-        f"wrote {folder}: {tok.get_vocab_size()} tokens fitted on {len(texts)} texts; the training text takes {n_tokens} tokens "
+        f"wrote {folder}: {tok.get_vocab_size()} tokens (at most {args.vocab_size}: the fit stops when no pair of tokens is left "
+        f"to merge) fitted on {len(texts)} texts; the training text takes {n_tokens} tokens "
         f"({n_bytes / max(n_tokens, 1):.2f} bytes per token, {n_bytes} with the byte tokenizer)"
     )
-    print(f"use it with: --model.foundation.options.tokenizer {folder} (a relative path in the config file is relative to it)")
+    print(
+        f"use it with: --model.foundation.options.tokenizer {folder.resolve()} (in the config file a relative path is "
+        "relative to the config file's folder)"
+    )
     return 0
 
 

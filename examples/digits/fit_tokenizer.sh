@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The digits tokenizers, run from the repository root by run.sh and stages.sh:
-# - text: a byte-level BPE fitted on the training text (`omnicore fit-tokenizer`, about 2 s), written to
+# - text: a byte-level BPE fitted on the training text (`omnicore fit-tokenizer`, a few seconds), written to
 #   examples/digits/data/tokenizer every time (deterministic: the same data gives the same tokenizer);
 # - image: a tiny MoVQGAN fit on the training digits (MNIST indices 0-8999), fit again whenever what
 #   it was fit from changed (below).
