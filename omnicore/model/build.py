@@ -74,7 +74,7 @@ def _resolve_checkpoints(options: dict[str, Any], base: Path | None) -> dict[str
             out[key] = str(resolve_pretrained(value, base=base, what=f"options.{key}"))
         except LoadError as exc:
             raise RegistryError(str(exc)) from exc
-    return out if out != options else options
+    return out
 
 
 def build_kernels(m: ModelConfig, registry: Registry) -> dict[str, Any]:
