@@ -155,15 +155,15 @@ def _flag_overrides(args: argparse.Namespace) -> list[str]:
 
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     cfg = _config(args, extra + _flag_overrides(args))
-    from omnicore.evaluate import evaluate
+    from omnicore.evaluate import evaluate, task_line
 
     result = evaluate(cfg, checkpoint=args.checkpoint, export=args.export, limit=args.limit)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
         for task, r in result["tasks"].items():
-            print(f"{task}: accuracy {r['accuracy']:.3f} ({r['correct']}/{r['total']})")
-        print(f"overall: accuracy {result['accuracy']:.3f} ({result['correct']}/{result['total']})")
+            print(task_line(task, r))
+        print(f"overall: accuracy {result['accuracy']:.3f} ({result['correct']}/{result['total']}, the tasks with text answers)")
         print(f"held-out loss: {result['loss']:.4f} over {result['loss_targets']} targets (as train.eval_every's val_loss)")
         print(f"{result['seconds_per_sample']:.3f} s per sample on {result['device']}; every answer in {result['eval_json']}")
     return 0
@@ -313,9 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = _subparser(sub, "plan", "check and size the parallel layout for N ranks without starting processes", config=True)
     sp.add_argument("--world-size", type=int, required=True, metavar="N", help="number of ranks to plan for")
     sp.add_argument("--json", action="store_true", help="print JSON")
-    sp = _subparser(sub, "eval", "accuracy on held-out samples whose answer is text", config=True)
+    sp = _subparser(sub, "eval", "held-out loss per task, and accuracy on the samples whose answer is text", config=True)
     _add_weights(sp)
-    sp.add_argument("--limit", type=int, help="evaluate only the first N samples")
+    sp.add_argument("--limit", type=int, help="generate answers for only the first N samples with a text answer")
+    sp.add_argument("--max-new-tokens", type=int, metavar="N", help="text tokens per answer (sets generate.max_new_tokens)")
     sp.add_argument("--batch-size", type=int, metavar="N", help="prompts per forward (sets generate.batch_size; default 16)")
     sp.add_argument("--json", action="store_true", help="print JSON")
     _add_generate(sub)

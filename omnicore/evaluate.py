@@ -1,9 +1,11 @@
-"""Loading a trained model, generation (text and decoder media), held-out accuracy and loss.
+"""Loading a trained model, generation (text and decoder media), held-out accuracy and loss per task.
 
 Generation itself is :mod:`omnicore.model.generation` (batched, left-padded, KV-cached; greedy by
 default, ``generate.temperature: 0``); :func:`generate` is re-exported here. ``omnicore eval`` and
 ``omnicore generate`` run on ``run.device`` (:func:`eval_device`), ``generate.batch_size`` prompts
-per forward; eval writes every answer to ``eval.json`` in the run folder.
+per forward; eval writes every answer to ``eval.json`` in the run folder. Every task of
+``data.eval`` (a sample's ``task`` key) gets its held-out loss per target; tasks whose answers are
+text also get their exact-match accuracy.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from omnicore.data.jsonl import Message, Part, Sample
 from omnicore.logs import Phase
 from omnicore.model.generation import Sampling, generate, generate_batch  # generate: also the public name here
 from omnicore.train.progress import progress_bar
+from omnicore.train.validate import task_of
 
 logger = logging.getLogger(__name__)
 
@@ -91,12 +94,15 @@ def _answer(sample: Sample) -> str | None:
     return "".join(p.value for p in last.parts).strip()
 
 
-def heldout_loss_of(cfg: Config, model: Any, processor: ChatProcessor) -> dict[str, Any]:
+def heldout_loss_of(cfg: Config, model: Any, processor: ChatProcessor, *, by_task: bool = False) -> dict[str, Any]:
     """The held-out loss of a loaded model on ``data.eval``, as validation during training computes
     it (:func:`omnicore.train.validate.heldout_loss`: the same samples, ``train.eval_max_samples``
     included, packing budget, autocast and normalisation), on one process; comparable with the
     ``"split": "val"`` rows of ``metrics.jsonl``. Returns ``{"loss", "loss/text",
-    "loss/decoder.<m>"..., "loss_targets"}`` (a part without targets is left out).
+    "loss/decoder.<m>"..., "loss_targets"}`` (a part without targets is left out); with
+    ``by_task`` (rows packed per task, same pass) also ``"tasks": {task: {"loss", "loss_targets",
+    "loss_samples"}}``, sorted by task: the loss per target of that task's samples alone (``"loss"``
+    left out for a task without targets).
 
     Raises:
         SampleError: a bad held-out sample (``FILE:LINE: ...``) when ``data.on_error`` is ``raise``.
@@ -110,9 +116,14 @@ def heldout_loss_of(cfg: Config, model: Any, processor: ChatProcessor) -> dict[s
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     path = cfg.resolve_path(cfg.data.eval or "")
     figures = heldout_loss(model, processor, path, cfg.data.max_tokens, max_samples=cfg.train.eval_max_samples,
-                           on_error=cfg.data.on_error, autocast=autocast)  # fmt: skip
-    out = {k[4:]: v for k, v in figures.items() if k.startswith("val_loss")}
+                           on_error=cfg.data.on_error, autocast=autocast, by_task=by_task)  # fmt: skip
+    out: dict[str, Any] = {k[4:]: v for k, v in figures.items() if k.startswith("val_loss") and not k.startswith("val_loss/task/")}
     out["loss_targets"] = figures["val_targets"]
+    if by_task:
+        out["tasks"] = {}
+        for t in sorted(k[len("val_targets/task/") :] for k in figures if k.startswith("val_targets/task/")):
+            loss = {"loss": figures[f"val_loss/task/{t}"]} if f"val_loss/task/{t}" in figures else {}
+            out["tasks"][t] = {**loss, "loss_targets": figures[f"val_targets/task/{t}"], "loss_samples": figures[f"val_samples/task/{t}"]}
     return out
 
 
@@ -200,7 +211,7 @@ def score_samples(
 
 def _row(sample: Sample, answer: str) -> dict[str, Any]:
     expected = _answer(sample)
-    task = str(sample.meta.get("task", "default"))
+    task = task_of(sample)
     return {
         "where": sample.where,
         "task": task,
@@ -221,6 +232,47 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         t["accuracy"] = t["correct"] / max(t["total"], 1)
     correct, total = sum(t["correct"] for t in tasks.values()), len(rows)
     return {"accuracy": correct / max(total, 1), "correct": correct, "total": total, "tasks": tasks}
+
+
+def short_answer_warnings(cfg: Config, processor: ChatProcessor, samples: list[Sample]) -> list[str]:
+    """One message per task whose expected text answers need more tokens than
+    ``generate.max_new_tokens``: generation stops there, so those answers can never match and
+    would silently score 0. A message names the task, how many of its ``samples`` are affected,
+    the longest answer in tokens and the field to raise; none when every answer fits.
+
+    An answer's length is that of its text parts in the processor's tokenizer, as training encodes
+    them (the end-of-turn token is not needed: an answer cut at ``max_new_tokens`` right after its
+    last token still matches).
+    """
+    limit = cfg.generate.max_new_tokens
+    totals: dict[str, int] = {}
+    over: dict[str, list[int]] = {}
+    for s in samples:
+        task = task_of(s)
+        totals[task] = totals.get(task, 0) + 1
+        parts = [p.value for p in s.messages[-1].parts if p.type == "text"]
+        n = sum(len(processor.tokenizer.encode(v, add_special_tokens=False, split_special_tokens=True)) for v in parts)
+        if n > limit:
+            over.setdefault(task, []).append(n)
+    return [
+        f"{task}: {len(ns)} of {totals[task]} expected answers need more than generate.max_new_tokens={limit} tokens (up to "
+        f"{max(ns)}); they are cut short and score 0: raise generate.max_new_tokens to at least {max(ns)} "
+        f"(--max-new-tokens {max(ns)}, or in the config's generate section)"
+        for task, ns in over.items()
+    ]
+
+
+def task_line(task: str, figures: dict[str, Any]) -> str:
+    """One task of :func:`evaluate`'s ``"tasks"`` as the line ``omnicore eval`` prints, e.g.
+    ``video_to_text: accuracy 0.950 (95/100), held-out loss 0.1234 per target (100 samples, 600
+    targets)``; the accuracy only for tasks with text answers, the loss only when it was computed."""
+    out = []
+    if "accuracy" in figures:
+        out.append(f"accuracy {figures['accuracy']:.3f} ({figures['correct']}/{figures['total']})")
+    if "loss_targets" in figures:
+        loss = f"{figures['loss']:.4f} per target" if "loss" in figures else "not computed (no targets)"
+        out.append(f"held-out loss {loss} ({figures['loss_samples']} samples, {figures['loss_targets']} targets)")
+    return f"{task}: " + (", ".join(out) or "no figures")
 
 
 def answer_samples(cfg: Config, limit: int | None = None) -> list[Sample]:
@@ -245,15 +297,20 @@ def evaluate(
     limit: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """``omnicore eval``: exact-match accuracy of generated answers on the ``data.eval`` samples whose
-    answer is text (the first ``limit`` of them), on :func:`eval_device`, ``generate.batch_size``
-    prompts per forward (:func:`score_samples`), with a progress bar on stderr when ``progress``.
+    """``omnicore eval``: the held-out loss of every task of ``data.eval``, and the exact-match
+    accuracy (after ``strip``) of generated answers on the samples whose answer is text (the first
+    ``limit`` of them), on :func:`eval_device`, ``generate.batch_size`` prompts per forward
+    (:func:`score_samples`), with a progress bar on stderr when ``progress``. Answers longer than
+    ``generate.max_new_tokens`` are warned about first (:func:`short_answer_warnings`).
 
     Writes ``eval.json`` in ``run.output_dir``: ``{"summary": ..., "samples": [{"where", "task",
     "prompt", "expected", "answer", "correct"}, ...]}``. Returns the summary of
-    :func:`score_samples` plus ``"eval_json"`` (the file's path) and the held-out loss of
-    :func:`heldout_loss_of` (``"loss"``, ``"loss/text"``, ...; over every sample of ``data.eval`` up
-    to ``train.eval_max_samples``, not only those with a text answer, and not limited by ``limit``).
+    :func:`score_samples` plus ``"eval_json"`` (the file's path), ``"warnings"`` (the messages
+    logged) and the held-out loss of :func:`heldout_loss_of` with ``by_task`` (``"loss"``,
+    ``"loss/text"``, ...; over every sample of ``data.eval`` up to ``train.eval_max_samples``, not
+    only those with a text answer, and not limited by ``limit``). ``"tasks"`` holds every task, in
+    name order: ``{"loss", "loss_targets", "loss_samples"}``, plus ``{"accuracy", "correct",
+    "total"}`` for tasks with text answers.
 
     Raises:
         ConfigError: if ``data.eval`` is not set, or ``run.device: cuda`` without a GPU.
@@ -264,12 +321,18 @@ def evaluate(
         raise ConfigError(f"{cfg.source}: data.eval: required for `omnicore eval` (a held-out JSONL)")
     model, tokenizer, processor = _load_on_device(cfg, checkpoint, export)
     with Phase(logger, "held-out loss over data.eval") as ph:
-        loss = heldout_loss_of(cfg, model, processor)  # the held-out loss, as train.eval_every computes it
-        ph.detail = f"{loss['loss']:.4f} over {loss['loss_targets']} targets"
+        loss = heldout_loss_of(cfg, model, processor, by_task=True)  # as train.eval_every computes it, and per task
+        ph.detail = f"{loss['loss']:.4f} over {loss['loss_targets']} targets, {len(loss['tasks'])} task(s)"
     samples = answer_samples(cfg, limit)
+    warnings = short_answer_warnings(cfg, processor, samples)
+    for message in warnings:
+        logger.warning(message)
     logger.info("generating the answers of %d samples, %d per forward", len(samples), cfg.generate.batch_size)
     summary, rows = score_samples(cfg, model, tokenizer, processor, samples, progress=progress)
-    summary.update(loss)
+    tasks = summary["tasks"]
+    for task, figures in loss.pop("tasks").items():
+        tasks.setdefault(task, {}).update(figures)
+    summary.update(loss, tasks=dict(sorted(tasks.items())), warnings=warnings)
     path = Path(cfg.run.output_dir) / "eval.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"summary": summary, "samples": rows}, indent=1) + "\n")

@@ -1,7 +1,8 @@
 """examples/digits/fit_tokenizer.sh fits the text BPE on every run and keeps the fitted MoVQGAN
 tokenizer only while its inputs (the fit command with MOVQ_STEPS, the training images, the fit code)
-are those it was fit from, and says why it fits again. The fits themselves are replaced by a fake
-interpreter that records its calls."""
+are those it was fit from, and says why it fits again; with the five-task config it keeps the fitted
+EnCodec codec by the same rule. The fits themselves are replaced by a fake interpreter that records
+its calls; the folders come from the real digits configs."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "digits" / "fit_tokenizer.sh"
 FIT_CODE = "plugins/omnicore-image-movqgan/omnicore_image_movqgan/fit.py"
+CODEC_CODE = "plugins/omnicore-audio-codec/omnicore_audio_codec/losses.py"
 
 FAKE_PY = """#!/usr/bin/env bash
 # stands in for `python -m omnicore_image_movqgan.fit ... --out DIR ...`: records the call, writes DIR/config.json
@@ -33,25 +35,40 @@ def repo(tmp_path: Path) -> Path:
         (images / name).write_bytes(name.encode())
     (tmp_path / FIT_CODE).parent.mkdir(parents=True)
     (tmp_path / FIT_CODE).write_text("# fit v1\n")
+    (tmp_path / CODEC_CODE).parent.mkdir(parents=True)
+    for name in ("fit", "losses", "processor"):
+        (tmp_path / CODEC_CODE).with_name(f"{name}.py").write_text(f"# {name} v1\n")
+    recordings = tmp_path / "examples/digits/raw/fsdd/recordings"
+    recordings.mkdir(parents=True)
+    for name in ("3_jackson_0", "3_jackson_5", "3_jackson_17", "3_theo_24", "3_theo_25"):  # fit inputs: takes 5-24
+        (recordings / f"{name}.wav").write_bytes(name.encode())
+    for name in ("config.yaml", "five.yaml"):
+        shutil.copy(SCRIPT.with_name(name), tmp_path / "examples/digits" / name)
     fake = tmp_path / "fake-python"
     fake.write_text(FAKE_PY)
     fake.chmod(0o755)
     return tmp_path
 
 
-def _fit(repo: Path, **env: str) -> tuple[str, int]:
-    """Run the script; returns its output and how many MoVQGAN fits it ran so far in ``repo`` (and
-    checks that every run fitted the text tokenizer once, with the digits config)."""
+def _run(repo: Path, **env: str) -> tuple[str, list[str]]:
+    """Run the script; returns its output (each line stripped) and the calls it made."""
     calls = repo / "calls.txt"
-    full = {k: v for k, v in os.environ.items() if k not in ("MOVQ_STEPS", "FORCE_MOVQ_FIT")}
+    full = {k: v for k, v in os.environ.items() if k not in ("MOVQ_STEPS", "FORCE_MOVQ_FIT", "CODEC_STEPS", "FORCE_CODEC_FIT", "CONFIG")}
     full.update(PY=str(repo / "fake-python"), CALLS=str(calls), **env)
     before = len(calls.read_text().splitlines()) if calls.exists() else 0
     r = subprocess.run(["bash", str(SCRIPT)], cwd=repo, env=full, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    lines = calls.read_text().splitlines()
-    text_fits = [c for c in lines[before:] if "fit-tokenizer" in c]
-    assert text_fits == ["-m omnicore fit-tokenizer examples/digits/config.yaml --vocab-size 400 --out examples/digits/data/tokenizer"]
-    return r.stdout.strip(), sum("omnicore_image_movqgan.fit" in c for c in lines)
+    return "\n".join(line.strip() for line in r.stdout.splitlines()), calls.read_text().splitlines()[before:]
+
+
+def _fit(repo: Path, **env: str) -> tuple[str, int]:
+    """Run the script; returns its output and how many MoVQGAN fits it ran so far in ``repo`` (and
+    checks that every run fitted the text tokenizer once, with the digits config)."""
+    out, new = _run(repo, **env)
+    assert [c for c in new if "fit-tokenizer" in c] == [
+        "-m omnicore fit-tokenizer examples/digits/config.yaml --vocab-size 400 --out examples/digits/data/tokenizer"
+    ]
+    return out, sum("omnicore_image_movqgan.fit" in c for c in (repo / "calls.txt").read_text().splitlines())
 
 
 def test_refits_exactly_when_an_input_changed(repo):
@@ -59,7 +76,7 @@ def test_refits_exactly_when_an_input_changed(repo):
     assert _fit(repo) == ("fitting the tokenizer (none yet)", 1)
     stamp = (repo / movq / "fit.stamp").read_text().splitlines()
     assert stamp[0] == "command: python -m omnicore_image_movqgan.fit --images examples/digits/data/images/0[0-8]*.png " + (
-        f"--out {movq} --steps 150"
+        f"--out {movq} --steps 100"
     )
     assert stamp[1].startswith("images: 2 files, sha256 ")
     kept = f"kept the fitted tokenizer in {movq}: same command, images and fit code as when it was fit ({movq}/fit.stamp)"
@@ -77,3 +94,37 @@ def test_refits_exactly_when_an_input_changed(repo):
         4,
     )
     assert _fit(repo, MOVQ_STEPS="300", FORCE_MOVQ_FIT="1") == ("fitting the tokenizer again (FORCE_MOVQ_FIT=1)", 5)
+
+
+def test_five_task_config_keeps_the_codec_by_its_stamp(repo):
+    """CONFIG=five.yaml: the text BPE goes to data5/tokenizer, the MoVQGAN is config.yaml's (one fit for
+    both), and the EnCodec codec in data5/codec is fit on takes 5-24 and kept while its stamp holds."""
+    codec, movq = "examples/digits/data5/codec", "examples/digits/data/movq"
+    five = {"CONFIG": "examples/digits/five.yaml"}
+    out, calls = _run(repo, **five)
+    assert calls[0] == "-m omnicore fit-tokenizer examples/digits/five.yaml --vocab-size 400 --out examples/digits/data5/tokenizer"
+    assert out.splitlines() == ["fitting the tokenizer (none yet)", "fitting the codec (none yet)"]
+    r = "examples/digits/raw/fsdd/recordings"
+    assert calls[2] == (
+        f"-m omnicore_audio_codec.fit --audio {r}/*_[5-9].wav {r}/*_1[0-9].wav {r}/*_2[0-4].wav --held-out {r}/*_[0-4].wav --out {codec} --steps 150"
+    )
+    stamp = (repo / codec / "fit.stamp").read_text().splitlines()
+    assert stamp[0] == "command: python " + calls[2] and stamp[1].startswith("recordings: 3 files, sha256 ")
+    kept = f"kept the fitted codec in {codec}: same command, recordings and fit code as when it was fit ({codec}/fit.stamp)"
+    assert _run(repo)[0] == _kept(movq)  # config.yaml shares the MoVQGAN
+    (repo / r / "3_jackson_0.wav").write_bytes(b"another held-out take")  # reported on, not fit on
+    assert _run(repo, **five) == (_kept(movq) + "\n" + kept, calls[:1])
+    (repo / CODEC_CODE).write_text("# losses v2\n")
+    out, calls = _run(repo, CODEC_STEPS="20", **five)
+    assert out.splitlines()[1] == f"fitting the codec again: its inputs changed (command, fit code; see {codec}/fit.stamp)"
+    assert calls[-1].endswith("--steps 20")
+    (repo / r / "3_theo_24.wav").write_bytes(b"a new take")
+    assert (
+        _run(repo, CODEC_STEPS="20", **five)[0].splitlines()[1]
+        == f"fitting the codec again: its inputs changed (recordings; see {codec}/fit.stamp)"
+    )
+    assert _run(repo, CODEC_STEPS="20", FORCE_CODEC_FIT="1", **five)[0].splitlines()[1] == "fitting the codec again (FORCE_CODEC_FIT=1)"
+
+
+def _kept(movq: str) -> str:
+    return f"kept the fitted tokenizer in {movq}: same command, images and fit code as when it was fit ({movq}/fit.stamp)"

@@ -256,3 +256,42 @@ def test_other_mrope_types_build_without_towers_and_keep_samples_apart(model_typ
         alone = lm(input_ids=ids[:, :18], position_ids=torch.cat([flat[None, :, :18], rope[:, :, :18]]), use_cache=False).logits[0]
         second_alone = lm(input_ids=ids[:, 18:], position_ids=torch.cat([flat[None, :, 18:], rope[:, :, 18:]]), use_cache=False).logits[0]
     torch.testing.assert_close(packed, torch.cat([alone, second_alone]), atol=1e-5, rtol=0)
+
+
+def test_sequence_hook_must_pass_rope_positions_on():
+    """The sequence-hook contract for an mRoPE foundation (``OmniModel.foundation_positions``): a hook
+    that drops ``rope_position_ids``, or cuts ``position_ids`` without them (as Ulysses' hook did
+    before it knew mRoPE), stops the forward with an error naming what to do; a hook that cuts both
+    alike along the sequence runs, and its part of the row has the whole row's logits there."""
+    from omnicore.model.foundation import HFCausalLM
+    from omnicore.model.omni import OmniModel
+
+    text = {k: v for k, v in MROPE_LM.items() if k != "model_type"}
+    lm = HFCausalLM({"config": {"model_type": "qwen2_vl", **text}}).build_model(vocab_size=300).eval()
+    model = OmniModel(lm, {}, {}, {"encoder": {}, "decoder": {}, "decoder_start": {}})
+    layout = rope_layout(lm.config)
+    ids = torch.randint(0, 300, (1, 30), generator=torch.Generator().manual_seed(0))
+    rope = torch.tensor(mrope_positions(30, [(3, (2, 2, 3))], layout)).unsqueeze(1)
+    batch = {"input_ids": ids, "labels": torch.full_like(ids, -100), "position_ids": torch.arange(30)[None], "rope_position_ids": rope}
+    with torch.no_grad():
+        whole = model(**batch, return_logits=True).logits[0]
+
+    def cut(seq, keys):
+        return {**seq, **{k: seq[k][..., :16] for k in keys}, "inputs_embeds": seq["inputs_embeds"][:, :16]}
+
+    hooks = {
+        "drops": lambda m, seq: {k: v for k, v in seq.items() if k != "rope_position_ids"},
+        "cuts position_ids only": lambda m, seq: cut(seq, ["position_ids", "labels"]),
+    }
+    for hook in hooks.values():
+        handle = model.register_sequence_hook(hook)
+        with pytest.raises(
+            ValueError,
+            match=r"rope_position_ids .* do not match position_ids \(1, (30|16)\): an mRoPE foundation needs every sequence hook",
+        ):
+            model(**batch)
+        handle.remove()
+    model.register_sequence_hook(lambda m, seq: cut(seq, ["position_ids", "labels", "rope_position_ids"]))
+    with torch.no_grad():
+        part = model(**batch, return_logits=True).logits[0]
+    torch.testing.assert_close(part, whole[:16], atol=1e-5, rtol=0)  # causal: the first 16 see only themselves

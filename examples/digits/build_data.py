@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
 """Build the "digits" example data set (JSONL + PNG) from the files shipped in ``raw/``.
 
-Three tasks about the ten digits, in the chat ``messages`` format with typed content parts:
+Five tasks about the ten digits, in the chat ``messages`` format with typed content parts; the
+first three are built by default (``config.yaml``), the last two on request (``five.yaml``):
 
 * ``image_to_text``  - a handwritten MNIST digit (PNG) -> the digit as one character
 * ``audio_to_text``  - a spoken FSDD digit (8 kHz mono WAV) -> the digit as one character
 * ``text_to_image``  - "Draw the digit 7." -> an MNIST image of that digit
+* ``text_to_speech`` - "Say the digit 7." -> an FSDD recording of that digit (``--speak``, ``--eval-speak``)
+* ``video_to_text``  - a Moving MNIST clip of 2-3 digits (``make_videos.py``) -> "3 7 1", the digits
+  left to right (``--videos``, ``--eval-videos``)
 
 Splits (see README.md):
 
 * MNIST: only the 10,000-image *test* set is shipped. Indices 0..8999 are used for training and
-  9000..9999 are held out for evaluation (a deviation from MNIST's official train/test split).
+  9000..9999 are held out for evaluation (a deviation from MNIST's official train/test split); the
+  video clips follow the same split.
 * FSDD: takes 0-4 are the official test split (eval), takes 5-24 of the official training takes
-  5-49 are shipped and used for training.
+  5-49 are shipped and used for training (both for ``audio_to_text`` and ``text_to_speech``).
 
-Only the standard library, numpy, pillow and soundfile are needed. Usage::
+Only the standard library, numpy, pillow and soundfile are needed (and PyAV for ``--videos``). Usage::
 
     python examples/digits/build_data.py [--out examples/digits/data] [--seed 0] ...
 
@@ -56,7 +61,9 @@ FSDD_TRAIN_TAKES = range(5, 25)  # subset of the official training takes 5-49 th
 PROMPT_IMAGE = "Which digit is this?"
 PROMPT_AUDIO = "Which digit is spoken?"
 PROMPT_DRAW = "Draw the digit {d}."
-TASKS = ("image_to_text", "audio_to_text", "text_to_image")
+PROMPT_SAY = "Say the digit {d}."
+TASKS = ("image_to_text", "audio_to_text", "text_to_image", "text_to_speech", "video_to_text")
+PROMPTED = ("text_to_image", "text_to_speech")  # tasks whose digit is in the prompt ("... the digit 7.")
 DIGITS = [str(d) for d in range(10)]
 PNG_NAME = re.compile(r"^[0-9]{5}\.png$")
 
@@ -206,11 +213,19 @@ def text_to_image(digit: str, img: str | None) -> dict:
     return {"task": "text_to_image", "messages": messages}
 
 
-def answer_digit(row: dict) -> str:
-    """The digit a row is about (for stats): the assistant text, or the digit in the prompt."""
-    if row["task"] == "text_to_image":
-        return row["messages"][0]["content"][0]["text"][len("Draw the digit ")]
-    return row["messages"][-1]["content"][0]["text"]
+def text_to_speech(digit: str, wav: str | None) -> dict:
+    messages = [{"role": "user", "content": [{"type": "text", "text": PROMPT_SAY.format(d=digit)}]}]
+    if wav is not None:
+        messages.append({"role": "assistant", "content": [{"type": "audio", "path": wav}]})
+    return {"task": "text_to_speech", "messages": messages}
+
+
+def answer_digits(row: dict) -> list[str]:
+    """The digits a row is about (for stats): the one in the prompt ("Draw/Say the digit 7."), or
+    those of the assistant text ("7", or "3 7 1" for a video)."""
+    if row["task"] in PROMPTED:
+        return [row["messages"][0]["content"][0]["text"][-2]]
+    return row["messages"][-1]["content"][0]["text"].split()
 
 
 def sample(rng: random.Random, pool: list, n: int, what: str) -> list:
@@ -224,8 +239,9 @@ def sample(rng: random.Random, pool: list, n: int, what: str) -> list:
 def split_stats(rows: list[dict], split: str, problems: list[str], warnings: list[str]) -> dict:
     out = {}
     for task in TASKS:
-        digits = Counter(answer_digit(r) for r in rows if r["task"] == task)
-        n = sum(digits.values())
+        mine = [r for r in rows if r["task"] == task]
+        digits = Counter(d for r in mine for d in answer_digits(r))
+        n = len(mine)
         if n == 0:
             continue
         missing = [d for d in DIGITS if d not in digits]
@@ -240,43 +256,51 @@ def split_stats(rows: list[dict], split: str, problems: list[str], warnings: lis
 # ----------------------------------------------------------------------------- main
 
 
-def build(args: argparse.Namespace) -> int:
-    t0 = time.perf_counter()
-    raw = Path(args.raw).resolve()
-    out = Path(args.out).resolve()
-    img_dir = out / "images"
-    img_dir.mkdir(parents=True, exist_ok=True)
+def stream(seed: int, tag: str) -> random.Random:
+    """One RNG stream per choice, so that changing one count does not reshuffle the others."""
+    return random.Random(f"{seed}:{tag}")
 
-    images, labels = load_mnist(raw)
-    fsdd = load_fsdd(raw)
+
+def choose(args: argparse.Namespace, fsdd: list[tuple[str, int, Path]]) -> tuple[dict[str, list], dict[str, int]]:
+    """The MNIST indices and FSDD ``(digit, path)`` pairs of every count (each from its own stream),
+    and how many FSDD recordings each split has."""
     fsdd_train = [(d, p) for d, take, p in fsdd if take in FSDD_TRAIN_TAKES]
     fsdd_test = [(d, p) for d, take, p in fsdd if take in FSDD_TEST_TAKES]
 
-    # One RNG stream per choice, so that changing one count does not reshuffle the others.
-    def rng(tag: str) -> random.Random:
-        return random.Random(f"{args.seed}:{tag}")
+    def pick(tag: str, pool: list, n: int, what: str) -> list:
+        return sample(stream(args.seed, tag), pool, n, what)
 
-    tr_img = sample(rng("train-images"), list(MNIST_TRAIN), args.train_images, "--train-images")
-    gen_img = sample(rng("gen"), list(MNIST_TRAIN), args.gen, "--gen")
-    ev_img = sample(rng("eval-images"), list(MNIST_EVAL), args.eval_images, "--eval-images")
-    tr_wav = sample(rng("train-audio"), fsdd_train, args.train_audio, "--train-audio (FSDD takes 5-24 shipped)")
-    ev_wav = sample(rng("eval-audio"), fsdd_test, args.eval_audio, "--eval-audio (FSDD takes 0-4)")
-    check_wavs([p for _, p in tr_wav + ev_wav])
+    picks = {
+        "train_images": pick("train-images", list(MNIST_TRAIN), args.train_images, "--train-images"),
+        "gen": pick("gen", list(MNIST_TRAIN), args.gen, "--gen"),
+        "eval_images": pick("eval-images", list(MNIST_EVAL), args.eval_images, "--eval-images"),
+        "train_audio": pick("train-audio", fsdd_train, args.train_audio, "--train-audio (FSDD takes 5-24 shipped)"),
+        "eval_audio": pick("eval-audio", fsdd_test, args.eval_audio, "--eval-audio (FSDD takes 0-4)"),
+        "speak": pick("train-speech", fsdd_train, args.speak, "--speak (FSDD takes 5-24 shipped)"),
+        "eval_speak": pick("eval-speech", fsdd_test, args.eval_speak, "--eval-speak (FSDD takes 0-4)"),
+    }
+    return picks, {"train": len(fsdd_train), "eval": len(fsdd_test)}
+
+
+def make_rows(picks: dict[str, list], labels: np.ndarray, out: Path) -> tuple[list[dict], list[dict]]:
+    """The train and eval rows of the MNIST and FSDD tasks, in a fixed order (shuffled later)."""
 
     def png(i: int) -> str:
         return f"images/{i:05d}.png"
 
-    train = [image_to_text(png(i), str(labels[i])) for i in tr_img]
-    train += [audio_to_text(rel(p, out), d) for d, p in tr_wav]
-    train += [text_to_image(str(labels[i]), png(i)) for i in gen_img]
-    rng("shuffle-train").shuffle(train)
-    evals = [image_to_text(png(i), str(labels[i])) for i in ev_img]
-    evals += [audio_to_text(rel(p, out), d) for d, p in ev_wav]
-    rng("shuffle-eval").shuffle(evals)
-    gen_prompts = [text_to_image(d, None) for d in DIGITS]
+    train = [image_to_text(png(i), str(labels[i])) for i in picks["train_images"]]
+    train += [audio_to_text(rel(p, out), d) for d, p in picks["train_audio"]]
+    train += [text_to_image(str(labels[i]), png(i)) for i in picks["gen"]]
+    train += [text_to_speech(d, rel(p, out)) for d, p in picks["speak"]]
+    evals = [image_to_text(png(i), str(labels[i])) for i in picks["eval_images"]]
+    evals += [audio_to_text(rel(p, out), d) for d, p in picks["eval_audio"]]
+    evals += [text_to_speech(d, rel(p, out)) for d, p in picks["eval_speak"]]
+    return train, evals
 
-    # PNGs: write the ones referenced, leave identical ones alone, remove stale ones from older runs.
-    needed = sorted(set(tr_img) | set(gen_img) | set(ev_img))
+
+def write_images(img_dir: Path, images: np.ndarray, needed: list[int]) -> tuple[int, int]:
+    """Write the PNGs of the MNIST indices ``needed``, leave identical ones alone and remove stale
+    ones from older runs. Returns ``(written, stale removed)``."""
     written = 0
     for i in needed:
         written += write_if_changed(img_dir / f"{i:05d}.png", png_bytes(images[i]))
@@ -284,17 +308,46 @@ def build(args: argparse.Namespace) -> int:
     stale = [n for n in os.listdir(img_dir) if PNG_NAME.match(n) and n not in keep]
     for n in stale:
         (img_dir / n).unlink()
+    return written, len(stale)
 
+
+def video_rows(out: Path, images: np.ndarray, labels: np.ndarray, args: argparse.Namespace) -> tuple[list, list, dict, str]:
+    """``--videos`` train and ``--eval-videos`` eval clips (``video_to_text``), made by
+    ``make_videos.py`` (its default clip options, this seed) into ``out/videos/``: train rows, eval
+    rows, the note for stats.json and a line for the report."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import make_videos  # it imports this module: see the end of the file
+
+    opts = make_videos.parse_args(["--seed", str(args.seed)])
+    rows, written, stale, size = make_videos.write_clips(out, {"train": args.videos, "eval": args.eval_videos}, images, labels, opts)
+    n = len(rows["train"]) + len(rows["eval"])
+    note = {
+        "script": "make_videos.py",
+        "frames": opts.frames,
+        "fps": opts.fps,
+        "size": opts.size,
+        "digits_per_clip": [opts.min_digits, opts.max_digits],
+        "train_indices": [MNIST_TRAIN.start, MNIST_TRAIN.stop - 1],
+        "eval_indices": [MNIST_EVAL.start, MNIST_EVAL.stop - 1],
+        "note": "answers list the digits left to right in the first frame; stats count every digit of a clip",
+    }
+    line = f"{n:5d} FFV1 .mkv clips, {size / 1e6:.1f} MB ({written} written, {n - written} unchanged, {stale} stale removed)"
+    return rows["train"], rows["eval"], note, line
+
+
+def make_stats(args: argparse.Namespace, splits: dict[str, list[dict]], n_images: int, fsdd: dict[str, int], videos: dict | None) -> dict:
+    """The content of stats.json; prints the coverage warnings (tiny sizes) to stderr.
+
+    Raises:
+        DataError: a task of a split with 50 samples or more lacks a digit.
+    """
     problems: list[str] = []
     warnings: list[str] = []
     stats = {
         "seed": args.seed,
-        "splits": {
-            "train": split_stats(train, "train", problems, warnings),
-            "eval": split_stats(evals, "eval", problems, warnings),
-            "eval_generate": split_stats(gen_prompts, "eval_generate", problems, warnings),
-        },
-        "images": len(needed),
+        "splits": {name: split_stats(rows, name, problems, warnings) for name, rows in splits.items()},
+        "images": n_images,
         "sources": {
             "mnist": {
                 "files": [MNIST_IMAGES, MNIST_LABELS],
@@ -308,27 +361,27 @@ def build(args: argparse.Namespace) -> int:
                 "folder": FSDD_DIR,
                 "train_takes": [FSDD_TRAIN_TAKES.start, FSDD_TRAIN_TAKES.stop - 1],
                 "eval_takes": [FSDD_TEST_TAKES.start, FSDD_TEST_TAKES.stop - 1],
-                "available": {"train": len(fsdd_train), "eval": len(fsdd_test)},
+                "available": fsdd,
                 "license": "CC BY-SA 4.0",
             },
         },
     }
+    if videos is not None:
+        stats["sources"]["videos"] = videos
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if problems:
         raise DataError("digit coverage check failed:\n  " + "\n  ".join(problems))
+    return stats
 
-    files = {
-        "train.jsonl": jsonl_bytes(train),
-        "eval.jsonl": jsonl_bytes(evals),
-        "eval_generate.jsonl": jsonl_bytes(gen_prompts),
-        "stats.json": (json.dumps(stats, indent=2) + "\n").encode("utf-8"),
-    }
-    changed = {name: write_if_changed(out / name, data) for name, data in files.items()}
+
+def report(out: Path, raw: Path, stats: dict, changed: dict[str, bool], media: dict[str, str], n_wav: int) -> None:
+    """Print what was written: a line per file (``[unchanged]`` when it already held the same bytes)
+    and ``media`` (folder -> line)."""
+    splits = stats["splits"]
 
     def counts(split: str) -> str:
-        t = stats["splits"][split]["tasks"]
-        return ", ".join(f"{k} {v['count']}" for k, v in t.items())
+        return ", ".join(f"{k} {v['count']}" for k, v in splits[split]["tasks"].items())
 
     shown = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else str(out)
 
@@ -337,14 +390,48 @@ def build(args: argparse.Namespace) -> int:
         print(f"  {name:<20} {text}{flag}")
 
     print(f"wrote {shown}/")
-    line("train.jsonl", f"{len(train):5d} lines ({counts('train')})")
-    line("eval.jsonl", f"{len(evals):5d} lines ({counts('eval')})")
-    line("eval_generate.jsonl", f"{len(gen_prompts):5d} lines (text_to_image prompts, one per digit)")
+    line("train.jsonl", f"{splits['train']['count']:5d} lines ({counts('train')})")
+    line("eval.jsonl", f"{splits['eval']['count']:5d} lines ({counts('eval')})")
+    line("eval_generate.jsonl", f"{splits['eval_generate']['count']:5d} lines (text_to_image prompts, one per digit)")
     line("stats.json", "counts and digit distribution per split and task")
-    kept = len(needed) - written
-    line("images/", f"{len(needed):5d} PNGs ({written} written, {kept} unchanged, {len(stale)} stale removed)")
-    n_wav = len(tr_wav) + len(ev_wav)
+    for name, text in media.items():
+        line(name, text)
     print(f"  audio: {n_wav} WAVs used in place from {rel(raw / FSDD_DIR, out)}/ (paths relative to {shown}/)")
+
+
+def build(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    raw = Path(args.raw).resolve()
+    out = Path(args.out).resolve()
+    img_dir = out / "images"
+    img_dir.mkdir(parents=True, exist_ok=True)
+
+    images, labels = load_mnist(raw)
+    picks, fsdd = choose(args, load_fsdd(raw))
+    wavs = list(dict.fromkeys(p for key in ("train_audio", "eval_audio", "speak", "eval_speak") for _, p in picks[key]))
+    check_wavs(wavs)
+    train, evals = make_rows(picks, labels, out)
+    media, videos = {}, None
+    if args.videos or args.eval_videos:
+        v_train, v_eval, videos, media["videos/"] = video_rows(out, images, labels, args)
+        train, evals = train + v_train, evals + v_eval
+    stream(args.seed, "shuffle-train").shuffle(train)
+    stream(args.seed, "shuffle-eval").shuffle(evals)
+    gen_prompts = [text_to_image(d, None) for d in DIGITS]
+
+    needed = sorted(set(picks["train_images"]) | set(picks["gen"]) | set(picks["eval_images"]))
+    written, stale = write_images(img_dir, images, needed)
+    media = {"images/": f"{len(needed):5d} PNGs ({written} written, {len(needed) - written} unchanged, {stale} stale removed)", **media}
+    stats = make_stats(args, {"train": train, "eval": evals, "eval_generate": gen_prompts}, len(needed), fsdd, videos)
+
+    files = {
+        "train.jsonl": jsonl_bytes(train),
+        "eval.jsonl": jsonl_bytes(evals),
+        "eval_generate.jsonl": jsonl_bytes(gen_prompts),
+        "stats.json": (json.dumps(stats, indent=2) + "\n").encode("utf-8"),
+    }
+    changed = {name: write_if_changed(out / name, data) for name, data in files.items()}
+    report(out, raw, stats, changed, media, len(wavs))
     print(f"done in {time.perf_counter() - t0:.2f} s")
     return 0
 
@@ -359,6 +446,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--gen", type=int, default=3000, help="text_to_image train samples (MNIST indices 0-8999)")
     add("--eval-images", type=int, default=500, help="image_to_text eval samples (MNIST indices 9000-9999)")
     add("--eval-audio", type=int, default=300, help="audio_to_text eval samples (FSDD takes 0-4, 300 shipped)")
+    add("--speak", type=int, default=0, help="text_to_speech train samples (FSDD takes 5-24, 1200 shipped)")
+    add("--eval-speak", type=int, default=0, help="text_to_speech eval samples (FSDD takes 0-4, 300 shipped)")
+    add("--videos", type=int, default=0, help="video_to_text train clips (make_videos.py; MNIST indices 0-8999)")
+    add("--eval-videos", type=int, default=0, help="video_to_text eval clips (make_videos.py; MNIST indices 9000-9999)")
     add("--seed", type=int, default=0, help="seed for sampling and shuffling")
     return p.parse_args(argv)
 
@@ -373,4 +464,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # make_videos.py imports this module as ``build_data``: let it find this one (one DataError class)
+    sys.modules.setdefault("build_data", sys.modules[__name__])
     sys.exit(main())

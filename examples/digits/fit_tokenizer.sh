@@ -1,47 +1,86 @@
 #!/usr/bin/env bash
-# The digits tokenizers, run from the repository root by run.sh and stages.sh:
+# The digits tokenizers of a config (CONFIG, default examples/digits/config.yaml), run from the
+# repository root by run.sh and stages.sh; every folder comes from the config (relative to it):
 # - text: a byte-level BPE fitted on the training text (`omnicore fit-tokenizer`, a few seconds), written to
-#   examples/digits/data/tokenizer every time (deterministic: the same data gives the same tokenizer);
-# - image: a tiny MoVQGAN fit on the training digits (MNIST indices 0-8999), fit again whenever what
-#   it was fit from changed (below).
+#   the foundation's `tokenizer:` folder (examples/digits/data/tokenizer) every time (deterministic: the
+#   same data gives the same tokenizer);
+# - image: a tiny MoVQGAN fit on the training digits (MNIST indices 0-8999, the PNGs in the `images/`
+#   folder next to the `movqgan` decoder's checkpoint), fit again whenever what it was fit from changed;
+# - speech (a config with an `encodec` decoder, five.yaml): a tiny EnCodec fit on FSDD takes 5-24 (reported
+#   on the held-out takes 0-4) into that decoder's checkpoint folder, kept the same way.
+#   CONFIG=examples/digits/five.yaml bash examples/digits/fit_tokenizer.sh
 #
-# examples/digits/data/movq/fit.stamp records the fit's inputs: the command line (MOVQ_STEPS
-# included), the training images (count and a hash of their bytes) and a hash of the fit code. The
-# tokenizer is kept only when it exists and its stamp equals the inputs now; otherwise it is fit
-# again, and this says why. FORCE_MOVQ_FIT=1 refits in any case.
+# DIR/fit.stamp records a fit's inputs: the command line (MOVQ_STEPS / CODEC_STEPS included), the
+# training files (count and a hash of their bytes) and a hash of the fit code. A fitted tokenizer is
+# kept only when it exists and its stamp equals the inputs now; otherwise it is fit again, and this
+# says why. FORCE_MOVQ_FIT=1 (FORCE_CODEC_FIT=1) refits in any case.
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
-MOVQ=examples/digits/data/movq
-IMAGES=examples/digits/data/images
-FIT_CODE=plugins/omnicore-image-movqgan/omnicore_image_movqgan/fit.py
-FIT=("$PY" -m omnicore_image_movqgan.fit --images "$IMAGES/0[0-8]*.png" --out "$MOVQ" --steps "${MOVQ_STEPS:-150}")
+CONFIG=${CONFIG:-examples/digits/config.yaml}
+HERE=$(dirname "$CONFIG")
 
-inputs() {
-  local files
-  files=$(find "$IMAGES" -maxdepth 1 -name '0[0-8]*.png' | LC_ALL=C sort)
-  echo "command: python ${FIT[*]:1}"
-  echo "images: $(printf '%s\n' "$files" | grep -c . || true) files, sha256 $(printf '%s\n' "$files" | tr '\n' '\0' | xargs -0 cat | sha256sum | cut -c1-16)"
-  echo "fit code: sha256 $(sha256sum "$FIT_CODE" | cut -c1-16)"
+# the folder a config names, from the repository root: `tokenizer`, or the checkpoint of decoder NAME
+tokenizer_dir() { sed -n 's/^ *tokenizer: *\([^ #]*\).*/\1/p' "$CONFIG" | head -1; }
+checkpoint_of() { sed -n "/name: $1\$/,/checkpoint:/ s/^ *checkpoint: *\([^ #]*\).*/\1/p" "$CONFIG" | head -1; }
+if [ ! -f "$CONFIG" ]; then echo "fit_tokenizer.sh: config $CONFIG not found (CONFIG is relative to the repository root)" >&2; exit 2; fi
+TEXT=$(tokenizer_dir)
+MOVQ=$(checkpoint_of movqgan)
+CODEC=$(checkpoint_of encodec)
+if [ -z "$TEXT" ] || [ -z "$MOVQ" ]; then
+  echo "fit_tokenizer.sh: $CONFIG must name the foundation's tokenizer: and a movqgan decoder's checkpoint: folder" >&2
+  exit 2
+fi
+if grep -q 'name: encodec *$' "$CONFIG" && [ -z "$CODEC" ]; then
+  echo "fit_tokenizer.sh: $CONFIG has an encodec decoder without a checkpoint: folder to fit into" >&2
+  exit 2
+fi
+
+# fit_unless_kept WHAT KIND DIR FORCE FILES CODE -- FIT COMMAND...: run the fit command (it writes DIR)
+# unless DIR/fit.stamp equals its inputs now: the command, FILES (newline-separated paths, counted as
+# KIND) and the CODE files; FORCE names the variable that refits in any case.
+fit_unless_kept() {
+  local what=$1 kind=$2 dir=$3 force=$4 files=$5 code=$6 want changed
+  shift 7
+  want=$(
+    echo "command: python ${*:2}"
+    echo "$kind: $(printf '%s\n' "$files" | grep -c . || true) files, sha256 $(printf '%s\n' "$files" | tr '\n' '\0' | xargs -0 cat | sha256sum | cut -c1-16)"
+    # shellcheck disable=SC2086 # CODE is a list of paths without spaces
+    echo "fit code: sha256 $(cat $code | sha256sum | cut -c1-16)"
+  )
+  if [ "${!force:-0}" != 1 ] && [ -f "$dir/config.json" ] && [ -f "$dir/fit.stamp" ] && [ "$(cat "$dir/fit.stamp")" = "$want" ]; then
+    echo "   kept the fitted $what in $dir: same command, $kind and fit code as when it was fit ($dir/fit.stamp)"
+    return 0
+  fi
+  if [ "${!force:-0}" = 1 ]; then
+    echo "   fitting the $what again ($force=1)"
+  elif [ -f "$dir/fit.stamp" ] && [ -f "$dir/config.json" ]; then
+    changed=$({ diff "$dir/fit.stamp" <(echo "$want") || true; } | sed -n 's/^> \([a-z ]*\):.*/\1/p' | paste -sd, - | sed 's/,/, /g')
+    echo "   fitting the $what again: its inputs changed ($changed; see $dir/fit.stamp)"
+  elif [ -e "$dir" ]; then
+    echo "   fitting the $what again: $dir holds no record of what it was fit from (or no config.json)"
+  else
+    echo "   fitting the $what (none yet)"
+  fi
+  rm -rf "$dir"
+  "$@"
+  echo "$want" > "$dir/fit.stamp"
 }
 
-"$PY" -m omnicore fit-tokenizer examples/digits/config.yaml --vocab-size "${TEXT_VOCAB:-400}" --out examples/digits/data/tokenizer \
-  | sed 's/^/   /'
+"$PY" -m omnicore fit-tokenizer "$CONFIG" --vocab-size "${TEXT_VOCAB:-400}" --out "$HERE/$TEXT" | sed 's/^/   /'
 
-want=$(inputs)
-if [ "${FORCE_MOVQ_FIT:-0}" != 1 ] && [ -f "$MOVQ/config.json" ] && [ -f "$MOVQ/fit.stamp" ] && [ "$(cat "$MOVQ/fit.stamp")" = "$want" ]; then
-  echo "   kept the fitted tokenizer in $MOVQ: same command, images and fit code as when it was fit ($MOVQ/fit.stamp)"
-  exit 0
+MOVQ=$HERE/$MOVQ
+IMAGES=$(dirname "$MOVQ")/images
+fit_unless_kept tokenizer images "$MOVQ" FORCE_MOVQ_FIT \
+  "$(find "$IMAGES" -maxdepth 1 -name '0[0-8]*.png' | LC_ALL=C sort)" \
+  plugins/omnicore-image-movqgan/omnicore_image_movqgan/fit.py \
+  -- "$PY" -m omnicore_image_movqgan.fit --images "$IMAGES/0[0-8]*.png" --out "$MOVQ" --steps "${MOVQ_STEPS:-100}"
+
+if [ -n "$CODEC" ]; then
+  CODEC=$HERE/$CODEC
+  R=$HERE/raw/fsdd/recordings
+  fit_unless_kept codec recordings "$CODEC" FORCE_CODEC_FIT \
+    "$(find "$R" -maxdepth 1 \( -name '*_[5-9].wav' -o -name '*_1[0-9].wav' -o -name '*_2[0-4].wav' \) | LC_ALL=C sort)" \
+    "$(printf 'plugins/omnicore-audio-codec/omnicore_audio_codec/%s.py ' fit losses processor)" \
+    -- "$PY" -m omnicore_audio_codec.fit --audio "$R/*_[5-9].wav" "$R/*_1[0-9].wav" "$R/*_2[0-4].wav" \
+    --held-out "$R/*_[0-4].wav" --out "$CODEC" --steps "${CODEC_STEPS:-150}"
 fi
-if [ "${FORCE_MOVQ_FIT:-0}" = 1 ]; then
-  echo "   fitting the tokenizer again (FORCE_MOVQ_FIT=1)"
-elif [ -f "$MOVQ/fit.stamp" ] && [ -f "$MOVQ/config.json" ]; then
-  changed=$({ diff "$MOVQ/fit.stamp" <(echo "$want") || true; } | sed -n 's/^> \([a-z ]*\):.*/\1/p' | paste -sd, - | sed 's/,/, /g')
-  echo "   fitting the tokenizer again: its inputs changed ($changed; see $MOVQ/fit.stamp)"
-elif [ -e "$MOVQ" ]; then
-  echo "   fitting the tokenizer again: $MOVQ holds no record of what it was fit from (or no config.json)"
-else
-  echo "   fitting the tokenizer (none yet)"
-fi
-rm -rf "$MOVQ"
-"${FIT[@]}"
-echo "$want" > "$MOVQ/fit.stamp"

@@ -130,29 +130,44 @@ def make_split(
     return rows, files
 
 
-def build(args: argparse.Namespace) -> int:
-    t0 = time.perf_counter()
+def write_clips(
+    out: Path, counts: dict[str, int], images: np.ndarray, labels: np.ndarray, args: argparse.Namespace
+) -> tuple[dict[str, list[dict]], int, int, int]:
+    """Make ``counts["train"]`` and ``counts["eval"]`` clips (MNIST indices 0-8999 and 9000-9999) into
+    ``out/videos/``: files already holding the same bytes are left alone and clips of older runs that
+    are no longer made are removed. Also used by ``build_data.py --videos``.
+
+    Returns ``(rows per split, files written, stale files removed, total bytes of the clips)``.
+
+    Raises:
+        DataError: bad clip options (digit counts, frames, rate, canvas size).
+    """
     if not 1 <= args.min_digits <= args.max_digits:
         raise DataError(f"need 1 <= --min-digits <= --max-digits, got {args.min_digits} and {args.max_digits}")
     if args.frames < 1 or args.fps < 1 or args.size < DIGIT:
         raise DataError(f"need --frames >= 1, --fps >= 1 and --size >= {DIGIT}")
-    out = Path(args.out).resolve()
     folder = out / "videos"
     folder.mkdir(parents=True, exist_ok=True)
-    images, labels = load_mnist(Path(args.raw).resolve())
-    written, files, counts = 0, {}, {}
-    for split, n, pool in (("train", args.train, MNIST_TRAIN), ("eval", args.eval, MNIST_EVAL)):
-        rows, clips = make_split(split, n, pool, images, labels, args)
+    rows, files = {}, {}
+    for split, pool in (("train", MNIST_TRAIN), ("eval", MNIST_EVAL)):
+        rows[split], clips = make_split(split, counts[split], pool, images, labels, args)
         files.update(clips)
-        written += write_if_changed(out / f"videos_{split}.jsonl", jsonl_bytes(rows))
-        counts[split] = len(rows)
-    written += sum(write_if_changed(folder / name, data) for name, data in files.items())
+    written = sum(write_if_changed(folder / name, data) for name, data in files.items())
     stale = [name for name in os.listdir(folder) if VIDEO_NAME.match(name) and name not in files]
     for name in stale:
         (folder / name).unlink()
-    size = sum(len(d) for d in files.values())
-    print(f"wrote {out}/videos_train.jsonl ({counts['train']} clips), videos_eval.jsonl ({counts['eval']} clips)")
-    print(f"  videos/: {len(files)} FFV1 .mkv files, {size / 1e6:.1f} MB ({written} files written, {len(stale)} stale removed)")
+    return rows, written, len(stale), sum(len(d) for d in files.values())
+
+
+def build(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    out = Path(args.out).resolve()
+    images, labels = load_mnist(Path(args.raw).resolve())
+    rows, written, stale, size = write_clips(out, {"train": args.train, "eval": args.eval}, images, labels, args)
+    written += sum(write_if_changed(out / f"videos_{split}.jsonl", jsonl_bytes(r)) for split, r in rows.items())
+    n = len(rows["train"]) + len(rows["eval"])
+    print(f"wrote {out}/videos_train.jsonl ({len(rows['train'])} clips), videos_eval.jsonl ({len(rows['eval'])} clips)")
+    print(f"  videos/: {n} FFV1 .mkv files, {size / 1e6:.1f} MB ({written} files written, {stale} stale removed)")
     print(f"done in {time.perf_counter() - t0:.2f} s")
     return 0
 

@@ -4,12 +4,17 @@
 # judge its drawings with a classifier trained apart (judge_drawn.py). Extra arguments are passed to
 # `omnicore train` (e.g. --train.max_steps 50). Each stage's wall time is printed, and all of them at the end.
 # Two processes instead of one: NPROC=2 bash examples/digits/run.sh
+# The five-task model of five.yaml (adds "Say the digit 7." -> speech and video -> "3 7 1"; data in
+# examples/digits/data5, run in runs/digits5): TASKS=5 bash examples/digits/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/setup.sh
 PY=.venv/bin/python
-CFG=examples/digits/config.yaml
-OUT=${OUT:-runs/digits}
+case "${TASKS:-3}" in
+  3) CFG=examples/digits/config.yaml; OUT=${OUT:-runs/digits} ;;
+  5) CFG=examples/digits/five.yaml; OUT=${OUT:-runs/digits5} ;;
+  *) echo "run.sh: TASKS must be 3 (config.yaml) or 5 (five.yaml), got '$TASKS'" >&2; exit 2 ;;
+esac
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 start=$(date +%s)
 times=()
@@ -17,11 +22,15 @@ stage_done() { local now; now=$(date +%s); times+=("$1 $(( now - ${stage_start:-
 
 echo "== 1/6 data: JSONL + PNG from examples/digits/raw"
 $PY examples/digits/build_data.py
+if [ "${TASKS:-3}" = 5 ]; then  # data/ (above) still holds the images the MoVQGAN is fit on, shared by both configs
+  $PY examples/digits/build_data.py --out examples/digits/data5 --speak 1200 --eval-speak 100 --videos 2000 --eval-videos 200
+fi
 stage_done data
 
 echo "== 2/6 tokenizers: text (a byte-level BPE on the training text), image (a tiny MoVQGAN on MNIST indices 0-8999)"
-# the MoVQGAN is fit again only when its inputs changed (command and MOVQ_STEPS, training images, fit code): see fit_tokenizer.sh
-PY=$PY bash examples/digits/fit_tokenizer.sh
+# the MoVQGAN is fit again only when its inputs changed (command and MOVQ_STEPS, training images, fit code): see fit_tokenizer.sh;
+# with TASKS=5 also the speech codec (a tiny EnCodec on FSDD takes 5-24, CODEC_STEPS), by the same rule
+CONFIG=$CFG PY=$PY bash examples/digits/fit_tokenizer.sh
 stage_done tokenizer
 
 echo "== 3/6 train"
@@ -37,14 +46,22 @@ echo "== 4/6 held-out accuracy (MNIST indices 9000-9999, FSDD takes 0-4)"
 .venv/bin/omnicore eval $CFG --run.output_dir "$OUT" --export "$OUT/export"
 stage_done eval
 
-echo "== 5/6 generate: 'Draw the digit 7.'"
-.venv/bin/omnicore generate $CFG --run.output_dir "$OUT" --export "$OUT/export" --prompt "Draw the digit 7." --out "$OUT/generated" --force
+PROMPTS=(--prompt "Draw the digit 7.") said=""
+if [ "${TASKS:-3}" = 5 ]; then PROMPTS+=(--prompt "Say the digit 7.") said=" and 'Say the digit 7.' (a WAV)"; fi
+echo "== 5/6 generate: 'Draw the digit 7.'$said"
+.venv/bin/omnicore generate $CFG --run.output_dir "$OUT" --export "$OUT/export" "${PROMPTS[@]}" --out "$OUT/generated" --force
 stage_done generate
 
 echo "== 6/6 drawn digits: 10 samples per digit (temperature 0.5), judged by a classifier trained apart on MNIST 0-8999"
 if [ ! -f examples/digits/data/judge/model.safetensors ]; then $PY examples/digits/judge_drawn.py fit; fi
 $PY examples/digits/judge_drawn.py score --config $CFG --export "$OUT/export" --temperature "${JUDGE_TEMPERATURE:-0.5}"
 stage_done judge
+if [ "${TASKS:-3}" = 5 ] && [ -f examples/digits/judge_spoken.py ]; then
+  echo "== 6/6 spoken digits: 10 samples per digit (temperature ${SPEAK_TEMPERATURE:-0.5}), judged by a classifier trained apart on FSDD takes 5-24 and by the model's own ears"
+  if [ ! -f examples/digits/data5/judge_spoken/model.safetensors ]; then $PY examples/digits/judge_spoken.py fit; fi
+  $PY examples/digits/judge_spoken.py score --config $CFG --export "$OUT/export" --temperature "${SPEAK_TEMPERATURE:-0.5}"
+  stage_done judge_spoken
+fi
 
 summary=$(printf '%s, ' "${times[@]}")
 echo "finished in $(( $(date +%s) - start )) s (${summary%, }); checkpoints in $OUT/checkpoints, export in $OUT/export"

@@ -14,6 +14,14 @@ fit: a row is closed when the next sample does not fit). Attention never crosses
 packed row, so the loss does not depend on how samples are packed or sharded, up to the order of
 floating-point sums. The file is read line by line and at most one row is held per rank.
 
+Per task (``by_task``, what ``omnicore eval`` asks for): a sample's task is its ``task`` key
+(``default`` without one). Each data group then packs every task's samples into rows of their own
+(one open row per task, next fit within the task), so each forward's loss sums belong to one task
+and ``val_loss/task/<task>`` (that task's loss sum over its target count: the same normalisation,
+per target, text tokens and decoder codes alike) comes from the same single pass. Only the packing
+changes, so the overall figures are those of file-order packing up to the order of floating-point
+sums; a data group runs at most (number of tasks - 1) more forwards.
+
 Collectives: every rank runs one forward per round, so FSDP2's all-gathers and Ulysses' all-to-alls
 line up; a rank whose shard has run out runs a filler row (its last row, or the first sample of the
 file) whose loss is dropped. One all-reduce per round says whether any rank still has a row (and
@@ -37,7 +45,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +75,11 @@ def _samples(path: Path, on_error: str, skipped: list[str]) -> Iterator[Any]:
                 skipped.append(str(exc))
 
 
+def task_of(sample: Any) -> str:
+    """The task of a :class:`~omnicore.data.jsonl.Sample`: its ``task`` key, else ``default``."""
+    return str(sample.meta.get("task", "default"))
+
+
 def eval_rows(
     path: Path,
     processor: ChatProcessor,
@@ -76,6 +90,7 @@ def eval_rows(
     max_samples: int | None = None,
     on_error: str = "raise",
     skipped: list[str] | None = None,
+    by_task: bool = False,
 ) -> Iterator[list[Encoded]]:
     """This data group's packed rows of the held-out set, in file order (see the module docstring).
 
@@ -86,19 +101,40 @@ def eval_rows(
             ``j % num_shards``.
         max_samples: only the first N samples of the file (``train.eval_max_samples``).
         on_error: ``raise`` or ``skip`` (``data.on_error``); skipped samples' messages go to ``skipped``.
+        by_task: pack each task's samples into rows of their own (:func:`task_of`); a row is
+            yielded when full, the last row of each task at the end (in order of the tasks' first
+            samples). Samples keep file order within a task.
 
     Raises:
         SampleError: the file is missing; or (``on_error: raise``) a bad line, a sample that cannot
             be encoded, or one longer than ``max_tokens`` (``FILE:LINE: ...``).
     """
-    skipped = [] if skipped is None else skipped
+    items = _encoded(path, processor, max_tokens, shard, num_shards, max_samples, on_error, [] if skipped is None else skipped, {})
+    for _, row in _pack(items, max_tokens, by_task):
+        yield row
+
+
+def _encoded(
+    path: Path,
+    processor: ChatProcessor,
+    max_tokens: int,
+    shard: int,
+    num_shards: int,
+    max_samples: int | None,
+    on_error: str,
+    skipped: list[str],
+    tasks: dict[str, None],
+) -> Iterator[tuple[str, Encoded]]:
+    """``(task, encoded sample)`` for this group's samples (:func:`eval_rows`' arguments); the task
+    of every sample read, whichever group it belongs to, is added to ``tasks`` (so every rank ends
+    with the same tasks)."""
     # every group reads every line: a bad line is reported by group 0 only, a bad sample by its own group
     bad_lines = skipped if shard == 0 else []
-    row: list[Encoded] = []
-    used = 0
     for j, sample in enumerate(_samples(path, on_error, bad_lines)):
         if max_samples is not None and j >= max_samples:
             break
+        task = task_of(sample)
+        tasks.setdefault(task, None)
         if j % num_shards != shard:
             continue
         try:
@@ -110,13 +146,24 @@ def eval_rows(
                 raise
             skipped.append(str(exc))
             continue
+        yield task, enc
+
+
+def _pack(items: Iterable[tuple[str, Encoded]], max_tokens: int, by_task: bool) -> Iterator[tuple[str | None, list[Encoded]]]:
+    """Next-fit packing of ``items`` into rows of at most ``max_tokens`` tokens: ``(task, row)``
+    with one open row per task when ``by_task``, else ``(None, row)`` with one open row."""
+    open_rows: dict[str | None, tuple[list[Encoded], int]] = {}  # insertion order: the tasks' first samples
+    for task, enc in items:
+        key = task if by_task else None
+        row, used = open_rows.get(key, ([], 0))
         if row and used + len(enc) > max_tokens:
-            yield row
+            yield key, row
             row, used = [], 0
         row.append(enc)
-        used += len(enc)
-    if row:
-        yield row
+        open_rows[key] = (row, used + len(enc))
+    for key, (row, _) in open_rows.items():
+        if row:
+            yield key, row
 
 
 def _first_sample(path: Path, processor: ChatProcessor) -> list[Encoded]:
@@ -127,7 +174,11 @@ def _first_sample(path: Path, processor: ChatProcessor) -> list[Encoded]:
     raise SampleError(f"{path}: no usable held-out sample")
 
 
-def _next_row(rows: Iterator[list[Encoded]], state: ParallelState) -> tuple[bool, list[Encoded] | None]:
+Row = tuple[str | None, list[Encoded]]
+"""A packed row and its task (None when rows are not packed by task)."""
+
+
+def _next_row(rows: Iterator[Row], state: ParallelState) -> tuple[bool, Row | None]:
     """``(any rank has a row left, this rank's next row or None when its shard is done)``, from one
     all-reduce, so that every rank leaves the loop at the same round.
 
@@ -147,6 +198,35 @@ def _next_row(rows: Iterator[list[Encoded]], state: ParallelState) -> tuple[bool
     return bool(has), row
 
 
+@dataclass
+class _Tally:
+    """One rank's running loss sums and target counts: per part (``text``, ``decoder.<m>``) and,
+    for rows packed by task, per task (with its sample count)."""
+
+    parts: list[str]
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)
+    tasks: dict[str, list[float]] = field(default_factory=dict)  # task -> [loss sum, targets, samples]
+    samples: int = 0
+
+    def add(self, out: Any, task: str | None, n_samples: int) -> None:
+        """Add one counted forward's output (a :class:`~omnicore.model.omni.ModelOutput`) of a row
+        of ``n_samples`` samples."""
+        dec = out.decoder_targets or {}
+        text = float(out.text_loss_sum)
+        self.sums["text"] = self.sums.get("text", 0.0) + text
+        self.counts["text"] = self.counts.get("text", 0.0) + out.n_targets - sum(dec.values())
+        total = text
+        for m, v in out.decoder_loss_sums.items():
+            self.sums[f"decoder.{m}"] = self.sums.get(f"decoder.{m}", 0.0) + float(v)
+            self.counts[f"decoder.{m}"] = self.counts.get(f"decoder.{m}", 0.0) + dec[m]
+            total += float(v)
+        self.samples += n_samples
+        if task is not None:
+            t = self.tasks.setdefault(task, [0.0, 0.0, 0.0])
+            t[0], t[1], t[2] = t[0] + total, t[1] + out.n_targets, t[2] + n_samples
+
+
 def heldout_loss(
     model: torch.nn.Module,
     processor: ChatProcessor,
@@ -160,6 +240,7 @@ def heldout_loss(
     on_error: str = "raise",
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
     device: torch.device | None = None,
+    by_task: bool = False,
 ) -> dict[str, Any]:
     """The held-out loss of ``model`` on ``path`` (module docstring), the same on every rank.
 
@@ -171,10 +252,13 @@ def heldout_loss(
         autocast: the forward's autocast context factory (training's, for bf16 mixed precision).
         device: where the inputs go (the run's device; None: that of the model's first parameter,
             which is wrong for parameters offloaded to the CPU).
+        by_task: also the loss of each task (rows packed per task, module docstring).
 
     Returns:
         ``{"val_loss", "val_loss/text", "val_loss/decoder.<m>"..., "val_targets", "val_samples",
-        "val_skipped"}``; ``val_loss`` is NaN when the set has no target.
+        "val_skipped"}``; ``val_loss`` is NaN when the set has no target. With ``by_task``, per
+        task of the samples read (sorted): ``"val_loss/task/<task>"`` (left out when the task has
+        no target), ``"val_targets/task/<task>"``, ``"val_samples/task/<task>"``.
 
     Raises:
         SampleError: as :func:`eval_rows`, on every rank together.
@@ -182,68 +266,58 @@ def heldout_loss(
     state = state or ParallelState(0, 1, 0, torch.device("cpu"))
     path = Path(path)
     skipped: list[str] = []
-    rows = eval_rows(path, processor, max_tokens, shard=data_rank, num_shards=data_size,
-                     max_samples=max_samples, on_error=on_error, skipped=skipped)  # fmt: skip
-    parts = sorted({"text", *(f"decoder.{m}" for m in processor.decoders)})
-    sums, counts = dict.fromkeys(parts, 0.0), dict.fromkeys(parts, 0.0)
+    tasks: dict[str, None] = {}
+    items = _encoded(path, processor, max_tokens, data_rank, data_size, max_samples, on_error, skipped, tasks)
+    tally = _Tally(sorted({"text", *(f"decoder.{m}" for m in processor.decoders)}))
     modes = [(m, m.training) for m in model.modules()]  # restored exactly: frozen parts may stay in eval mode
     model.eval()
     try:
         with torch.no_grad():
-            samples = _forward_rows(
-                model, processor, rows, path, state, device or next(model.parameters()).device, autocast, (sums, counts)
-            )
+            rows = _pack(items, max_tokens, by_task)
+            _forward_rows(model, processor, rows, path, state, device or next(model.parameters()).device, autocast, tally)
     finally:
         for m, training in modes:
             m.training = training
-    return _totals(state, parts, sums, counts, samples, len(skipped), data_size)
+    return _totals(state, tally, sorted(tasks) if by_task else [], len(skipped), data_size)
 
 
 def _forward_rows(
     model: torch.nn.Module,
     processor: ChatProcessor,
-    rows: Iterator[list[Encoded]],
+    rows: Iterator[Row],
     path: Path,
     state: ParallelState,
     device: torch.device,
     autocast: Callable[[], contextlib.AbstractContextManager[Any]],
-    totals: tuple[dict[str, float], dict[str, float]],
-) -> int:
+    tally: _Tally,
+) -> None:
     """One forward per round on every rank (a filler row where this rank's shard is done), adding
-    the counted rows' loss sums and target counts into ``totals``; returns the samples counted."""
-    samples, filler = 0, None
+    the counted rows' loss sums, target counts and samples into ``tally``."""
+    filler = None
     while True:
-        more, row = _next_row(rows, state)
+        more, item = _next_row(rows, state)
         if not more:
-            return samples
-        counted = row is not None
-        if row is None:  # keep the collectives in step with the ranks that still have rows
-            row = filler or _first_sample(path, processor)
-        filler = row
+            return
+        counted = item is not None
+        if item is None:  # keep the collectives in step with the ranks that still have rows
+            item = filler or (None, _first_sample(path, processor))
+        filler = item
+        task, row = item
         mb = collate(row, processor.encoders, processor.decoders)
         with autocast():
             out = model(**to_device(vars(mb), device))
         if counted:
-            samples += len(row)
-            _add(*totals, out)
+            tally.add(out, task, len(row))
 
 
-def _add(sums: dict[str, float], counts: dict[str, float], out: Any) -> None:
-    """Add one forward's loss sums and target counts, per part, to the running totals."""
-    dec = out.decoder_targets or {}
-    sums["text"] += float(out.text_loss_sum)
-    counts["text"] += out.n_targets - sum(dec.values())
-    for m, v in out.decoder_loss_sums.items():
-        sums[f"decoder.{m}"] += float(v)
-        counts[f"decoder.{m}"] += dec[m]
-
-
-def _totals(
-    state: ParallelState, parts: list[str], sums: dict[str, float], counts: dict[str, float], samples: int, skipped: int, data_size: int
-) -> dict[str, Any]:
-    """All-reduce the per-part sums and counts (and the sample counts) into the result row."""
+def _totals(state: ParallelState, tally: _Tally, tasks: list[str], skipped: int, data_size: int) -> dict[str, Any]:
+    """All-reduce the per-part and per-task sums and counts (and the sample counts) into the result
+    row; ``tasks`` (the same list on every rank) are those to report."""
     replicas = state.world_size // max(data_size, 1)  # ranks that read the same rows count their samples alike
-    total = state.all_reduce_sums([sums[k] for k in parts] + [counts[k] for k in parts] + [samples, skipped])
+    parts = tally.parts
+    per_task = [x for t in tasks for x in tally.tasks.get(t, [0.0, 0.0, 0.0])]
+    local = [tally.sums.get(k, 0.0) for k in parts] + [tally.counts.get(k, 0.0) for k in parts]
+    total = state.all_reduce_sums(local + [tally.samples, skipped] + per_task)
     n = len(parts)
     part_sums, part_counts = dict(zip(parts, total[:n])), dict(zip(parts, total[n : 2 * n]))
     n_all = sum(part_counts.values())
@@ -251,6 +325,12 @@ def _totals(
     out.update({f"val_loss/{k}": part_sums[k] / part_counts[k] for k in parts if part_counts[k]})
     out.update(val_targets=int(round(n_all)), val_samples=int(round(total[2 * n] / replicas)))
     out["val_skipped"] = int(round(total[2 * n + 1] / replicas))
+    for i, t in enumerate(tasks):
+        loss_sum, targets, samples = total[2 * n + 2 + 3 * i : 2 * n + 5 + 3 * i]
+        if targets:
+            out[f"val_loss/task/{t}"] = loss_sum / targets
+        out[f"val_targets/task/{t}"] = int(round(targets))
+        out[f"val_samples/task/{t}"] = int(round(samples / replicas))
     return out
 
 

@@ -11,6 +11,12 @@ foundation's own attention kernel when that is a *varlen* one (``sdpa_varlen``, 
 marked by :func:`omnicore.kernels.varlen.mark_varlen`), called with the global position_ids as its
 ``position_ids`` and no mask; otherwise sdpa with a dense packed causal mask built from them.
 
+With an mRoPE foundation (Qwen2-VL and kin: ``position_ids`` ``[4, B, T]``) the global positions
+passed down are the 1-D row, which restarts per packed sample; the 3-D rows (time, height, width)
+only rotate q and k, which each rank does on its own slice before the all-to-all (the sequence hook
+cuts them like the 1-D row). An image's 3-D rows do not continue by one, so they could not give the
+sample boundaries.
+
 State is per module: the sequence-parallel group lives on each foundation attention module
 (``module.omnicore_ulysses``, an :class:`SPState`). Modules without it (encoders) or calls without
 the global position_ids (generation) run stock sdpa.
@@ -185,7 +191,12 @@ def async_attention_forward(
     position_ids = kwargs.get(POSITION_IDS_KWARG)
     state: SPState = self.omnicore_ulysses
     if position_ids is None:
-        return type(self).forward(self, hidden_states, position_embeddings, attention_mask, *args, **kwargs)
+        if args:  # a positional call: the order of Qwen2/Llama-style attention modules
+            return type(self).forward(self, hidden_states, position_embeddings, attention_mask, *args, **kwargs)
+        # by name: modules order their parameters differently (Qwen2-VL: attention_mask, position_ids, ...)
+        return type(self).forward(
+            self, hidden_states=hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask, **kwargs
+        )
     if getattr(self, "sliding_window", None) is not None:
         raise NotImplementedError("async_ulysses: sliding-window attention layers are not supported")
     rope = sys.modules[type(self).__module__].apply_rotary_pos_emb

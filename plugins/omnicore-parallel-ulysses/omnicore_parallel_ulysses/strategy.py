@@ -13,8 +13,9 @@
    ``flash_attn``), it stays the core that runs on the full sequence (no ``[T, T]`` mask);
 4. registers a sequence hook on the :class:`~omnicore.model.omni.OmniModel`: after the media
    embeddings are merged, the row is padded to a multiple of ``sp`` (padding is a sample of its own
-   with ``-100`` labels) and each rank keeps its contiguous slice; the global position_ids go down
-   to the attention function;
+   with ``-100`` labels) and each rank keeps its contiguous slice of every per-token tensor (with an
+   mRoPE foundation also the 3-D ``rope_position_ids``, cut like ``position_ids``); the global 1-D
+   position_ids go down to the attention function;
 5. averages the gradients of parameters that no FSDP2 wraps (plain tensors, not DTensors) over all
    ranks, so that Ulysses alone gives the one-process gradient; with FSDP2, shard over
    ``dp_shard x sp`` and FSDP2 does the averaging.
@@ -145,7 +146,14 @@ class AsyncUlysses(Ulysses):
 
 class SequenceShard:
     """The OmniModel sequence hook: pad the merged row to a multiple of ``sp`` and keep this rank's
-    contiguous slice; passes the global position_ids down to the attention function."""
+    contiguous slice; passes the global position_ids down to the attention function.
+
+    With an mRoPE foundation ``seq`` also holds ``rope_position_ids`` ``[3, 1, T]`` (time, height and
+    width rows): they are padded and cut along the sequence exactly as ``position_ids``, so each
+    rank rotates its own tokens by their own 3-D positions. The 1-D ``position_ids`` row, not the
+    3-D rows, is what goes down as the global positions: it restarts per packed sample and so
+    keeps the samples apart in the attention on the full sequence (the 3-D rows of an image do not
+    continue by one)."""
 
     def __init__(self, state: Any, reduce_gradients: bool):
         self.state = state
@@ -153,40 +161,26 @@ class SequenceShard:
         self._hooked = False
 
     def __call__(self, model: Any, seq: dict[str, Any]) -> dict[str, Any]:
-        import torch
-        import torch.nn.functional as F
-
-        from omnicore.api import IGNORE_INDEX
         from omnicore_parallel_ulysses.attention import POSITION_IDS_KWARG
 
         if self.reduce_gradients and not self._hooked:
             self._hook_gradients(model)
         sp, r = self.state.size, self.state.rank
-        embeds, pos, labels = seq["inputs_embeds"], seq["position_ids"], seq["labels"]
-        dec = dict(seq["decoder_labels"])
-        cu, max_len = seq.get("cu_seqlens"), seq.get("max_seqlen")
-        t = embeds.shape[1]
-        pad = -t % sp
-        if pad:
-            # the padding is a sample of its own (positions restart at 0) with no targets
-            embeds = F.pad(embeds, (0, 0, 0, pad))
-            pos = torch.cat([pos, torch.arange(pad, device=pos.device).expand(pos.shape[0], pad)], dim=1)
-            labels = F.pad(labels, (0, pad), value=IGNORE_INDEX)
-            dec = {m: F.pad(x, (0, pad), value=IGNORE_INDEX) for m, x in dec.items()}
-            if cu is not None:  # cu_seqlens keep describing the whole (padded) row
-                cu = torch.cat([cu, cu[-1:] + pad])
-                max_len = max(max_len or 0, pad)
-        n = (t + pad) // sp
+        seq = pad_row(seq, sp)
+        n = seq["position_ids"].shape[-1] // sp
         part = slice(r * n, (r + 1) * n)
-        return {
-            "inputs_embeds": embeds[:, part],
-            "position_ids": pos[:, part],
-            "labels": labels[:, part],
-            "decoder_labels": {m: x[:, part] for m, x in dec.items()},
-            "cu_seqlens": cu,
-            "max_seqlen": max_len,
-            "foundation_kwargs": {**seq["foundation_kwargs"], POSITION_IDS_KWARG: pos},
+        out = {
+            "inputs_embeds": seq["inputs_embeds"][:, part],
+            "position_ids": seq["position_ids"][:, part],
+            "labels": seq["labels"][:, part],
+            "decoder_labels": {m: x[:, part] for m, x in seq["decoder_labels"].items()},
+            "cu_seqlens": seq.get("cu_seqlens"),
+            "max_seqlen": seq.get("max_seqlen"),
+            "foundation_kwargs": {**seq["foundation_kwargs"], POSITION_IDS_KWARG: seq["position_ids"]},
         }
+        if seq.get("rope_position_ids") is not None:  # mRoPE: [3, 1, T], cut along the sequence
+            out["rope_position_ids"] = seq["rope_position_ids"][..., part]
+        return out
 
     def _hook_gradients(self, model: Any) -> None:
         """Average each plain (non-FSDP) parameter's gradient over all ranks as autograd produces it
@@ -214,3 +208,34 @@ class SequenceShard:
             if p.requires_grad and not isinstance(p, DTensor) and id(p) not in managed:
                 p.register_hook(average)
         self._hooked = True
+
+
+def pad_row(seq: dict[str, Any], sp: int) -> dict[str, Any]:
+    """``seq`` (an OmniModel sequence dict, the whole row ``[1, T]``) padded at the end to a multiple
+    of ``sp``. The padding is a sample of its own: positions restart at 0 (on every axis of
+    ``rope_position_ids`` ``[3, 1, T]`` too, the text layout), labels are ``-100``, and
+    ``cu_seqlens`` gain it as one more sample so they keep describing the whole padded row.
+    Returns ``seq`` itself when no padding is needed."""
+    import torch
+    import torch.nn.functional as F
+
+    from omnicore.api import IGNORE_INDEX
+
+    pos = seq["position_ids"]
+    pad = -pos.shape[-1] % sp
+    if not pad:
+        return seq
+    fill = torch.arange(pad, device=pos.device, dtype=pos.dtype)
+    out = dict(seq)
+    out["inputs_embeds"] = F.pad(seq["inputs_embeds"], (0, 0, 0, pad))
+    out["position_ids"] = torch.cat([pos, fill.expand(pos.shape[0], pad)], dim=1)
+    out["labels"] = F.pad(seq["labels"], (0, pad), value=IGNORE_INDEX)
+    out["decoder_labels"] = {m: F.pad(x, (0, pad), value=IGNORE_INDEX) for m, x in seq["decoder_labels"].items()}
+    rope = seq.get("rope_position_ids")
+    if rope is not None:
+        out["rope_position_ids"] = torch.cat([rope, fill.to(rope.device).expand(*rope.shape[:-1], pad)], dim=-1)
+    cu = seq.get("cu_seqlens")
+    if cu is not None:
+        out["cu_seqlens"] = torch.cat([cu, cu[-1:] + pad])
+        out["max_seqlen"] = max(seq.get("max_seqlen") or 0, pad)
+    return out

@@ -1,6 +1,7 @@
-"""The test cases: a tiny omni-modal model (Qwen2 foundation, SigLIP image encoder, MoVQGAN image
-decoder) and hand-built packed rows that hit Ulysses' edge cases. Shared by the reference (one
-process) and the workers (several), so both build the same model and batch."""
+"""The test cases: a tiny omni-modal model (Qwen2 foundation, or Qwen2-VL's for the mRoPE cases;
+SigLIP image encoder, MoVQGAN image decoder) and hand-built packed rows that hit Ulysses' edge
+cases. Shared by the reference (one process) and the workers (several), so both build the same
+model and batch."""
 
 from __future__ import annotations
 
@@ -25,9 +26,12 @@ TINY_SIGLIP = {
     "num_attention_heads": 2,
     "intermediate_size": 64,
 }
+# qwen2_vl's text model (mRoPE): head dim 8, so the 4 rotary frequencies split as time 2, height 1, width 1
+MROPE_LM = {"model_type": "qwen2_vl", "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}}
 TINY_MOVQ = {"block_out_channels": [32, 32, 32], "latent_channels": 4, "vq_embed_dim": 4, "num_vq_embeddings": 64, "layers_per_block": 1}
 
-# name -> (foundation config changes, [sample lengths], where an image input span starts, where an image target span starts)
+# name -> (foundation config changes, [sample lengths], where an image input span starts (or a list of
+# starts: one image each), where an image target span starts)
 CASES: dict[str, dict[str, Any]] = {
     # 37 tokens: not divisible by 2 or 4
     "odd_length": {"lm": {}, "samples": [37], "image_at": None, "target_at": None},
@@ -51,6 +55,13 @@ CASES: dict[str, dict[str, Any]] = {
         "decoder": True,
         "attention": "sdpa_varlen",
     },
+    # mRoPE (qwen2_vl): three packed samples (23 + 40 + 14 = 77, odd: a padding sample), images of
+    # 4 x 4 tokens in the first two, whose 3-D positions differ from the 1-D ones; the second image
+    # (tokens 31..46) straddles the SP 2 boundary at 39
+    "mrope_images": {"lm": MROPE_LM, "samples": [23, 40, 14], "image_at": [3, 31], "target_at": None},
+    # the same with the varlen core on the full sequence (it must get the 1-D row), a length that
+    # needs no padding, and an image straddling the boundary at 40 (tokens 33..48)
+    "mrope_varlen": {"lm": MROPE_LM, "samples": [20, 40, 20], "image_at": [2, 33], "target_at": None, "attention": "sdpa_varlen"},
 }
 
 
@@ -81,7 +92,8 @@ def build(case: str):
     img = Image.fromarray((torch.rand(32, 32, 3, generator=g) * 255).to(torch.uint8).numpy())
     enc_inputs, dec_inputs = {}, {}
     placeholder = torch.zeros_like(ids, dtype=torch.bool)
-    # an image input (encoder placeholders) and an image target (decoder placeholders), where the case puts them
+    grids: list[tuple[int, tuple[int, int, int]]] = []  # (start, (t, h, w)) of each image input
+    # image inputs (encoder placeholders) and an image target (decoder placeholders), where the case puts them
     for at, side, components, inputs in (
         (c["image_at"], "encoder", model.encoders, enc_inputs),
         (c["target_at"], "decoder", model.decoders, dec_inputs),
@@ -91,9 +103,13 @@ def build(case: str):
         comp = components["image"]
         feats = comp.preprocess(img)
         n = comp.num_tokens(feats)
-        ids[at : at + n] = model.token_ids[side]["image"]
-        placeholder[at : at + n] = True
-        inputs["image"] = comp.collate([feats])
+        starts = at if isinstance(at, list) else [at]
+        for a in starts:
+            ids[a : a + n] = model.token_ids[side]["image"]
+            placeholder[a : a + n] = True
+            if side == "encoder" and model.rope is not None:
+                grids.append((a, comp.processor.grid(feats)))
+        inputs["image"] = comp.collate([feats] * len(starts))
     # labels shifted within each sample (as omnicore's data side does), none on placeholders or sample ends
     labels = torch.full_like(ids, -100)
     pos = []
@@ -111,8 +127,25 @@ def build(case: str):
         "encoder_inputs": enc_inputs,
         "decoder_inputs": dec_inputs,
     }
+    if model.rope is not None:
+        batch["rope_position_ids"] = rope_rows(lengths, grids, model.rope)
     n_codes = int((ids == model.token_ids["decoder"].get("image", -1)).sum()) if c["target_at"] is not None else 0
     return model, batch, int((labels != -100).sum()) + n_codes
+
+
+def rope_rows(lengths: list[int], grids: list[tuple[int, tuple[int, int, int]]], layout) -> torch.Tensor:
+    """``[3, 1, T]``: each packed sample's own 3-D positions (restarting at 0), its images laid out
+    by their grids (``grids``: row start and ``(t, h, w)``; an image lies inside one sample)."""
+    from omnicore.data.positions import mrope_positions
+
+    rows: list[list[int]] = [[], [], []]
+    start = 0
+    for n in lengths:
+        blocks = [(a - start, g) for a, g in grids if start <= a < start + n]
+        for row, more in zip(rows, mrope_positions(n, blocks, layout)):
+            row.extend(more)
+        start += n
+    return torch.tensor(rows).unsqueeze(1)
 
 
 def loss_and_grads(model, batch, n_targets: int, scale: float = 1.0):

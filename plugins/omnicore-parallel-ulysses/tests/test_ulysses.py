@@ -3,9 +3,10 @@
 Each distributed test spawns the ranks once and runs several cases in them (see ``cases.py``):
 a length not divisible by SP, one KV head with SP 2, a packed row whose second sample crosses the
 shard boundary, an image placeholder span straddling the boundary, and all of them at once (with an
-image target span for the decoder loss). Loss: relative difference at most 1e-5; gradients: the
-largest difference at most 1e-4 of the largest reference gradient, per parameter (floored at
-1e-3 of the model's largest gradient).
+image target span for the decoder loss), and an mRoPE (qwen2_vl) foundation with images in packed
+samples, whose 3-D positions the sequence hook must cut like the 1-D ones. Loss: relative
+difference at most 1e-5; gradients: the largest difference at most 1e-4 of the largest reference
+gradient, per parameter (floored at 1e-3 of the model's largest gradient).
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ def _worker(rank: int, world: int, names: list[str], out: str, sp: int | None) -
             model, batch, n = cases.build(name)
             cls = AsyncUlysses if strategy == "async_ulysses" else Ulysses
             s = cls({"sp": sp} if sp else {})
+            stock = _foundation_logits(model, batch)
             model = s.apply(model, None)
+            if stock is not None:  # generation calls the foundation without the global positions: stock attention
+                torch.testing.assert_close(_foundation_logits(model, batch), stock, atol=1e-6, rtol=0)
             seen = _record_inner(s, name)
             data_rank, data_size = s.data_split(None)
             # as the training loop does: the global target count (each of the data_size groups has
@@ -51,6 +55,16 @@ def _worker(rank: int, world: int, names: list[str], out: str, sp: int | None) -
                     {"loss": total, "grads": grads, "data": (data_rank, data_size), "local": loss, "inner_position_ids": seen},
                     f"{out}/{name}-{strategy}.pt",
                 )
+
+
+def _foundation_logits(model, batch) -> torch.Tensor | None:
+    """For an mRoPE case: the foundation's logits on the whole row called directly (as generation
+    does, without Ulysses' keyword argument), positions ``[4, 1, T]``; None otherwise."""
+    if model.rope is None:
+        return None
+    pos = torch.cat([batch["position_ids"][None], batch["rope_position_ids"]])
+    with torch.no_grad():
+        return model.lm(input_ids=batch["input_ids"], position_ids=pos, use_cache=False).logits
 
 
 def _record_inner(s, name: str) -> list:
@@ -80,16 +94,18 @@ def _reference(name: str):
 
 def _compare(name: str, got: dict, want_loss: torch.Tensor, want_grads: dict) -> tuple[float, float]:
     rel_loss = float((got["loss"] - want_loss).abs() / want_loss.abs())
-    worst = 0.0
-    # relative to the parameter's largest gradient, floored at 1e-3 of the model's largest (a
-    # gradient that is zero in exact arithmetic, such as a key bias under softmax, is noise ~1e-11)
-    floor = 1e-3 * max(float(g.abs().max()) for g in want_grads.values())
-    for k, g in want_grads.items():
-        scale = max(float(g.abs().max()), floor)
-        worst = max(worst, float((got["grads"][k] - g).abs().max()) / scale)
+    worst = _grad_gap(got["grads"], want_grads)
     assert rel_loss <= 1e-5, f"{name}: loss relative difference {rel_loss:.2e}"
     assert worst <= 1e-4, f"{name}: gradient difference {worst:.2e} of the largest gradient"
     return rel_loss, worst
+
+
+def _grad_gap(got: dict, want: dict) -> float:
+    """The largest gradient difference, per parameter relative to the parameter's largest reference
+    gradient, floored at 1e-3 of the model's largest (a gradient that is zero in exact arithmetic,
+    such as a key bias under softmax, is noise ~1e-11)."""
+    floor = 1e-3 * max(float(g.abs().max()) for g in want.values())
+    return max(float((got[k] - g).abs().max()) / max(float(g.abs().max()), floor) for k, g in want.items())
 
 
 def _rank_main(names: list[str], out: str, sp: int | None) -> None:
@@ -142,6 +158,25 @@ def test_sp2_varlen_core_matches_one_process(tmp_path):
     sequence (given the global position_ids, no mask) and the losses and gradients equal one
     process with sdpa_varlen; Async-Ulysses gives the same numbers."""
     _run(2, ["packed_varlen", "all_varlen"], tmp_path)
+
+
+def test_sp2_mrope_with_images_matches_one_process(tmp_path):
+    """A qwen2_vl foundation (mRoPE) and packed samples with images: the sequence hook cuts the 3-D
+    ``rope_position_ids`` like ``position_ids`` (an image straddles the boundary; one row needs a
+    padding sample), the attention keeps samples apart by the 1-D row (the varlen core gets exactly
+    that row), and SP 2 gives one process's loss and gradients, with sdpa and sdpa_varlen, Ulysses
+    and Async-Ulysses; the foundation called directly (generation) still gives its stock logits.
+    The case is one where the 3-D positions matter: the 1-D ones give another loss."""
+    names = ["mrope_images", "mrope_varlen"]
+    for name in names:
+        model, batch, n = cases.build(name)
+        rope, flat = batch["rope_position_ids"], batch["position_ids"]
+        assert rope.shape == (3, *flat.shape) and not torch.equal(rope[1], flat) and not torch.equal(rope[0], rope[2])
+        _, want = cases.loss_and_grads(model, batch, n)
+        _, text_layout = cases.loss_and_grads(model, {**batch, "rope_position_ids": None}, n)
+        assert _grad_gap(text_layout, want) > 1e-2, name  # 100 times the tolerance of _compare
+    report = _run(2, names, tmp_path)
+    assert set(report) == {(n, s) for n in names for s in STRATEGIES}
 
 
 def test_sp4_everything_at_once(tmp_path):

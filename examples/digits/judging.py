@@ -1,0 +1,99 @@
+"""What the judges of generated digits share (``judge_drawn.py``, ``judge_spoken.py``).
+
+Both ask the trained model for each digit D = 0..9 with a fixed prompt ("Draw the digit D.", "Say
+the digit D."), ``--num-samples`` sampled answers each, through ``omnicore generate``; collect the
+files it wrote per digit; and tally what a judge took each answer for. A missing answer (no file
+for a sample) counts as wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def add_generate_args(p: argparse.ArgumentParser, what: str) -> None:
+    """The ``score`` options both judges take: the run's config and export, the sampling, and
+    config overrides passed on to ``omnicore`` (after ``--``). ``what`` names the output (``drawn``)."""
+    p.add_argument("--config", required=True)
+    p.add_argument("--export", required=True, help="the trained model's export folder (RUN_DIR/export)")
+    p.add_argument("--out", help=f"run folder for {what}/ and {what}.json (default: the export's parent, RUN_DIR)")
+    p.add_argument("--num-samples", type=int, default=10)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("overrides", nargs="*", help="config overrides passed to omnicore (after --)")
+
+
+def run_dir_of(args: argparse.Namespace) -> Path:
+    """Where a judge writes: ``--out``, else the export's parent (RUN_DIR)."""
+    return Path(args.out or Path(args.export).parent)
+
+
+def sampling_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling settings of a ``score`` run, as recorded in its JSON."""
+    return {"num_samples": args.num_samples, "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed}
+
+
+def omnicore(command: str, args: argparse.Namespace, extra: Sequence[str]) -> subprocess.CompletedProcess:
+    """Run ``omnicore COMMAND CONFIG --export EXPORT EXTRA... OVERRIDES...`` (the ``omnicore`` next to
+    this Python) and return it.
+
+    Raises:
+        SystemExit: if it fails, with its exit status and the end of its stderr.
+    """
+    cmd = [str(Path(sys.executable).with_name("omnicore")), command, args.config, "--export", args.export, *extra, *args.overrides]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"error: omnicore {command} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return done
+
+
+def generate_per_digit(args: argparse.Namespace, out: Path, prompt: str, medium: str) -> dict[int, list[Path]]:
+    """Run ``omnicore generate`` with ``prompt.format(d=D)`` for D = 0..9 into ``out`` and return the
+    files of each digit: ``generated-pP-sS-MEDIUM`` (``medium`` e.g. ``image-0.png``,
+    ``audio-0.wav``; prompt P = D + 1), sorted by sample."""
+    extra = ["--out", str(out), "--force"]
+    for d in range(10):
+        extra += ["--prompt", prompt.format(d=d)]
+    extra += ["--num-samples", str(args.num_samples), "--temperature", str(args.temperature), "--top-k", str(args.top_k)]
+    extra += ["--seed", str(args.seed)]
+    omnicore("generate", args, extra)
+    return {d: sorted(out.glob(f"generated-p{d + 1}-s*-{medium}"), key=_sample_number) for d in range(10)}
+
+
+def _sample_number(path: Path) -> int:
+    """S of ``generated-pP-sS-...``: samples in numeric order (s10 after s9)."""
+    return int(path.name.split("-")[2][1:])
+
+
+def tally(taken: dict[int, list[Any]], num_samples: int, made: str) -> dict[str, Any]:
+    """Count what each digit's answers were taken for.
+
+    Args:
+        taken: per digit D, what the judge took each of its answers for (a digit, or a text answer;
+            compared with D as text).
+        num_samples: answers asked for per digit; fewer answers count the missing ones as wrong.
+        made: the name of the per-digit count of answers (``drawn``, ``spoken``).
+
+    Returns:
+        ``{"recognised": share of all, "samples": count, "per_digit": {"D": {made: n, "recognised":
+        k, "taken_for": {answer: count}}}}``.
+    """
+    per_digit, right, total = {}, 0, 0
+    for d, answers in taken.items():
+        keys = [str(a) for a in answers]
+        ok = keys.count(str(d))
+        per_digit[str(d)] = {made: len(keys), "recognised": ok, "taken_for": {k: keys.count(k) for k in sorted(set(keys))}}
+        right += ok
+        total += max(len(keys), num_samples)
+    return {"recognised": round(right / max(total, 1), 4), "samples": total, "per_digit": per_digit}
+
+
+def per_digit_line(per_digit: dict[str, dict[str, Any]], made: str) -> str:
+    """``0:9/10  1:10/10 ...``: recognised out of made, per digit."""
+    return "  ".join(f"{d}:{v['recognised']}/{v[made]}" for d, v in per_digit.items())
