@@ -142,7 +142,7 @@ def test_eval_cli_with_relative_export_path(one_process_run, digits_jsonl, tmp_p
     out = _omnicore("eval", str(path), "--export", rel, "--limit", "6", cwd=run1.parent.parent).stdout
     lines = [line for line in out.splitlines() if "accuracy" in line]
     assert [line.split(":")[0] for line in lines] == ["audio_to_text", "image_to_text", "overall"]  # one line per task, sorted
-    assert lines[-1].endswith("/6)")
+    assert "/6, the tasks with text answers)" in lines[-1]
 
 
 def test_fresh_run_into_a_used_output_dir_is_refused(one_process_run, tmp_path):
