@@ -157,7 +157,7 @@ def test_score_counts_per_digit_for_the_judge_and_for_the_models_own_ears(tmp_pa
     calls: list = []
     monkeypatch.setattr(judging, "omnicore", _fake_omnicore(calls))
     monkeypatch.setattr(js, "omnicore", _fake_omnicore(calls))
-    monkeypatch.setattr(js, "load_judge", lambda judge: ToneJudge().eval())
+    monkeypatch.setattr(js, "load_judge", lambda *_: ToneJudge().eval())
     (tmp_path / "judge").mkdir()
     (tmp_path / "judge" / "judge.json").write_text('{"heldout_accuracy": 1.0}')
     args = argparse.Namespace(judge=str(tmp_path / "judge"), config="c.yaml", export=str(tmp_path / "run" / "export"), out=None,

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +40,16 @@ from PIL import Image
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from build_data import DEFAULT_RAW, MNIST_EVAL, MNIST_TRAIN, load_mnist  # noqa: E402
+from judging import (  # noqa: E402
+    add_generate_args,
+    generate_per_digit,
+    load_judge,
+    per_digit_line,
+    run_dir_of,
+    sampling_of,
+    save_judge,
+    tally,
+)
 
 DEFAULT_JUDGE = HERE / "data" / "judge"
 PROMPT = "Draw the digit {d}."
@@ -83,7 +92,6 @@ def accuracy(model, x, y) -> float:
 def fit(judge: Path, raw: Path, epochs: int, seed: int) -> dict:
     """Train the judge on MNIST 0-8999 (random shifts of up to 2 pixels), test it on 9000-9999."""
     import torch
-    from safetensors.torch import save_file
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -111,22 +119,8 @@ def fit(judge: Path, raw: Path, epochs: int, seed: int) -> dict:
         "seed": seed,
         "fit_seconds": round(time.perf_counter() - t0, 1),
     }
-    judge.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(judge / "model.safetensors"))
-    (judge / "judge.json").write_text(json.dumps(info, indent=1) + "\n")
+    save_judge(judge, model, info)
     return info
-
-
-def load_judge(judge: Path):
-    """The fitted judge (eval mode); raises SystemExit naming the command when it is missing."""
-    from safetensors.torch import load_file
-
-    path = judge / "model.safetensors"
-    if not path.is_file():
-        raise SystemExit(f"error: {path}: no fitted judge; run: python {Path(__file__).name} fit --judge {judge}")
-    model = build_classifier()
-    model.load_state_dict(load_file(str(path)))
-    return model.eval()
 
 
 def read_png(path: Path) -> np.ndarray:
@@ -137,53 +131,23 @@ def read_png(path: Path) -> np.ndarray:
     return np.asarray(img, dtype=np.float32) / 255.0
 
 
-def generate(args: argparse.Namespace, out: Path) -> dict[int, list[Path]]:
-    """Run ``omnicore generate`` for the ten prompts; the PNGs drawn for each digit."""
-    cmd = [str(Path(sys.executable).with_name("omnicore")), "generate", args.config, "--out", str(out), "--force"]
-    cmd += ["--export", args.export]
-    for d in range(10):
-        cmd += ["--prompt", PROMPT.format(d=d)]
-    cmd += ["--num-samples", str(args.num_samples), "--temperature", str(args.temperature), "--top-k", str(args.top_k)]
-    cmd += ["--seed", str(args.seed), *args.overrides]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"error: omnicore generate failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    drawn: dict[int, list[Path]] = {}
-    for d in range(10):
-        drawn[d] = sorted(out.glob(f"generated-p{d + 1}-s*-image-0.png"))
-    return drawn
-
-
 def score(args: argparse.Namespace) -> dict:
     """Generate, classify and write ``drawn.json``; returns its content."""
     import torch
 
-    model = load_judge(Path(args.judge))
-    run_dir = Path(args.out or Path(args.export).parent)
+    model = load_judge(Path(args.judge), build_classifier, Path(__file__).name)
+    run_dir = run_dir_of(args)
     out = run_dir / "drawn"
     shutil.rmtree(out, ignore_errors=True)  # our own folder: no drawing of an earlier score is counted
-    drawn = generate(args, out)
-    per_digit, right, total = {}, 0, 0
-    for d, paths in drawn.items():
-        if not paths:
-            per_digit[str(d)] = {"drawn": 0, "recognised": 0, "taken_for": {}}
-            total += args.num_samples  # an answer without an image counts as wrong
-            continue
-        x = torch.from_numpy(np.stack([read_png(p) for p in paths])).unsqueeze(1)
-        with torch.no_grad():
-            pred = model(x).argmax(-1).tolist()
-        ok = sum(p == d for p in pred)
-        taken = {str(k): pred.count(k) for k in sorted(set(pred))}
-        per_digit[str(d)] = {"drawn": len(paths), "recognised": ok, "taken_for": taken}
-        right += ok
-        total += max(len(paths), args.num_samples)
-    result = {
-        "recognised": round(right / total, 4),
-        "samples": total,
-        "sampling": {"num_samples": args.num_samples, "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed},
-        "judge": json.loads((Path(args.judge) / "judge.json").read_text()),
-        "per_digit": per_digit,
-    }
+    taken: dict[int, list[int]] = {}
+    for d, paths in generate_per_digit(args, out, PROMPT, "image-0.png").items():
+        taken[d] = []
+        if paths:
+            x = torch.from_numpy(np.stack([read_png(p) for p in paths])).unsqueeze(1)
+            with torch.no_grad():
+                taken[d] = model(x).argmax(-1).tolist()
+    result = tally(taken, args.num_samples, "drawn")
+    result.update(sampling=sampling_of(args), judge=json.loads((Path(args.judge) / "judge.json").read_text()))
     (run_dir / "drawn.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
@@ -198,14 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--seed", type=int, default=0)
     s = sub.add_parser("score", help="generate 'Draw the digit D.' and classify the drawings")
     s.add_argument("--judge", default=str(DEFAULT_JUDGE))
-    s.add_argument("--config", required=True)
-    s.add_argument("--export", required=True, help="the trained model's export folder (RUN_DIR/export)")
-    s.add_argument("--out", help="run folder for drawn/ and drawn.json (default: the export's parent, RUN_DIR)")
-    s.add_argument("--num-samples", type=int, default=10)
-    s.add_argument("--temperature", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=0)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("overrides", nargs="*", help="config overrides passed to omnicore generate (after --)")
+    add_generate_args(s, "drawn")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     if args.cmd == "fit":
@@ -213,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"judge: held-out accuracy {info['heldout_accuracy']:.4f} on {info['heldout']} ({info['fit_seconds']} s)")
         return 0
     r = score(args)
-    per = "  ".join(f"{d}:{v['recognised']}/{v['drawn']}" for d, v in r["per_digit"].items())
-    print(f"drawn digits recognised by the judge: {r['recognised']:.3f} of {r['samples']} ({per})")
+    print(f"drawn digits recognised by the judge: {r['recognised']:.3f} of {r['samples']} ({per_digit_line(r['per_digit'], 'drawn')})")
     return 0
 
 

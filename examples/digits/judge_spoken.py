@@ -52,7 +52,17 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from build_data import DEFAULT_RAW, FSDD_TEST_TAKES, FSDD_TRAIN_TAKES, load_fsdd  # noqa: E402
-from judging import add_generate_args, generate_per_digit, omnicore, per_digit_line, run_dir_of, sampling_of, tally  # noqa: E402
+from judging import (  # noqa: E402
+    add_generate_args,
+    generate_per_digit,
+    load_judge,
+    omnicore,
+    per_digit_line,
+    run_dir_of,
+    sampling_of,
+    save_judge,
+    tally,
+)
 
 DEFAULT_JUDGE = HERE / "data5" / "judge_spoken"
 PROMPT = "Say the digit {d}."
@@ -220,7 +230,6 @@ def per_digit_accuracy(pred: list[int], digits: list[int]) -> dict[str, float]:
 def fit(judge: Path, raw: Path, epochs: int, seed: int) -> dict:
     """Train the judge on FSDD takes 5-24, test it on takes 0-4; write the judge folder."""
     import torch
-    from safetensors.torch import save_file
 
     t0 = time.perf_counter()
     waves, digits = fsdd_split(raw, FSDD_TRAIN_TAKES)
@@ -239,22 +248,8 @@ def fit(judge: Path, raw: Path, epochs: int, seed: int) -> dict:
         "features": {"rate": RATE, "n_fft": N_FFT, "hop": HOP, "n_mels": N_MELS, "frames": FRAMES},
         "heldout_acoustics": summarise([acoustic_facts(w, RATE) for w in held_waves]),
     }
-    judge.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(judge / "model.safetensors"))
-    (judge / "judge.json").write_text(json.dumps(info, indent=1) + "\n")
+    save_judge(judge, model, info)
     return info
-
-
-def load_judge(judge: Path):
-    """The fitted judge (eval mode); raises SystemExit naming the command when it is missing."""
-    from safetensors.torch import load_file
-
-    path = judge / "model.safetensors"
-    if not path.is_file():
-        raise SystemExit(f"error: {path}: no fitted judge; run: python {Path(__file__).name} fit --judge {judge}")
-    model = build_classifier()
-    model.load_state_dict(load_file(str(path)))
-    return model.eval()
 
 
 # ----------------------------------------------------------------------------- what a listener would hear
@@ -340,7 +335,7 @@ def hear(args: argparse.Namespace, out: Path, clips: dict[int, list[Path]]) -> d
 def score(args: argparse.Namespace) -> dict:
     """Generate, judge (classifier, then the model's own ears), measure and write ``spoken.json``;
     returns its content."""
-    model = load_judge(Path(args.judge))
+    model = load_judge(Path(args.judge), build_classifier, Path(__file__).name)
     run_dir = run_dir_of(args)
     out = run_dir / "spoken"
     shutil.rmtree(out, ignore_errors=True)  # our own folder: no clip of an earlier score is counted
@@ -396,7 +391,7 @@ def round_trip(decoder, wave: np.ndarray) -> np.ndarray:
 
 def ceiling(args: argparse.Namespace) -> dict:
     """The judge on the held-out FSDD clips as they are and through the codec; writes ``--out``."""
-    model = load_judge(Path(args.judge))
+    model = load_judge(Path(args.judge), build_classifier, Path(__file__).name)
     decoder = load_codec_decoder(Path(args.codec), args.bandwidth)
     waves, digits = fsdd_split(Path(args.raw), FSDD_TEST_TAKES)
     coded = [round_trip(decoder, w) for w in waves]

@@ -97,3 +97,31 @@ def tally(taken: dict[int, list[Any]], num_samples: int, made: str) -> dict[str,
 def per_digit_line(per_digit: dict[str, dict[str, Any]], made: str) -> str:
     """``0:9/10  1:10/10 ...``: recognised out of made, per digit."""
     return "  ".join(f"{d}:{v['recognised']}/{v[made]}" for d, v in per_digit.items())
+
+
+def save_judge(judge: Path, model: Any, info: dict[str, Any]) -> None:
+    """Write a fitted judge: ``JUDGE/model.safetensors`` (its weights) and ``JUDGE/judge.json`` (``info``)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    judge.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(judge / "model.safetensors"))
+    (judge / "judge.json").write_text(json.dumps(info, indent=1) + "\n")
+
+
+def load_judge(judge: Path, build: Any, script: str) -> Any:
+    """The judge saved by :func:`save_judge` in ``judge``, built by ``build()``, in eval mode.
+
+    Raises:
+        SystemExit: when ``JUDGE/model.safetensors`` is missing, naming the command that fits it
+        (``python SCRIPT fit --judge JUDGE``).
+    """
+    from safetensors.torch import load_file
+
+    path = judge / "model.safetensors"
+    if not path.is_file():
+        raise SystemExit(f"error: {path}: no fitted judge; run: python {script} fit --judge {judge}")
+    model = build()
+    model.load_state_dict(load_file(str(path)))
+    return model.eval()

@@ -56,7 +56,7 @@ echo "== 6/6 drawn digits: 10 samples per digit (temperature 0.5), judged by a c
 if [ ! -f examples/digits/data/judge/model.safetensors ]; then $PY examples/digits/judge_drawn.py fit; fi
 $PY examples/digits/judge_drawn.py score --config $CFG --export "$OUT/export" --temperature "${JUDGE_TEMPERATURE:-0.5}"
 stage_done judge
-if [ "${TASKS:-3}" = 5 ] && [ -f examples/digits/judge_spoken.py ]; then
+if [ "${TASKS:-3}" = 5 ]; then
   echo "== 6/6 spoken digits: 10 samples per digit (temperature ${SPEAK_TEMPERATURE:-0.5}), judged by a classifier trained apart on FSDD takes 5-24 and by the model's own ears"
   if [ ! -f examples/digits/data5/judge_spoken/model.safetensors ]; then $PY examples/digits/judge_spoken.py fit; fi
   $PY examples/digits/judge_spoken.py score --config $CFG --export "$OUT/export" --temperature "${SPEAK_TEMPERATURE:-0.5}"
