@@ -326,11 +326,12 @@ def video_rows(out: Path, images: np.ndarray, labels: np.ndarray, args: argparse
         "script": "make_videos.py",
         "frames": opts.frames,
         "fps": opts.fps,
-        "size": opts.size,
+        "height": opts.height,
+        "width": opts.width,
         "digits_per_clip": [opts.min_digits, opts.max_digits],
         "train_indices": [MNIST_TRAIN.start, MNIST_TRAIN.stop - 1],
         "eval_indices": [MNIST_EVAL.start, MNIST_EVAL.stop - 1],
-        "note": "answers list the digits left to right in the first frame; stats count every digit of a clip",
+        "note": "each digit moves in its own lane, so answers list the digits left to right in every frame; stats count every digit of a clip",
     }
     line = f"{n:5d} FFV1 .mkv clips, {size / 1e6:.1f} MB ({written} written, {n - written} unchanged, {stale} stale removed)"
     return rows["train"], rows["eval"], note, line
