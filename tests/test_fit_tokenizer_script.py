@@ -1,7 +1,7 @@
 """examples/digits/fit_tokenizer.sh fits the text BPE on every run and keeps the fitted MoVQGAN
 tokenizer only while its inputs (the fit command with MOVQ_STEPS, the training images, the fit code)
-are those it was fit from, and says why it fits again; with the five-task config it keeps the fitted
-EnCodec codec by the same rule. The fits themselves are replaced by a fake interpreter that records
+are those it was fit from, and says why it fits again; with the five-task config it keeps the shipped
+EnCodec codec by the same rule, except that a change of the fit code alone keeps it (and says so). The fits themselves are replaced by a fake interpreter that records
 its calls; the folders come from the real digits configs."""
 
 from __future__ import annotations
@@ -98,15 +98,17 @@ def test_refits_exactly_when_an_input_changed(repo):
 
 def test_five_task_config_keeps_the_codec_by_its_stamp(repo):
     """CONFIG=five.yaml: the text BPE goes to data5/tokenizer, the MoVQGAN is config.yaml's (one fit for
-    both), and the EnCodec codec in data5/codec is fit on takes 5-24 and kept while its stamp holds."""
-    codec, movq = "examples/digits/data5/codec", "examples/digits/data/movq"
+    both), and the EnCodec codec in examples/digits/codec (shipped) is fit on takes 5-24 and kept while
+    the command and recordings of its stamp hold; a change of the fit code alone keeps it too."""
+    codec, movq = "examples/digits/codec", "examples/digits/data/movq"
     five = {"CONFIG": "examples/digits/five.yaml"}
     out, calls = _run(repo, **five)
     assert calls[0] == "-m omnicore fit-tokenizer examples/digits/five.yaml --vocab-size 400 --out examples/digits/data5/tokenizer"
     assert out.splitlines() == ["fitting the tokenizer (none yet)", "fitting the codec (none yet)"]
     r = "examples/digits/raw/fsdd/recordings"
     assert calls[2] == (
-        f"-m omnicore_audio_codec.fit --audio {r}/*_[5-9].wav {r}/*_1[0-9].wav {r}/*_2[0-4].wav --held-out {r}/*_[0-4].wav --out {codec} --steps 150"
+        f"-m omnicore_audio_codec.fit --audio {r}/*_[5-9].wav {r}/*_1[0-9].wav {r}/*_2[0-4].wav --held-out {r}/*_[0-4].wav --out {codec} "
+        '--steps 3000 --ae-steps 1500 --config {"sampling_rate": 8000, "upsampling_ratios": [5, 4, 4, 2]}'
     )
     stamp = (repo / codec / "fit.stamp").read_text().splitlines()
     assert stamp[0] == "command: python " + calls[2] and stamp[1].startswith("recordings: 3 files, sha256 ")
@@ -115,9 +117,11 @@ def test_five_task_config_keeps_the_codec_by_its_stamp(repo):
     (repo / r / "3_jackson_0.wav").write_bytes(b"another held-out take")  # reported on, not fit on
     assert _run(repo, **five) == (_kept(movq) + "\n" + kept, calls[:1])
     (repo / CODEC_CODE).write_text("# losses v2\n")
+    shipped = f"kept the shipped codec in {codec}: same command and recordings as when it was fit, though the fit code changed since (FORCE_CODEC_FIT=1 fits it again)"
+    assert _run(repo, **five) == (_kept(movq) + "\n" + shipped, calls[:1])
     out, calls = _run(repo, CODEC_STEPS="20", **five)
     assert out.splitlines()[1] == f"fitting the codec again: its inputs changed (command, fit code; see {codec}/fit.stamp)"
-    assert calls[-1].endswith("--steps 20")
+    assert "--steps 20 --ae-steps 1500" in calls[-1]
     (repo / r / "3_theo_24.wav").write_bytes(b"a new take")
     assert (
         _run(repo, CODEC_STEPS="20", **five)[0].splitlines()[1]

@@ -35,21 +35,28 @@ if grep -q 'name: encodec *$' "$CONFIG" && [ -z "$CODEC" ]; then
   exit 2
 fi
 
-# fit_unless_kept WHAT KIND DIR FORCE FILES CODE -- FIT COMMAND...: run the fit command (it writes DIR)
+# fit_unless_kept WHAT KIND DIR FORCE FILES CODE ON_CODE -- FIT COMMAND...: run the fit command (it writes DIR)
 # unless DIR/fit.stamp equals its inputs now: the command, FILES (newline-separated paths, counted as
-# KIND) and the CODE files; FORCE names the variable that refits in any case.
+# KIND) and the CODE files; FORCE names the variable that refits in any case. ON_CODE is what a change
+# of the fit code alone does: refit, or keep (a shipped fit that takes minutes: it says so and keeps it).
 fit_unless_kept() {
-  local what=$1 kind=$2 dir=$3 force=$4 files=$5 code=$6 want changed
-  shift 7
+  local what=$1 kind=$2 dir=$3 force=$4 files=$5 code=$6 on_code=$7 want changed
+  shift 8
   want=$(
     echo "command: python ${*:2}"
     echo "$kind: $(printf '%s\n' "$files" | grep -c . || true) files, sha256 $(printf '%s\n' "$files" | tr '\n' '\0' | xargs -0 cat | sha256sum | cut -c1-16)"
     # shellcheck disable=SC2086 # CODE is a list of paths without spaces
     echo "fit code: sha256 $(cat $code | sha256sum | cut -c1-16)"
   )
-  if [ "${!force:-0}" != 1 ] && [ -f "$dir/config.json" ] && [ -f "$dir/fit.stamp" ] && [ "$(cat "$dir/fit.stamp")" = "$want" ]; then
-    echo "   kept the fitted $what in $dir: same command, $kind and fit code as when it was fit ($dir/fit.stamp)"
-    return 0
+  if [ "${!force:-0}" != 1 ] && [ -f "$dir/config.json" ] && [ -f "$dir/fit.stamp" ]; then
+    if [ "$(cat "$dir/fit.stamp")" = "$want" ]; then
+      echo "   kept the fitted $what in $dir: same command, $kind and fit code as when it was fit ($dir/fit.stamp)"
+      return 0
+    fi
+    if [ "$on_code" = keep ] && [ "$(head -n2 "$dir/fit.stamp")" = "$(echo "$want" | head -n2)" ]; then
+      echo "   kept the shipped $what in $dir: same command and $kind as when it was fit, though the fit code changed since ($force=1 fits it again)"
+      return 0
+    fi
   fi
   if [ "${!force:-0}" = 1 ]; then
     echo "   fitting the $what again ($force=1)"
@@ -72,15 +79,18 @@ MOVQ=$HERE/$MOVQ
 IMAGES=$(dirname "$MOVQ")/images
 fit_unless_kept tokenizer images "$MOVQ" FORCE_MOVQ_FIT \
   "$(find "$IMAGES" -maxdepth 1 -name '0[0-8]*.png' | LC_ALL=C sort)" \
-  plugins/omnicore-image-movqgan/omnicore_image_movqgan/fit.py \
+  plugins/omnicore-image-movqgan/omnicore_image_movqgan/fit.py refit \
   -- "$PY" -m omnicore_image_movqgan.fit --images "$IMAGES/0[0-8]*.png" --out "$MOVQ" --steps "${MOVQ_STEPS:-100}"
 
 if [ -n "$CODEC" ]; then
+  # the codec ships fitted (examples/digits/codec: 3000 steps, about 8.5 minutes on 2 cores): it is fit
+  # again only when the command or the recordings change, or with FORCE_CODEC_FIT=1
   CODEC=$HERE/$CODEC
   R=$HERE/raw/fsdd/recordings
   fit_unless_kept codec recordings "$CODEC" FORCE_CODEC_FIT \
     "$(find "$R" -maxdepth 1 \( -name '*_[5-9].wav' -o -name '*_1[0-9].wav' -o -name '*_2[0-4].wav' \) | LC_ALL=C sort)" \
-    "$(printf 'plugins/omnicore-audio-codec/omnicore_audio_codec/%s.py ' fit losses processor)" \
+    "$(printf 'plugins/omnicore-audio-codec/omnicore_audio_codec/%s.py ' fit losses processor)" keep \
     -- "$PY" -m omnicore_audio_codec.fit --audio "$R/*_[5-9].wav" "$R/*_1[0-9].wav" "$R/*_2[0-4].wav" \
-    --held-out "$R/*_[0-4].wav" --out "$CODEC" --steps "${CODEC_STEPS:-150}"
+    --held-out "$R/*_[0-4].wav" --out "$CODEC" --steps "${CODEC_STEPS:-3000}" --ae-steps "${CODEC_AE_STEPS:-1500}" \
+    --config '{"sampling_rate": 8000, "upsampling_ratios": [5, 4, 4, 2]}'
 fi

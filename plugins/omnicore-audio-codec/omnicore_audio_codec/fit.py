@@ -6,15 +6,24 @@ Loss per step, on a batch of random ``segment_seconds`` crops of the clips at th
 straight through) and ``commitment`` the mean squared distance between the encoder's latents and
 their quantised values (VQ-VAE, van den Oord et al. 2017). No adversarial loss: this is a small, CPU-friendly fit.
 
-The codebooks are transformers' buffers, updated as EnCodec's (after SoundStream, Zeghidour et al.
-2021) are, by exponential moving averages of the residuals assigned to each entry (``ema_decay``),
-not by gradients. Two standard aids keep small codebooks in use (as in Jukebox, Dhariwal et al.
-2020): each codebook starts from random residuals of the first batch, and entries unused for
-``restart_every`` steps are re-seeded with random residuals of the current batch.
+**Two phases.** For the first ``ae_steps`` steps the quantiser is bypassed (``y`` decodes the
+encoder's latents as they are): a plain autoencoder. A from-scratch SEANet spends its first
+thousand or so steps on a plateau (quiet noise, held-out log-mel L1 near 1.5 on the spoken digits)
+before it starts to reproduce speech; quantising from step 0 on top of that plateau collapsed the
+codebooks to a few entries (17 of 256 in use, measured) and the codec never left it. Then the
+codebooks are started by k-means on the encoder's latents (SoundStream, Zeghidour et al. 2021,
+initialises them by k-means on the first batch; here ``kmeans_batches`` batches, 10 Lloyd
+iterations, codebook ``k`` on the residuals left by codebooks ``0..k-1``) and the rest of the steps
+train through the quantiser.
+
+The codebooks are transformers' buffers, updated as EnCodec's (after SoundStream) are, by
+exponential moving averages of the residuals assigned to each entry (``ema_decay``), not by
+gradients; entries unused for ``restart_every`` steps are re-seeded with random residuals of the
+current batch (as in Jukebox, Dhariwal et al. 2020).
 
 CLI::
 
-    python -m omnicore_audio_codec.fit --audio 'GLOB' --out DIR --steps N [--config JSON]
+    python -m omnicore_audio_codec.fit --audio 'GLOB' --out DIR --steps N [--ae-steps M] [--config JSON]
 
 writes a plain transformers ``EncodecModel`` folder (``save_pretrained``) to ``DIR.tmp`` and renames
 it to ``DIR`` when done; ``build({"checkpoint": DIR}, hidden_size=H)`` loads it. No LM adapter is
@@ -87,6 +96,27 @@ def seed_codebooks(decoder: Any, waves: torch.Tensor, seed: int = 0) -> None:
         residual = residual - layer.codebook.embed[torch.cdist(residual, layer.codebook.embed).argmin(1)]
 
 
+@torch.no_grad()
+def kmeans_codebooks(books: list[Any], latents: torch.Tensor, gen: torch.Generator, iters: int = 10) -> None:
+    """Start residual codebooks by k-means (Lloyd's algorithm, ``iters`` rounds) on ``latents``
+    ``[N, D]``: codebook ``k`` on what codebooks ``0..k-1`` leave. Centroids start at random rows;
+    an entry left empty by a round takes a random row. The EMA state follows the new entries."""
+    residual = latents.detach().float()
+    for book in books:
+        size = book.embed.shape[0]
+        centres = residual[torch.randint(0, residual.shape[0], (size,), generator=gen)]
+        for _ in range(iters):
+            ind = torch.cdist(residual, centres).argmin(1)
+            counts = torch.bincount(ind, minlength=size).to(residual.dtype)
+            sums = torch.zeros_like(centres).index_add_(0, ind, residual)
+            spare = residual[torch.randint(0, residual.shape[0], (size,), generator=gen)]
+            centres = torch.where(counts[:, None] > 0, sums / counts.clamp(min=1)[:, None], spare)
+        book.embed.copy_(centres)
+        book.embed_avg.copy_(centres)
+        book.cluster_size.fill_(1.0)
+        residual = residual - centres[torch.cdist(residual, centres).argmin(1)]
+
+
 class EmaQuantizer:
     """Residual quantisation with EMA codebook updates over the first ``n_q`` layers of an
     ``EncodecModel.quantizer`` (module docstring); ``usage`` counts each entry's assignments."""
@@ -146,9 +176,11 @@ def fit_codec(
     clips: list[Audio],
     steps: int = 150,
     batch_size: int = 16,
-    lr: float = 2e-3,
+    lr: float = 5e-4,
     seed: int = 0,
     *,
+    ae_steps: int = 0,
+    kmeans_batches: int = 8,
     segment_seconds: float = 0.5,
     mel_weight: float = 1.0,
     commit_weight: float = 1.0,
@@ -163,19 +195,26 @@ def fit_codec(
     Args:
         model: the decoder; its ``codec`` is trained at its n_q (freezing restored afterwards).
         clips: :class:`omnicore.api.Audio` clips (any rate; resampled to the codec's).
-        steps: optimiser steps (Adam, cosine decay to 10% of ``lr``).
+        steps: optimiser steps in all (Adam, ``lr`` warmed up over ``min(50, steps // 10)`` steps,
+            then cosine decay to 10% of it). 2e-3 made the latents grow 100-fold and stall.
         batch_size: crops per step, drawn with a ``torch.Generator(seed)``.
+        ae_steps: the first this-many steps bypass the quantiser (module docstring); at step
+            ``ae_steps`` the codebooks are started by :func:`kmeans_codebooks` on the latents of
+            ``kmeans_batches`` batches. 0: quantise from the first step, the codebooks started from
+            random latents of the first batch.
         segment_seconds: length of each crop (clips shorter than it are zero-padded).
         ema_decay: decay of the codebook moving averages; restart_every: re-seed unused entries
             this often (0: never); log_every: print a line every this-many steps (0: silent).
 
     Raises:
-        ValueError: on no clips or ``steps < 1``.
+        ValueError: on no clips, ``steps < 1`` or ``ae_steps`` outside ``[0, steps)``.
     """
     if not clips:
         raise ValueError("fit_codec needs at least one clip")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if not 0 <= ae_steps < steps:
+        raise ValueError(f"ae_steps must be in [0, steps={steps}), got {ae_steps}: the last steps must train through the quantiser")
     codec, rate = model.codec, model.sample_rate
     segment = max(codec.config.hop_length, round(segment_seconds * rate))
     data, lengths = _clips_tensor(clips, rate, segment)
@@ -185,19 +224,27 @@ def fit_codec(
     codec.requires_grad_(True)
     codec.train()
     opt = torch.optim.Adam(codec.parameters(), lr=lr, betas=(0.9, 0.99))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(0, steps, 0.1))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(min(50, steps // 10), steps, 0.1))
     losses: list[float] = []
     t0 = time.perf_counter()
     try:
         for step in range(steps):
+            if ae_steps and step == ae_steps:
+                crops = torch.cat([_crops(data, lengths, segment, batch_size, gen) for _ in range(kmeans_batches)])
+                with torch.no_grad():
+                    emb = codec.encoder(crops.unsqueeze(1).to(codec.device))
+                kmeans_codebooks(quantizer.books, emb.permute(0, 2, 1).reshape(-1, emb.shape[1]), gen)
+                quantizer.started = True
             x = _crops(data, lengths, segment, batch_size, gen).to(codec.device)
-            restart = bool(restart_every) and step > 0 and step % restart_every == 0
-            rec, commit = _step(codec, quantizer, x, rate, (mel_weight, commit_weight), restart)
+            quantise = step >= ae_steps
+            restart = quantise and bool(restart_every) and step > ae_steps and (step - ae_steps) % restart_every == 0
+            rec, commit = _step(codec, quantizer if quantise else None, x, rate, (mel_weight, commit_weight), restart)
             opt.step()
             sched.step()
             losses.append(rec)
             if log_every and (step % log_every == 0 or step == steps - 1):
-                print(f"step {step:5d}  rec {rec:.4f}  commit {commit:.4f}  {time.perf_counter() - t0:.1f}s", flush=True)
+                phase = "quantised" if step >= ae_steps else "autoencoder"
+                print(f"step {step:5d}  rec {rec:.4f}  commit {commit:.4f}  ({phase})  {time.perf_counter() - t0:.1f}s", flush=True)
     finally:
         for n, p in codec.named_parameters():
             p.requires_grad_(old_grad[n])
@@ -206,14 +253,18 @@ def fit_codec(
 
 
 def _step(
-    codec: Any, quantizer: EmaQuantizer, x: torch.Tensor, rate: int, weights: tuple[float, float], restart: bool
+    codec: Any, quantizer: EmaQuantizer | None, x: torch.Tensor, rate: int, weights: tuple[float, float], restart: bool
 ) -> tuple[float, float]:
     """Forward and backward of one batch ``x`` ``[B, L]`` (gradients left in the codec's parameters);
-    ``(reconstruction loss, commitment loss)`` as floats. ``weights``: (mel, commitment)."""
+    ``(reconstruction loss, commitment loss)`` as floats. ``weights``: (mel, commitment);
+    ``quantizer`` None: the latents are decoded as they are (the autoencoder phase)."""
     emb = codec.encoder(x.unsqueeze(1))
-    if restart:
-        quantizer.restart_dead(emb)
-    quant, commit = quantizer(emb, training=True)
+    if quantizer is None:
+        quant, commit = emb, emb.new_zeros(())
+    else:
+        if restart:
+            quantizer.restart_dead(emb)
+        quant, commit = quantizer(emb, training=True)
     y = codec.decoder(quant)[:, 0, : x.shape[1]]
     rec = F.l1_loss(y, x) + weights[0] * multi_resolution_mel_loss(y, x, rate)
     for p in codec.parameters():
@@ -250,12 +301,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--audio", required=True, nargs="+", help="audio files or globs (WAV, FLAC, ...; any rate)")
     ap.add_argument("--held-out", nargs="*", default=[], help="files or globs to report mel-L1 and SNR on after fitting")
     ap.add_argument("--out", required=True, help="output folder (written to OUT.tmp, then renamed)")
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=150, help="optimiser steps in all")
+    ap.add_argument("--ae-steps", type=int, default=0, help="of them, the first this-many bypass the quantiser (then k-means codebooks)")
     ap.add_argument("--config", default="{}", help="EncodecConfig kwargs (plus num_quantizers) as JSON, or a path to a JSON file")
     ap.add_argument("--checkpoint", default=None, help="start from this EncodecModel folder instead of --config")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--segment-seconds", type=float, default=0.5)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     ap.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
@@ -298,7 +350,13 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     t0 = time.perf_counter()
-    kwargs = {"batch_size": args.batch_size, "lr": args.lr, "seed": args.seed, "segment_seconds": args.segment_seconds}
+    kwargs = {
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "segment_seconds": args.segment_seconds,
+        "ae_steps": args.ae_steps,
+    }
     fit_codec(dec, clips, steps=args.steps, log_every=max(1, args.steps // 10), **kwargs)
     secs = time.perf_counter() - t0
     _save_folder(dec.codec, out)

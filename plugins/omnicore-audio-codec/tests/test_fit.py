@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnicore.api import load_audio
+from omnicore.api import Audio, load_audio
 from omnicore_audio_codec.decoder import build
 from omnicore_audio_codec.fit import fit_codec, reconstruction_figures
 from omnicore_audio_codec.fit import main as fit_main
@@ -62,3 +62,50 @@ def test_clip_figures_against_values_computed_by_hand():
     assert clip_figures(x, x, 16000) == {"mel_l1": 0.0, "snr_db": math.inf}
     assert float(multi_resolution_mel_loss(x[None], x[None], 16000)) == 0.0
     assert float(multi_resolution_mel_loss(0.5 * x[None], x[None], 16000)) > 0.5  # |log 0.5| = 0.69 per scale, plus linear
+
+
+def test_kmeans_codebooks_find_the_clusters_and_code_the_residuals():
+    """Four tight clusters in 2-D: the first codebook's 4 entries are the cluster means (computed
+    directly), and the second codes what is left, so two codebooks reconstruct better than one."""
+    from types import SimpleNamespace
+
+    from omnicore_audio_codec.fit import kmeans_codebooks
+
+    gen = torch.Generator().manual_seed(0)
+    centres = torch.tensor([[5.0, 5.0], [-5.0, 5.0], [5.0, -5.0], [-5.0, -5.0]])
+    labels = torch.arange(400) % 4
+    points = centres[labels] + 0.3 * torch.randn(400, 2, generator=gen)
+
+    def book(n: int) -> SimpleNamespace:
+        return SimpleNamespace(embed=torch.zeros(n, 2), embed_avg=torch.zeros(n, 2), cluster_size=torch.zeros(n))
+
+    books = [book(4), book(4)]
+    kmeans_codebooks(books, points, torch.Generator().manual_seed(1), iters=10)
+    means = torch.stack([points[labels == k].mean(0) for k in range(4)])
+    found = books[0].embed[torch.cdist(means, books[0].embed).argmin(1)]
+    assert torch.allclose(found, means, atol=1e-5), (found, means)
+    assert torch.equal(books[0].embed_avg, books[0].embed) and torch.equal(books[0].cluster_size, torch.ones(4))
+
+    def err(n: int) -> float:
+        r = points.clone()
+        for b in books[:n]:
+            r = r - b.embed[torch.cdist(r, b.embed).argmin(1)]
+        return float(r.pow(2).sum(1).mean())
+
+    assert err(1) == pytest.approx(float((points - means[labels]).pow(2).sum(1).mean()), rel=1e-5)
+    assert err(2) < 0.6 * err(1)
+
+
+def test_the_autoencoder_phase_leaves_the_codebooks_until_kmeans_starts_them():
+    """ae_steps: the first steps bypass the quantiser (codebooks untouched), then k-means starts
+    every entry from latents; ae_steps must leave at least one quantised step."""
+    wave = torch.sin(torch.arange(8000) * 0.05) * torch.linspace(0, 0.5, 8000)
+    clips = [Audio(samples=(wave * s).numpy().astype(np.float32), sample_rate=16000) for s in (0.5, 1.0)]
+    torch.manual_seed(0)
+    d = build({"config": TINY}, hidden_size=8)
+    before = d.codec.quantizer.layers[0].codebook.embed.clone()
+    fit_codec(d, clips, steps=2, ae_steps=2 - 1, batch_size=2, segment_seconds=0.1)
+    after = d.codec.quantizer.layers[0].codebook.embed
+    assert not torch.equal(after, before) and torch.unique(after, dim=0).shape[0] > 1
+    with pytest.raises(ValueError, match=r"ae_steps must be in \[0, steps=2\), got 2"):
+        fit_codec(d, clips, steps=2, ae_steps=2)
