@@ -28,7 +28,7 @@ Usage::
     python examples/digits/judge_spoken.py fit [--judge examples/digits/data5/judge_spoken]
     python examples/digits/judge_spoken.py score --config examples/digits/five.yaml \\
         --export runs/digits5/export [--num-samples 10 --temperature 1.0 --top-k 0 --seed 0]
-    python examples/digits/judge_spoken.py ceiling --codec examples/digits/data5/codec
+    python examples/digits/judge_spoken.py ceiling --codec examples/digits/codec
 
 Features: mono at 8 kHz (FSDD's rate), a 256-point STFT (Hann window, hop 80 = 10 ms), power mapped
 to 40 mel bands (20 Hz-4 kHz, Slaney scale: ``transformers.audio_utils.mel_filter_bank``), in dB
