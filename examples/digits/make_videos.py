@@ -102,7 +102,7 @@ def trajectory(start: np.ndarray, velocity: np.ndarray, frames: int, high, low=0
         pos[under], vel[under] = 2 * low[under] - pos[under], -vel[under]
         pos[over], vel[over] = 2 * high[over] - pos[over], -vel[over]
         pos = np.clip(pos, low, high)  # a lane narrower than one step: stay at its wall
-    return np.clip(out, low, high).astype(np.int64)
+    return out
 
 
 def render(digits: np.ndarray, corners: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -150,7 +150,8 @@ def make_split(
     rows, files = [], {}
     for i in range(n):
         indices, start, velocity = clip_plan(rng, pool, args)
-        corners = trajectory(start, velocity, args.frames, *bounds(len(indices), args)[::-1])
+        low, high = bounds(len(indices), args)
+        corners = trajectory(start, velocity, args.frames, high, low)
         name = f"{split}_{i:05d}.mkv"
         files[name] = mkv_bytes(render(images[indices], corners, args.height, args.width), args.fps)
         answer = " ".join(str(int(labels[j])) for j in indices)  # indices are already left to right

@@ -237,7 +237,7 @@ def fit_codec(
                 quantizer.started = True
             x = _crops(data, lengths, segment, batch_size, gen).to(codec.device)
             quantise = step >= ae_steps
-            restart = quantise and bool(restart_every) and step > ae_steps and (step - ae_steps) % restart_every == 0
+            restart = bool(restart_every) and step > ae_steps and (step - ae_steps) % restart_every == 0
             rec, commit = _step(codec, quantizer if quantise else None, x, rate, (mel_weight, commit_weight), restart)
             opt.step()
             sched.step()

@@ -96,15 +96,30 @@ def test_kmeans_codebooks_find_the_clusters_and_code_the_residuals():
     assert err(2) < 0.6 * err(1)
 
 
-def test_the_autoencoder_phase_leaves_the_codebooks_until_kmeans_starts_them():
+def test_the_autoencoder_phase_leaves_the_codebooks_until_kmeans_starts_them(monkeypatch):
     """ae_steps: the first steps bypass the quantiser (codebooks untouched), then k-means starts
-    every entry from latents; ae_steps must leave at least one quantised step."""
+    them once, on the latents of kmeans_batches batches; ae_steps must leave a quantised step."""
+    import omnicore_audio_codec.fit as fit_module
+
     wave = torch.sin(torch.arange(8000) * 0.05) * torch.linspace(0, 0.5, 8000)
     clips = [Audio(samples=(wave * s).numpy().astype(np.float32), sample_rate=16000) for s in (0.5, 1.0)]
     torch.manual_seed(0)
     d = build({"config": TINY}, hidden_size=8)
     before = d.codec.quantizer.layers[0].codebook.embed.clone()
-    fit_codec(d, clips, steps=2, ae_steps=2 - 1, batch_size=2, segment_seconds=0.1)
+    calls = []
+    real = fit_module.kmeans_codebooks
+
+    def spy(books, latents, gen, iters=10):
+        calls.append((books[0].embed.clone(), tuple(latents.shape)))
+        real(books, latents, gen, iters)
+
+    monkeypatch.setattr(fit_module, "kmeans_codebooks", spy)
+    fit_codec(d, clips, steps=3, ae_steps=2, batch_size=2, segment_seconds=0.1, kmeans_batches=3)
+    assert len(calls) == 1
+    untouched, shape = calls[0]
+    assert torch.equal(untouched, before)  # two autoencoder steps left the codebook as it was
+    frames = -(-1600 // d.processor.hop_length)  # 0.1 s crops at 16 kHz, hop 320
+    assert shape == (3 * 2 * frames, TINY["hidden_size"])  # 3 batches of 2 crops, one row per latent frame
     after = d.codec.quantizer.layers[0].codebook.embed
     assert not torch.equal(after, before) and torch.unique(after, dim=0).shape[0] > 1
     with pytest.raises(ValueError, match=r"ae_steps must be in \[0, steps=2\), got 2"):
