@@ -201,6 +201,13 @@ class Decoder(Protocol):
     codebook (:meth:`head`). Generation samples codes one at a time and :meth:`decode` turns them back.
     Its data side (target media to features, code counts, batching) is a :class:`Processor`, as
     for :class:`Encoder`.
+
+    Optional: a ``fixed_codes`` attribute (bool, may be a property). True promises that
+    :meth:`encode` is a deterministic function of each item's features that training does not
+    change (a frozen tokenizer in eval mode) and that an item's codes do not depend on the other
+    items of its batch; the core then encodes each target once and reuses its codes
+    (``train.code_cache_mb``, :mod:`omnicore.model.code_cache`). Absent or false: every target is
+    encoded on every step. The contract suite checks the promise.
     """
 
     modality: str

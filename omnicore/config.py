@@ -326,6 +326,13 @@ class TrainConfig(_Strict):
         description="the fixed user prompts of sample_every, one grid cell each (e.g. ['Draw the digit 0.', ...]); required with "
         "sample_every",
     )
+    code_cache_mb: float = Field(
+        default=256,
+        ge=0,
+        description="host memory (MiB) for the codes of decoder targets already seen, so a frozen tokenizer (a decoder whose "
+        "fixed_codes is true: MoVQGAN, EnCodec) encodes each target once, not once per epoch; least recently used codes are "
+        "dropped beyond it (omnicore.model.code_cache; 0 = encode every time)",
+    )
     save_every: int = Field(default=0, ge=0, description="save a checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = Field(default=2, gt=0, description="keep the newest N checkpoints")
     export: bool = Field(default=True, description="export the trained components as safetensors folders at the end")

@@ -125,6 +125,35 @@ def _cfg(parallel: dict | None = None, **train) -> Config:
     )
 
 
+def test_adamw_on_plain_tensors_is_fused_and_takes_the_textbook_step():
+    """Plain CPU parameters get PyTorch's fused AdamW; 3 steps of it equal AdamW written out in
+    float64 (Loshchilov & Hutter 2019, Algorithm 2, with bias correction), within 1e-6."""
+    from omnicore.train.optim import build_optimizer
+
+    model = _Tree()
+    cfg = _cfg(lr_multipliers={"lm.model.layers.1": 0.1})
+    opt = build_optimizer(model, cfg)
+    assert all(g["fused"] for g in opt.param_groups) and not any(g["foreach"] for g in opt.param_groups)
+    (b1, b2), eps = cfg.train.betas, 1e-8
+    gen = torch.Generator().manual_seed(0)
+    grads = {n: [torch.randn(p.shape, generator=gen) for _ in range(3)] for n, p in model.named_parameters()}
+    ref = {}
+    for g in opt.param_groups:
+        for p in g["params"]:
+            name = next(n for n, q in model.named_parameters() if q is p)
+            x, m, v = p.detach().double().clone(), torch.zeros(p.shape, dtype=torch.float64), torch.zeros(p.shape, dtype=torch.float64)
+            for t, grad in enumerate(grads[name], start=1):
+                m, v = b1 * m + (1 - b1) * grad.double(), b2 * v + (1 - b2) * grad.double() ** 2
+                x = x * (1 - g["lr"] * g["weight_decay"]) - g["lr"] * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
+            ref[name] = x
+    for t in range(3):
+        for n, p in model.named_parameters():
+            p.grad = grads[n][t].clone()
+        opt.step()
+    for n, p in model.named_parameters():
+        assert torch.allclose(p.detach().double(), ref[n], atol=1e-6, rtol=0), n
+
+
 def test_param_groups_follow_the_most_specific_prefix_and_the_schedule_keeps_each_factor():
     from omnicore.train.optim import build_optimizer, warmup_cosine
 

@@ -15,9 +15,10 @@ with ``grad_accum = G`` sees exactly the batches that ``G`` processes see togeth
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omnicore.data.chat import Encoded
@@ -154,6 +155,9 @@ class MicroBatch:
     ``rope_position_ids``: LongTensor ``[3, 1, T]``, the samples' own multi-dimensional rotary
     positions (:mod:`omnicore.data.positions`), each restarting at 0, for an mRoPE foundation; None
     otherwise. ``position_ids`` stays the 1-D restarting row either way (sample boundaries).
+    ``decoder_keys``: modality -> ``(digest, num_codes)`` per decoder target, in the order of
+    ``decoder_inputs`` (:func:`features_digest`; the model's :class:`~omnicore.model.code_cache.CodeCache`
+    reuses the codes of a target it has seen).
     """
 
     input_ids: Any
@@ -166,14 +170,46 @@ class MicroBatch:
     n_targets: int
     wheres: list[str]
     rope_position_ids: Any = None
+    decoder_keys: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
 
 
+def features_digest(features: dict[str, Any]) -> str:
+    """A 128-bit BLAKE2b hex digest of one item's features (a processor's ``preprocess`` output):
+    each entry's name, and for an array (numpy, or a torch tensor taken as its numpy array, so both
+    forms of one item agree) its dtype, shape and bytes, else its ``repr``. Equal features give
+    equal digests in any process; a changed value, shape or dtype gives another (barring a
+    128-bit hash collision)."""
+    import numpy as np
+
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(features):
+        v = features[name]
+        h.update(name.encode() + b"\0")
+        if hasattr(v, "detach"):  # a torch.Tensor (torch is imported when there are tensors)
+            import torch
+
+            t = v.detach().cpu()
+            if t.dtype == torch.bfloat16:  # numpy has no bfloat16: its values as float32, marked
+                h.update(b"bfloat16")
+                t = t.float()
+            v = t.numpy()  # the same digest as the item's numpy form (data workers send numpy)
+        if isinstance(v, np.ndarray):
+            a = np.ascontiguousarray(v)
+            h.update(f"{a.dtype}{a.shape}".encode())
+            h.update(a.tobytes())
+        else:
+            h.update(repr(v).encode())
+        h.update(b"\1")
+    return h.hexdigest()
+
+
 def collate(samples: list[Encoded], encoders: dict[str, Any], decoders: dict[str, Any]) -> MicroBatch:
-    """Concatenate encoded samples into one packed :class:`MicroBatch`."""
+    """Concatenate encoded samples into one packed :class:`MicroBatch` (``decoders``: the decoders'
+    processors, whose ``num_tokens`` gives each target's code count for ``decoder_keys``)."""
     import torch
 
     ids: list[int] = []
@@ -200,6 +236,7 @@ def collate(samples: list[Encoded], encoders: dict[str, Any], decoders: dict[str
         n_targets=sum(s.n_targets for s in samples),
         wheres=[s.where for s in samples],
         rope_position_ids=_rope_rows(samples),
+        decoder_keys={m: [(features_digest(f), int(decoders[m].num_tokens(f))) for f in v] for m, v in dec_items.items()},
     )
 
 

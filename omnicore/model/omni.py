@@ -21,6 +21,7 @@ from torch import nn
 from omnicore.data.chat import IGNORE_INDEX
 from omnicore.data.positions import RopeLayout, rope_layout
 from omnicore.kernels.varlen import CU_SEQLENS_KWARGS, cu_seqlens_from_position_ids
+from omnicore.model.code_cache import CodeCache
 
 
 @functools.cache
@@ -80,6 +81,10 @@ class OmniModel(nn.Module):
         self.token_ids = token_ids
         self._sequence_hooks: OrderedDict[int, Any] = OrderedDict()
         self.pending_loads: list[Any] = []  # parameters on meta still to be read (omnicore.model.loading.fill_pending)
+        self.code_cache: CodeCache | None = None
+        """Decoder target codes kept across steps (:mod:`omnicore.model.code_cache`), used for the
+        decoders whose ``fixed_codes`` is true; None: every target is encoded each time. The training
+        loop sets it from ``train.code_cache_mb``."""
         config = getattr(lm, "config", None)
         self.rope: RopeLayout | None = rope_layout(config) if config is not None else None
         """The foundation's multi-dimensional rotary layout (mRoPE), or None for 1-D positions."""
@@ -108,12 +113,19 @@ class OmniModel(nn.Module):
     # ---- embedding ---------------------------------------------------------------------------
 
     def embed(
-        self, input_ids: torch.Tensor, encoder_inputs: dict[str, Any], decoder_inputs: dict[str, Any], wheres: list[str] | None = None
+        self,
+        input_ids: torch.Tensor,
+        encoder_inputs: dict[str, Any],
+        decoder_inputs: dict[str, Any],
+        wheres: list[str] | None = None,
+        decoder_keys: dict[str, list[tuple[str, int]]] | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
         """Input embeddings ``[1, T, H]`` with media merged in.
 
         Returns ``(embeds, codes, dummy)``: the decoder codes per modality (LongTensor ``[N_m]``) and
         a zero-valued scalar that ties the dummy passes of absent modalities into the graph.
+        ``decoder_keys``: per modality, ``(digest, num_codes)`` of each target
+        (:attr:`~omnicore.data.packing.MicroBatch.decoder_keys`), for :attr:`code_cache`.
 
         Raises:
             PlaceholderMismatch: when placeholder counts differ from what the components produce.
@@ -137,7 +149,7 @@ class OmniModel(nn.Module):
         for m, dec in self.decoders.items():
             mask = input_ids == self.token_ids["decoder"][m]
             if m in decoder_inputs:
-                c = dec.encode(_in_dtype_of(dec, decoder_inputs[m])).to(input_ids.device)
+                c = self.target_codes(m, decoder_inputs[m], (decoder_keys or {}).get(m), input_ids.device)
                 if c.shape[0] != int(mask.sum()):
                     raise PlaceholderMismatch(f"{m} decoder produced {c.shape[0]} codes for {int(mask.sum())} placeholders{where}")
                 embeds = embeds.masked_scatter(mask.unsqueeze(-1), dec.embed(c).to(embeds.dtype))
@@ -147,6 +159,22 @@ class OmniModel(nn.Module):
                     c = dec.dummy_codes().to(input_ids.device)
                 dummy = dummy + 0.0 * dec.head(dec.embed(c)).sum()
         return embeds, codes, dummy
+
+    def target_codes(self, modality: str, inputs: Any, keys: list[tuple[str, int]] | None, device: Any) -> torch.Tensor:
+        """The codes of one modality's collated targets: LongTensor ``[sum of num_codes]`` on
+        ``device``, from :attr:`code_cache` when every target is in it, else ``Decoder.encode`` (its
+        codes then kept per target). The cache is used only with ``keys`` and a decoder whose
+        ``fixed_codes`` is true."""
+        dec = self.decoders[modality]
+        cache = self.code_cache if keys and getattr(dec, "fixed_codes", False) else None
+        if cache is not None:
+            hit = cache.lookup(modality, keys, device)  # type: ignore[arg-type]
+            if hit is not None:
+                return hit
+        codes = dec.encode(_in_dtype_of(dec, inputs)).to(device)
+        if cache is not None:
+            cache.store(modality, keys, codes)  # type: ignore[arg-type]
+        return codes
 
     # ---- forward -----------------------------------------------------------------------------
 
@@ -163,6 +191,7 @@ class OmniModel(nn.Module):
         max_seqlen: int | None = None,
         n_targets: int | None = None,
         rope_position_ids: torch.Tensor | None = None,
+        decoder_keys: dict[str, list[tuple[str, int]]] | None = None,
     ) -> ModelOutput:
         """Summed losses of one packed micro-batch (a :class:`~omnicore.data.packing.MicroBatch`'s
         fields, as ``model(**vars(micro_batch))``).
@@ -183,12 +212,14 @@ class OmniModel(nn.Module):
                 foundations, :attr:`rope`); None: the text layout (``position_ids`` on every axis).
                 The foundation gets ``[4, 1, T]``: ``position_ids`` first (the 1-D row that keeps
                 packed samples apart, transformers' packed Qwen2-VL convention), then these.
+            decoder_keys: per decoder modality, ``(digest, num_codes)`` of each target, for
+                :attr:`code_cache` (from collate); None: every target is encoded.
         """
         if cu_seqlens is None:
             cu_seqlens, max_seqlen = cu_seqlens_from_position_ids(position_ids.detach().cpu())
         elif max_seqlen is None:
             max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        embeds, codes, dummy = self.embed(input_ids, encoder_inputs or {}, decoder_inputs or {}, wheres)
+        embeds, codes, dummy = self.embed(input_ids, encoder_inputs or {}, decoder_inputs or {}, wheres, decoder_keys)
         seq: dict[str, Any] = {
             "inputs_embeds": embeds,
             "position_ids": position_ids,

@@ -454,6 +454,26 @@ class DecoderContract(ModuleComponentContract):
                 assert torch.equal(dec.encode(self._proc.collate([f])), codes[start : start + n]), f"item {i}"
                 start += n
 
+    def test_fixed_codes_hold_through_training(self):
+        """A decoder whose ``fixed_codes`` is true in train mode gives the same codes in train and
+        eval mode, and still the same after an optimizer step on all its trainable parameters
+        (the promise that lets the core reuse codes, :mod:`omnicore.model.code_cache`)."""
+        dec = self.build().train()
+        if not getattr(dec, "fixed_codes", False):
+            pytest.skip("fixed_codes is absent or false: every target is encoded on every step")
+        _, batch = self._batch(dec)
+        with torch.no_grad():
+            before = dec.encode(batch)
+            assert torch.equal(dec.eval().encode(batch), before), "encode differs between train and eval mode"
+        dec.train()
+        trainable = [p for p in dec.parameters() if p.requires_grad]
+        for p in trainable:  # every trainable parameter moves by 0.1 (a code that depends on one changes)
+            p.grad = torch.full_like(p, 0.1)
+        torch.optim.SGD(trainable, lr=1.0).step()
+        assert getattr(dec, "fixed_codes", False), "an optimizer step turned fixed_codes false"
+        with torch.no_grad():
+            assert torch.equal(dec.encode(batch), before), "fixed_codes is true, but an optimizer step changed the codes"
+
     def test_embed_and_head_shapes(self):
         """embed: ``[N] -> [N, hidden_size]`` float; head: ``[N, hidden_size] -> [N, codebook_size]`` float."""
         dec = self.build().eval()

@@ -177,6 +177,10 @@ def _model_to_train(
     flops = flops_model(model.lm)  # counted before sharding turns parameters into shards
     apply_lora(model, cfg.model.lora, seed=cfg.run.seed)  # model.lora: adapters before freeze and the strategies
     log(apply_freeze(model, cfg.train.freeze).describe())  # train.freeze, after LoRA, before the strategies
+    if cfg.train.code_cache_mb > 0:  # after the freeze: a decoder's fixed_codes may depend on it
+        from omnicore.model.code_cache import CodeCache
+
+        model.code_cache = CodeCache(int(cfg.train.code_cache_mb * 2**20))
     return cfg, init_from, (model, tokenizer, processor, sources, flops)
 
 
@@ -788,6 +792,9 @@ def _loop(run: Run) -> None:
         run.bar.close()
     if run.history:
         run.log(summarize(run.history))
+    cache = getattr(run.model, "code_cache", None)
+    if cache is not None and cache.hits + cache.misses:  # train.code_cache_mb: how much encoding it saved
+        run.log(cache.describe())
     finished = out_of_data or (bool(run.history) and run.history[-1]["step"] == cfg.train.max_steps)
     if cfg.train.export and finished:
         path = export_model(run.model, run.tokenizer, cfg, run.out_dir / "export", run.state)

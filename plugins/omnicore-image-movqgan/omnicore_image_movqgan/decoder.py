@@ -110,6 +110,13 @@ class MoVQGANDecoder(nn.Module):
         return self
 
     @property
+    def fixed_codes(self) -> bool:
+        """True while the VQ autoencoder is frozen (no parameter of it trains, and it is in eval mode): then
+        :meth:`encode` is a fixed function of the features, and the core may reuse the codes of a
+        target it has seen (``train.code_cache_mb``, :mod:`omnicore.model.code_cache`)."""
+        return not self.vq.training and not any(p.requires_grad for p in self.vq.parameters())
+
+    @property
     def device(self) -> torch.device:
         return self.code_embed.weight.device
 
