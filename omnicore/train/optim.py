@@ -60,7 +60,9 @@ def _implementation(params: list[torch.Tensor]) -> dict[str, bool]:
     parameters in 156 tensors, 2 CPU threads): 10.4 ms per step with the loop, 8.0 with
     ``foreach``, 2.4 fused."""
     plain = all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in params)
-    if plain and all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params):
+    if plain and all(
+        p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params
+    ):
         return {"fused": True}
     return {"foreach": False}
 
