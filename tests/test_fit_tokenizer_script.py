@@ -72,7 +72,7 @@ def _fit(repo: Path, **env: str) -> tuple[str, int]:
 
 
 def test_refits_exactly_when_an_input_changed(repo):
-    movq = "examples/digits/data/movq"
+    movq = "examples/digits/movq"
     assert _fit(repo) == ("fitting the tokenizer (none yet)", 1)
     stamp = (repo / movq / "fit.stamp").read_text().splitlines()
     assert stamp[0] == "command: python -m omnicore_image_movqgan.fit --images examples/digits/data/images/0[0-8]*.png " + (
@@ -100,7 +100,7 @@ def test_five_task_config_keeps_the_codec_by_its_stamp(repo):
     """CONFIG=five.yaml: the text BPE goes to data5/tokenizer, the MoVQGAN is config.yaml's (one fit for
     both), and the EnCodec codec in examples/digits/codec (shipped) is fit on takes 5-24 and kept while
     the command and recordings of its stamp hold; a change of the fit code alone keeps it too."""
-    codec, movq = "examples/digits/codec", "examples/digits/data/movq"
+    codec, movq = "examples/digits/codec", "examples/digits/movq"
     five = {"CONFIG": "examples/digits/five.yaml"}
     out, calls = _run(repo, **five)
     assert calls[0] == "-m omnicore fit-tokenizer examples/digits/five.yaml --vocab-size 400 --out examples/digits/data5/tokenizer"

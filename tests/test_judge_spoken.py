@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -133,10 +134,16 @@ def _fake_omnicore(calls: list):
         if command == "generate":
             out = Path(opt["--out"])
             out.mkdir(parents=True, exist_ok=True)
+            lines = []
             for d, tones in GENERATED.items():
-                for s, k in enumerate(tones):
-                    sf.write(out / f"generated-p{d + 1}-s{s + 1}-audio-0.wav", _tone(k), 16000, subtype="PCM_16")
-            return None
+                for s in range(2):
+                    lines.append(f"prompt {d + 1}, sample {s + 1}: text: ''")
+                    if s < len(tones):
+                        sf.write(out / f"generated-p{d + 1}-s{s + 1}-audio-0.wav", _tone(tones[s]), 16000, subtype="PCM_16")
+                        lines.append(f"saved {out}/generated-p{d + 1}-s{s + 1}-audio-0.wav")
+                    else:  # digit 5's second answer drew an image instead of speaking
+                        lines.append(f"saved {out}/generated-p{d + 1}-s{s + 1}-image-0.png")
+            return SimpleNamespace(stdout="\n".join(lines) + "\n")
         rows = [json.loads(line) for line in Path(opt["--data.eval"]).read_text().splitlines()]
         seen: dict[int, int] = {}
         samples = []
@@ -172,6 +179,8 @@ def test_score_counts_per_digit_for_the_judge_and_for_the_models_own_ears(tmp_pa
     per = r["per_digit"]
     assert per["3"]["taken_for"] == {"3": 1, "8": 1} and per["3"]["recognised"] == 1
     assert (per["5"]["spoken"], per["5"]["recognised"]) == (1, 1)
+    assert r["wrong_kind"] == per["5"]["wrong_kind"] == {"image": 1} and per["4"]["wrong_kind"] == {}  # the missing clip was an image
+    assert judging.wrong_kind_line(r, "audio") == "1 of 20 answers were no audio (counted as wrong): image 1"
     assert per["9"]["taken_for"] == {"0": 1, "9": 1} and per["9"]["acoustics"]["near_silent"] == 0.5
     assert all(per[str(d)]["recognised"] == 2 for d in (0, 1, 2, 4, 6, 7, 8))
     heard = r["heard_by_model"]
@@ -179,3 +188,24 @@ def test_score_counts_per_digit_for_the_judge_and_for_the_models_own_ears(tmp_pa
     assert heard["per_digit"]["2"]["taken_for"] == {"7": 2} and heard["per_digit"]["4"]["taken_for"] == {"": 1, "4": 1}
     assert r["acoustics"]["clips"] == 19 and r["acoustics"]["near_silent"] == round(1 / 19, 4)
     assert r["sampling"] == {"num_samples": 2, "temperature": 0.7, "top_k": 0, "seed": 3}
+
+
+def test_answers_of_another_kind_are_named_by_what_they_held():
+    """omnicore generate's lines: an answer with the asked medium is fine (even with another file
+    beside it); one with only other files is named by them; one with no file by its text."""
+    out = "\n".join(
+        [
+            "prompt 1, sample 1: text: ''",
+            "saved r/generated-p1-s1-audio-0.wav",
+            "saved r/generated-p1-s1-image-0.png",
+            "prompt 1, sample 2: text: ''",
+            "saved r/generated-p1-s2-image-0.png",
+            "saved r/generated-p1-s2-image-1.png",
+            "prompt 3, sample 1: text: '7'",
+            "prompt 3, sample 2: text: '7'",
+            "prompt 3, sample 3: text: ''",
+            "saved r/generated-p3-s3-audio-0.wav",
+        ]
+    )
+    assert judging.answer_kinds(out, "audio") == {0: {"image": 1}, 2: {"text only: '7'": 2}}
+    assert judging.answer_kinds(out, "image") == {2: {"text only: '7'": 2, "audio": 1}}

@@ -4,8 +4,9 @@
 # - text: a byte-level BPE fitted on the training text (`omnicore fit-tokenizer`, a few seconds), written to
 #   the foundation's `tokenizer:` folder (examples/digits/data/tokenizer) every time (deterministic: the
 #   same data gives the same tokenizer);
-# - image: a tiny MoVQGAN fit on the training digits (MNIST indices 0-8999, the PNGs in the `images/`
-#   folder next to the `movqgan` decoder's checkpoint), fit again whenever what it was fit from changed;
+# - image: a tiny MoVQGAN fit on the training digits (MNIST indices 0-8999, the PNGs that build_data.py
+#   writes to examples/digits/data/images), shipped fitted in the `movqgan` decoder's checkpoint folder
+#   (examples/digits/movq) and fit again whenever what it was fit from changed;
 # - speech (a config with an `encodec` decoder, five.yaml): a tiny EnCodec fit on FSDD takes 5-24 (reported
 #   on the held-out takes 0-4) into that decoder's checkpoint folder, kept the same way.
 #   CONFIG=examples/digits/five.yaml bash examples/digits/fit_tokenizer.sh
@@ -75,8 +76,10 @@ fit_unless_kept() {
 
 "$PY" -m omnicore fit-tokenizer "$CONFIG" --vocab-size "${TEXT_VOCAB:-400}" --out "$HERE/$TEXT" | sed 's/^/   /'
 
+# the MoVQGAN ships fitted (examples/digits/movq: 100 steps, about 50 s on 2 cores), so a fresh clone
+# keeps it while the command, the images build_data.py wrote and the fit code are those it was fit from
 MOVQ=$HERE/$MOVQ
-IMAGES=$(dirname "$MOVQ")/images
+IMAGES=$HERE/data/images
 fit_unless_kept tokenizer images "$MOVQ" FORCE_MOVQ_FIT \
   "$(find "$IMAGES" -maxdepth 1 -name '0[0-8]*.png' | LC_ALL=C sort)" \
   plugins/omnicore-image-movqgan/omnicore_image_movqgan/fit.py refit \

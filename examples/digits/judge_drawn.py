@@ -17,7 +17,7 @@ Two steps, both on CPU:
 
 Usage (the example's ``run.sh`` does both)::
 
-    python examples/digits/judge_drawn.py fit [--judge examples/digits/data/judge]
+    python examples/digits/judge_drawn.py fit [--judge examples/digits/judges/drawn]
     python examples/digits/judge_drawn.py score --config examples/digits/config.yaml \\
         --export runs/digits/export [--num-samples 10 --temperature 1.0 --top-k 0 --seed 0]
 
@@ -49,9 +49,10 @@ from judging import (  # noqa: E402
     sampling_of,
     save_judge,
     tally,
+    wrong_kind_line,
 )
 
-DEFAULT_JUDGE = HERE / "data" / "judge"
+DEFAULT_JUDGE = HERE / "judges" / "drawn"  # shipped fitted (a fresh clone need not fit it); `fit` writes it again
 PROMPT = "Draw the digit {d}."
 
 
@@ -140,13 +141,14 @@ def score(args: argparse.Namespace) -> dict:
     out = run_dir / "drawn"
     shutil.rmtree(out, ignore_errors=True)  # our own folder: no drawing of an earlier score is counted
     taken: dict[int, list[int]] = {}
-    for d, paths in generate_per_digit(args, out, PROMPT, "image-0.png").items():
+    files, wrong = generate_per_digit(args, out, PROMPT, "image-0.png")
+    for d, paths in files.items():
         taken[d] = []
         if paths:
             x = torch.from_numpy(np.stack([read_png(p) for p in paths])).unsqueeze(1)
             with torch.no_grad():
                 taken[d] = model(x).argmax(-1).tolist()
-    result = tally(taken, args.num_samples, "drawn")
+    result = tally(taken, args.num_samples, "drawn", wrong)
     result.update(sampling=sampling_of(args), judge=json.loads((Path(args.judge) / "judge.json").read_text()))
     (run_dir / "drawn.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
@@ -171,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     r = score(args)
     print(f"drawn digits recognised by the judge: {r['recognised']:.3f} of {r['samples']} ({per_digit_line(r['per_digit'], 'drawn')})")
+    if line := wrong_kind_line(r, "image"):
+        print(f"  {line}")
     return 0
 
 

@@ -25,7 +25,7 @@ Three steps, all on CPU:
 
 Usage::
 
-    python examples/digits/judge_spoken.py fit [--judge examples/digits/data5/judge_spoken]
+    python examples/digits/judge_spoken.py fit [--judge examples/digits/judges/spoken]
     python examples/digits/judge_spoken.py score --config examples/digits/five.yaml \\
         --export runs/digits5/export [--num-samples 10 --temperature 1.0 --top-k 0 --seed 0]
     python examples/digits/judge_spoken.py ceiling --codec examples/digits/codec
@@ -62,9 +62,10 @@ from judging import (  # noqa: E402
     sampling_of,
     save_judge,
     tally,
+    wrong_kind_line,
 )
 
-DEFAULT_JUDGE = HERE / "data5" / "judge_spoken"
+DEFAULT_JUDGE = HERE / "judges" / "spoken"  # shipped fitted (a fresh clone need not fit it); `fit` writes it again
 PROMPT = "Say the digit {d}."
 QUESTION = "Which digit is spoken?"
 
@@ -339,19 +340,20 @@ def score(args: argparse.Namespace) -> dict:
     run_dir = run_dir_of(args)
     out = run_dir / "spoken"
     shutil.rmtree(out, ignore_errors=True)  # our own folder: no clip of an earlier score is counted
-    clips = generate_per_digit(args, out, PROMPT, "audio-0.wav")
+    clips, wrong = generate_per_digit(args, out, PROMPT, "audio-0.wav")
     taken, facts = {}, {}
     for d, paths in clips.items():
         waves = [read_wave(p) for p in paths]
         taken[d] = predict(model, clip_inputs(waves)) if waves else []
         facts[d] = [acoustic_facts(w, RATE) for w in waves]
-    judged = tally(taken, args.num_samples, "spoken")
+    judged = tally(taken, args.num_samples, "spoken", wrong)
     for d, f in facts.items():
         judged["per_digit"][str(d)]["acoustics"] = summarise(f)
     result = {
         "recognised": judged.pop("recognised"),
         "samples": judged["samples"],
-        "heard_by_model": tally(hear(args, out, clips), args.num_samples, "spoken"),
+        "wrong_kind": judged["wrong_kind"],
+        "heard_by_model": tally(hear(args, out, clips), args.num_samples, "spoken", wrong),
         "acoustics": summarise([f for fs in facts.values() for f in fs]),
         "sampling": sampling_of(args),
         "judge": json.loads((Path(args.judge) / "judge.json").read_text()),
@@ -454,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     r = score(args)
     heard = r["heard_by_model"]
     print(f"spoken digits recognised by the judge: {r['recognised']:.3f} of {r['samples']} ({per_digit_line(r['per_digit'], 'spoken')})")
+    if line := wrong_kind_line(r, "audio"):
+        print(f"  {line}")
     print(
         f"spoken digits heard by the model itself: {heard['recognised']:.3f} of {heard['samples']} ({per_digit_line(heard['per_digit'], 'spoken')})"
     )

@@ -9,6 +9,7 @@ for a sample) counts as wrong.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -53,17 +54,48 @@ def omnicore(command: str, args: argparse.Namespace, extra: Sequence[str]) -> su
     return done
 
 
-def generate_per_digit(args: argparse.Namespace, out: Path, prompt: str, medium: str) -> dict[int, list[Path]]:
-    """Run ``omnicore generate`` with ``prompt.format(d=D)`` for D = 0..9 into ``out`` and return the
-    files of each digit: ``generated-pP-sS-MEDIUM`` (``medium`` e.g. ``image-0.png``,
-    ``audio-0.wav``; prompt P = D + 1), sorted by sample."""
+def generate_per_digit(
+    args: argparse.Namespace, out: Path, prompt: str, medium: str
+) -> tuple[dict[int, list[Path]], dict[int, dict[str, int]]]:
+    """Run ``omnicore generate`` with ``prompt.format(d=D)`` for D = 0..9 into ``out``.
+
+    Returns ``(files, wrong)``: per digit, the files of ``medium`` it wrote
+    (``generated-pP-sS-MEDIUM``, e.g. ``image-0.png``, ``audio-0.wav``; prompt P = D + 1), sorted
+    by sample; and per digit, the answers of another kind (:func:`answer_kinds`), by kind."""
     extra = ["--out", str(out), "--force"]
     for d in range(10):
         extra += ["--prompt", prompt.format(d=d)]
     extra += ["--num-samples", str(args.num_samples), "--temperature", str(args.temperature), "--top-k", str(args.top_k)]
     extra += ["--seed", str(args.seed)]
-    omnicore("generate", args, extra)
-    return {d: sorted(out.glob(f"generated-p{d + 1}-s*-{medium}"), key=_sample_number) for d in range(10)}
+    done = omnicore("generate", args, extra)
+    files = {d: sorted(out.glob(f"generated-p{d + 1}-s*-{medium}"), key=_sample_number) for d in range(10)}
+    return files, answer_kinds(done.stdout, medium.split("-")[0])
+
+
+_ANSWER = re.compile(r"^prompt (\d+), sample (\d+): text: (.*)$")
+
+
+def answer_kinds(stdout: str, modality: str) -> dict[int, dict[str, int]]:
+    """Per digit (prompt P = digit + 1), how many answers held no ``modality`` output, by what they
+    held instead: the other modalities they wrote (``image``; ``audio+image`` for both), or
+    ``text only`` (then the text itself, quoted, as ``text only: '7'``), read from ``omnicore
+    generate``'s lines (``prompt P, sample S: text: '...'``, then ``saved PATH`` per file)."""
+    answers: dict[tuple[int, int], tuple[str, set[str]]] = {}
+    current = None
+    for line in stdout.splitlines():
+        if m := _ANSWER.match(line):
+            current = (int(m.group(1)), int(m.group(2)))
+            answers[current] = (m.group(3), set())
+        elif line.startswith("saved ") and current is not None:
+            answers[current][1].add(Path(line[6:]).name.split("-")[3])  # generated-pP-sS-MODALITY-I.ext
+    wrong: dict[int, dict[str, int]] = {}
+    for (p, _), (text, kinds) in sorted(answers.items()):
+        if modality in kinds:
+            continue
+        kind = "+".join(sorted(kinds)) if kinds else f"text only: {text}"
+        counts = wrong.setdefault(p - 1, {})
+        counts[kind] = counts.get(kind, 0) + 1
+    return wrong
 
 
 def _sample_number(path: Path) -> int:
@@ -71,7 +103,7 @@ def _sample_number(path: Path) -> int:
     return int(path.name.split("-")[2][1:])
 
 
-def tally(taken: dict[int, list[Any]], num_samples: int, made: str) -> dict[str, Any]:
+def tally(taken: dict[int, list[Any]], num_samples: int, made: str, wrong: dict[int, dict[str, int]] | None = None) -> dict[str, Any]:
     """Count what each digit's answers were taken for.
 
     Args:
@@ -79,19 +111,41 @@ def tally(taken: dict[int, list[Any]], num_samples: int, made: str) -> dict[str,
             compared with D as text).
         num_samples: answers asked for per digit; fewer answers count the missing ones as wrong.
         made: the name of the per-digit count of answers (``drawn``, ``spoken``).
+        wrong: per digit, the answers of another kind by kind (:func:`answer_kinds`): they are
+            among the missing ones, and are named in ``wrong_kind``.
 
     Returns:
-        ``{"recognised": share of all, "samples": count, "per_digit": {"D": {made: n, "recognised":
-        k, "taken_for": {answer: count}}}}``.
+        ``{"recognised": share of all, "samples": count, "wrong_kind": {kind: count},
+        "per_digit": {"D": {made: n, "recognised": k, "taken_for": {answer: count},
+        "wrong_kind": {kind: count}}}}``.
     """
-    per_digit, right, total = {}, 0, 0
+    wrong = wrong or {}
+    per_digit, right, total, kinds = {}, 0, 0, {}
     for d, answers in taken.items():
         keys = [str(a) for a in answers]
         ok = keys.count(str(d))
-        per_digit[str(d)] = {made: len(keys), "recognised": ok, "taken_for": {k: keys.count(k) for k in sorted(set(keys))}}
+        per_digit[str(d)] = {
+            made: len(keys),
+            "recognised": ok,
+            "taken_for": {k: keys.count(k) for k in sorted(set(keys))},
+            "wrong_kind": dict(wrong.get(d, {})),
+        }
+        for k, n in wrong.get(d, {}).items():
+            kinds[k] = kinds.get(k, 0) + n
         right += ok
         total += max(len(keys), num_samples)
-    return {"recognised": round(right / max(total, 1), 4), "samples": total, "per_digit": per_digit}
+    return {"recognised": round(right / max(total, 1), 4), "samples": total, "wrong_kind": kinds, "per_digit": per_digit}
+
+
+def wrong_kind_line(result: dict[str, Any], medium: str) -> str:
+    """``''`` when every answer was ``medium``, else a line naming how many were not, by kind:
+    ``95 of 100 answers were no audio (counted as wrong): image 90, text only: '7' 5``."""
+    kinds = result.get("wrong_kind") or {}
+    if not kinds:
+        return ""
+    n = sum(kinds.values())
+    parts = ", ".join(f"{k} {c}" for k, c in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    return f"{n} of {result['samples']} answers were no {medium} (counted as wrong): {parts}"
 
 
 def per_digit_line(per_digit: dict[str, dict[str, Any]], made: str) -> str:

@@ -22,6 +22,10 @@ Output (``--out``, default ``examples/digits/data``)::
     videos/train_00000.mkv ...  videos/eval_00000.mkv ...
     videos_train.jsonl, videos_eval.jsonl   (chat format: a video part, then the question)
 
+The two JSONL files are written when this script runs alone. ``build_data.py --videos N
+--eval-videos M`` (what ``TASKS=5 run.sh`` runs) makes the same clips through :func:`write_clips`
+and merges their rows into its own ``train.jsonl`` and ``eval.jsonl`` instead.
+
 Only the standard library, numpy and PyAV (``av``) are needed. Usage::
 
     python examples/digits/make_videos.py [--train 2000] [--eval 200] [--frames 8] [--fps 4] [--seed 0]

@@ -16,24 +16,26 @@ case "${TASKS:-3}" in
   *) echo "run.sh: TASKS must be 3 (config.yaml) or 5 (five.yaml), got '$TASKS'" >&2; exit 2 ;;
 esac
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+N=6; if [ "${TASKS:-3}" = 5 ]; then N=7; fi  # stages: the five-task run adds the spoken judge
 start=$(date +%s)
 times=()
 stage_done() { local now; now=$(date +%s); times+=("$1 $(( now - ${stage_start:-$start} )) s"); stage_start=$now; }
 
-echo "== 1/6 data: JSONL + PNG from examples/digits/raw"
+echo "== 1/$N data: JSONL + PNG from examples/digits/raw"
 $PY examples/digits/build_data.py
 if [ "${TASKS:-3}" = 5 ]; then  # data/ (above) still holds the images the MoVQGAN is fit on, shared by both configs
   $PY examples/digits/build_data.py --out examples/digits/data5 --speak 1200 --eval-speak 100 --videos 2000 --eval-videos 200
 fi
 stage_done data
 
-echo "== 2/6 tokenizers: text (a byte-level BPE on the training text), image (a tiny MoVQGAN on MNIST indices 0-8999)"
-# the MoVQGAN is fit again only when its inputs changed (command and MOVQ_STEPS, training images, fit code): see fit_tokenizer.sh;
-# with TASKS=5 also the speech codec (a tiny EnCodec on FSDD takes 5-24, CODEC_STEPS), by the same rule
+echo "== 2/$N tokenizers: text (a byte-level BPE on the training text), image (a tiny MoVQGAN on MNIST indices 0-8999, shipped)"
+# the MoVQGAN (examples/digits/movq) ships fitted and is fit again only when its inputs changed (command and MOVQ_STEPS,
+# training images, fit code): see fit_tokenizer.sh; with TASKS=5 also the shipped speech codec (a tiny EnCodec on FSDD
+# takes 5-24, CODEC_STEPS), by the same rule
 CONFIG=$CFG PY=$PY bash examples/digits/fit_tokenizer.sh
 stage_done tokenizer
 
-echo "== 3/6 train"
+echo "== 3/$N train"
 rm -rf "$OUT"
 if [ "${NPROC:-1}" -gt 1 ]; then
   $PY -m torch.distributed.run --standalone --nproc-per-node "$NPROC" -m omnicore train $CFG --run.output_dir "$OUT" "$@"
@@ -42,23 +44,23 @@ else
 fi
 stage_done train
 
-echo "== 4/6 held-out accuracy (MNIST indices 9000-9999, FSDD takes 0-4)"
+echo "== 4/$N held-out accuracy (MNIST indices 9000-9999, FSDD takes 0-4)"
 .venv/bin/omnicore eval $CFG --run.output_dir "$OUT" --export "$OUT/export"
 stage_done eval
 
 PROMPTS=(--prompt "Draw the digit 7.") said=""
 if [ "${TASKS:-3}" = 5 ]; then PROMPTS+=(--prompt "Say the digit 7.") said=" and 'Say the digit 7.' (a WAV)"; fi
-echo "== 5/6 generate: 'Draw the digit 7.'$said"
+echo "== 5/$N generate: 'Draw the digit 7.'$said"
 .venv/bin/omnicore generate $CFG --run.output_dir "$OUT" --export "$OUT/export" "${PROMPTS[@]}" --out "$OUT/generated" --force
 stage_done generate
 
-echo "== 6/6 drawn digits: 10 samples per digit (temperature 0.5), judged by a classifier trained apart on MNIST 0-8999"
-if [ ! -f examples/digits/data/judge/model.safetensors ]; then $PY examples/digits/judge_drawn.py fit; fi
+echo "== 6/$N drawn digits: 10 samples per digit (temperature 0.5), judged by a classifier trained apart on MNIST 0-8999"
+if [ ! -f examples/digits/judges/drawn/model.safetensors ]; then $PY examples/digits/judge_drawn.py fit; fi  # shipped fitted
 $PY examples/digits/judge_drawn.py score --config $CFG --export "$OUT/export" --temperature "${JUDGE_TEMPERATURE:-0.5}"
 stage_done judge
 if [ "${TASKS:-3}" = 5 ]; then
-  echo "== 6/6 spoken digits: 10 samples per digit (temperature ${SPEAK_TEMPERATURE:-0.5}), judged by a classifier trained apart on FSDD takes 5-24 and by the model's own ears"
-  if [ ! -f examples/digits/data5/judge_spoken/model.safetensors ]; then $PY examples/digits/judge_spoken.py fit; fi
+  echo "== 7/$N spoken digits: 10 samples per digit (temperature ${SPEAK_TEMPERATURE:-0.5}), judged by a classifier trained apart on FSDD takes 5-24 and by the model's own ears"
+  if [ ! -f examples/digits/judges/spoken/model.safetensors ]; then $PY examples/digits/judge_spoken.py fit; fi  # shipped fitted
   $PY examples/digits/judge_spoken.py score --config $CFG --export "$OUT/export" --temperature "${SPEAK_TEMPERATURE:-0.5}"
   stage_done judge_spoken
 fi
