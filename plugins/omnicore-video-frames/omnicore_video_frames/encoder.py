@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from omnicore.api import load_extra_weights, load_hf_pretrained, save_extra_weights
+from omnicore_video_frames.augment import augment_clips
 from omnicore_video_frames.processor import VideoEncoderOptions, VideoFramesProcessor, read_vision_config
 
 __all__ = ["VideoEncoderOptions", "VideoFramesEncoder", "VideoFramesProcessor", "build"]
@@ -115,6 +116,8 @@ class VideoFramesEncoder(nn.Module):
         self.projector = nn.Linear(int(tower.config.hidden_size), self.hidden_size)
         self.processor = VideoFramesProcessor.for_config(tower.config, options)
         self.frozen = False
+        self.augment = options.augment
+        """Random shifts and reversals per clip in training mode (:mod:`omnicore_video_frames.augment`)."""
         if options.freeze:
             self.freeze_tower()
 
@@ -181,11 +184,15 @@ class VideoFramesEncoder(nn.Module):
         the order of :meth:`VideoFramesProcessor.grid` (tubelet, then row, then column).
 
         The tower's ``pooler_output`` (the merger's output) is projected; inputs are moved to the
-        module's device, and the tower casts the patches to its own dtype.
+        module's device, and the tower casts the patches to its own dtype. In training mode each
+        clip is first shifted and reversed at random as ``augment`` says (none by default).
         """
         device = self.projector.weight.device
         pixels = batch["pixel_values_videos"].to(device)
         grid = batch["video_grid_thw"].to(device).reshape(-1, 3)
+        if self.training and self.augment.active:
+            p = self.processor
+            pixels = augment_clips(pixels, grid, self.augment, tp=p.temporal_patch_size, p=p.patch_size, m=p.merge_size)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
             merged = self.tower(pixels, grid_thw=grid).pooler_output  # [sum N_b / M**2, E]
         return self.projector(merged)

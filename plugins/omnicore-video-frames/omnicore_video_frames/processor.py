@@ -38,6 +38,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from omnicore.api import Video
+from omnicore_video_frames.augment import VideoAugmentOptions
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -107,6 +108,14 @@ class VideoEncoderOptions(BaseModel):
     freeze: bool = Field(
         default=False,
         description="Freeze the vision tower (requires_grad=False, run without autograd); the projector always trains.",
+    )
+    augment: VideoAugmentOptions = Field(
+        default_factory=VideoAugmentOptions,
+        description=(
+            "Random changes per clip while training (never in eval or generation): shift (largest translation, a fraction "
+            "of the frame's sides) and reverse (play backwards with probability 1/2; only where time's direction does not "
+            "matter). See omnicore_video_frames.augment."
+        ),
     )
 
     @field_validator("config")
