@@ -56,7 +56,8 @@ def _loss(model, mb):
 def test_collate_keys_each_target_by_its_features(built, drawn):
     """decoder_keys holds, per target in order, the digest of its features and its code count."""
     _, _, proc = built
-    mb = collate(drawn, proc.encoders, proc.decoders)
+    assert collate(drawn, proc.encoders, proc.decoders).decoder_keys == {}  # no digest unless asked for
+    mb = collate(drawn, proc.encoders, proc.decoders, decoder_keys=True)
     feats = [f for s in drawn for side, m, f in s.media if side == "decoder"]
     assert mb.decoder_keys["image"] == [(features_digest(f), int(proc.decoders["image"].num_tokens(f))) for f in feats]
     assert len({d for d, _ in mb.decoder_keys["image"]}) == 3  # three different images, three keys
@@ -69,15 +70,18 @@ def test_cached_codes_give_the_losses_of_encoding(built, drawn, monkeypatch):
     model, _, proc = built
     dec = model.decoders["image"]
     assert dec.fixed_codes  # the MoVQGAN is frozen by default
-    plain = [_loss(model, collate(drawn[:2], proc.encoders, proc.decoders)), _loss(model, collate(drawn[1:], proc.encoders, proc.decoders))]
+    plain = [
+        _loss(model, collate(drawn[:2], proc.encoders, proc.decoders, decoder_keys=True)),
+        _loss(model, collate(drawn[1:], proc.encoders, proc.decoders, decoder_keys=True)),
+    ]
     count = _CountEncode(dec, monkeypatch)
     model.code_cache = CodeCache(1 << 20)
     try:
-        first = _loss(model, collate(drawn[:2], proc.encoders, proc.decoders))
-        again = _loss(model, collate(drawn[:2], proc.encoders, proc.decoders))
+        first = _loss(model, collate(drawn[:2], proc.encoders, proc.decoders, decoder_keys=True))
+        again = _loss(model, collate(drawn[:2], proc.encoders, proc.decoders, decoder_keys=True))
         assert count.calls == [2]  # the second pass read both targets from the cache
         assert model.code_cache.hits == 2 and model.code_cache.misses == 2
-        mixed = _loss(model, collate(drawn[1:], proc.encoders, proc.decoders))  # one seen target, one new
+        mixed = _loss(model, collate(drawn[1:], proc.encoders, proc.decoders, decoder_keys=True))  # one seen target, one new
         assert count.calls == [2, 2]  # a miss encodes the whole micro-batch
         assert first == again == plain[0] and mixed == plain[1]
         assert len(model.code_cache) == 3
@@ -95,7 +99,7 @@ def test_decoder_without_fixed_codes_is_encoded_every_time(built, drawn, monkeyp
     try:
         assert not dec.fixed_codes
         for _ in range(2):
-            _loss(model, collate(drawn[:2], proc.encoders, proc.decoders))
+            _loss(model, collate(drawn[:2], proc.encoders, proc.decoders, decoder_keys=True))
         assert count.calls == [2, 2] and len(model.code_cache) == 0
     finally:
         dec.vq.requires_grad_(False)

@@ -48,8 +48,23 @@ def one_process_run(digits_jsonl, tmp_path_factory):
         str(digits_jsonl / "train.jsonl"), output_dir=str(work / "run"), max_steps=STEPS, grad_accum=2, save_every=2, export=True
     )
     path = _write_cfg(work / "cfg.yaml", cfg)
-    _omnicore("train", str(path), cwd=work)
+    (work / "train.log").write_text(_omnicore("train", str(path), cwd=work).stderr)
     return work / "run", cfg
+
+
+def test_later_epochs_take_target_codes_from_the_cache(one_process_run, digits_jsonl):
+    """The 4 steps go round the small training set more than once: the frozen MoVQGAN's codes of
+    each drawn target are kept once (as many targets as distinct target images in the file) and
+    found again in later epochs (train.code_cache_mb, on by default)."""
+    import re
+
+    run, _ = one_process_run
+    line = next(x for x in (run.parent / "train.log").read_text().splitlines() if "code cache:" in x)
+    m = re.search(r"code cache: (\d+) targets \(([\d.]+) MiB of 256 MiB\), ([\d.]+)% of lookups hit", line)
+    assert m, line
+    rows = [json.loads(x) for x in (digits_jsonl / "train.jsonl").read_text().splitlines()]
+    drawn = {p["path"] for r in rows if r["task"] == "text_to_image" for p in r["messages"][1]["content"] if p["type"] == "image"}
+    assert int(m.group(1)) == len(drawn) and 0 < float(m.group(3)) < 100
 
 
 def test_fsdp2_two_processes_match_one_process(one_process_run, digits_jsonl, tmp_path):

@@ -207,9 +207,11 @@ def features_digest(features: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def collate(samples: list[Encoded], encoders: dict[str, Any], decoders: dict[str, Any]) -> MicroBatch:
-    """Concatenate encoded samples into one packed :class:`MicroBatch` (``decoders``: the decoders'
-    processors, whose ``num_tokens`` gives each target's code count for ``decoder_keys``)."""
+def collate(samples: list[Encoded], encoders: dict[str, Any], decoders: dict[str, Any], *, decoder_keys: bool = False) -> MicroBatch:
+    """Concatenate encoded samples into one packed :class:`MicroBatch`. With ``decoder_keys`` (a
+    model with a :class:`~omnicore.model.code_cache.CodeCache` will take it) each decoder target is
+    keyed by :func:`features_digest` and its code count (``decoders``' ``num_tokens``); without, no
+    digest is computed (BLAKE2b over the features, about 1 ms per MB) and ``decoder_keys`` is empty."""
     import torch
 
     ids: list[int] = []
@@ -236,7 +238,9 @@ def collate(samples: list[Encoded], encoders: dict[str, Any], decoders: dict[str
         n_targets=sum(s.n_targets for s in samples),
         wheres=[s.where for s in samples],
         rope_position_ids=_rope_rows(samples),
-        decoder_keys={m: [(features_digest(f), int(decoders[m].num_tokens(f))) for f in v] for m, v in dec_items.items()},
+        decoder_keys={m: [(features_digest(f), int(decoders[m].num_tokens(f))) for f in v] for m, v in dec_items.items()}
+        if decoder_keys
+        else {},
     )
 
 

@@ -436,6 +436,8 @@ class DataPipeline:
         data_rank, data_size: this rank's data group and the number of groups; ``grad_accum``:
             micro-batches per step (the rank's shards are ``data_rank * grad_accum + k``).
         pin_memory: pin collated tensors (CUDA only).
+        decoder_keys: key each decoder target by its features' digest in the collated micro-batches
+            (:func:`~omnicore.data.packing.collate`), for the model's code cache (``train.code_cache_mb``).
 
     Raises:
         PackingError: unknown ``data.packing``.
@@ -452,6 +454,7 @@ class DataPipeline:
         data_size: int,
         grad_accum: int,
         pin_memory: bool = False,
+        decoder_keys: bool = False,
     ):
         if data.packing not in PACKING_METHODS:
             raise PackingError(f"data.packing: unknown method {data.packing!r}; choose one of {', '.join(PACKING_METHODS)}")
@@ -461,6 +464,7 @@ class DataPipeline:
         self.window = data.packing_window
         self.chunk = chunk_size(self.window)
         self.pin_memory = pin_memory
+        self.decoder_keys = decoder_keys
         self.packers = [
             ShardPacker(len(sources), v, window=self.window, max_tokens=data.max_tokens, method=data.packing, seed=seed,
                         shuffle=data.shuffle, on_error=data.on_error)
@@ -590,7 +594,7 @@ class DataPipeline:
                 for p, st in zip(self.packers, before):  # a checkpoint keeps the position after the last whole step
                     p.state = st
                 raise
-            mb = collate([e.sample for e in row], self.chat.encoders, self.chat.decoders)
+            mb = collate([e.sample for e in row], self.chat.encoders, self.chat.decoders, decoder_keys=self.decoder_keys)
             if self.pin_memory:
                 mb = _pin(mb)
             out.append(mb)

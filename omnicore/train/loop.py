@@ -133,7 +133,7 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
         _load_init_from(init_from.folder, model, state)
     pin = cfg.data.pin_memory if cfg.data.pin_memory is not None else state.device.type == "cuda"
     data = DataPipeline(sources, processor, cfg.data, cfg.run.seed, data_rank=data_rank, data_size=data_size,
-                        grad_accum=cfg.train.grad_accum, pin_memory=pin)  # fmt: skip
+                        grad_accum=cfg.train.grad_accum, pin_memory=pin, decoder_keys=cfg.train.code_cache_mb > 0)  # fmt: skip
     _check_rows(sources, data.num_shards, cfg)
 
     optimizer = build_optimizer(model, cfg)

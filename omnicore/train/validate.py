@@ -303,7 +303,7 @@ def _forward_rows(
             item = filler or (None, _first_sample(path, processor))
         filler = item
         task, row = item
-        mb = collate(row, processor.encoders, processor.decoders)
+        mb = collate(row, processor.encoders, processor.decoders, decoder_keys=getattr(model, "code_cache", None) is not None)
         with autocast():
             out = model(**to_device(vars(mb), device))
         if counted:
