@@ -14,7 +14,7 @@ decoder uses the cache).
 
 Writes ``bench/results/code_cache.json`` and prints a table. Caveat: only the target path is timed,
 not a whole training step; in the five-task digits run (3,500 steps, about 3.4 epochs) 73.8% of
-lookups hit and the median step fell from 180 to 141 ms, together with the fused AdamW.
+lookups hit and the median step fell from 180 to 141-145 ms, together with the fused AdamW.
 
 Usage::
 

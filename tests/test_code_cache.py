@@ -11,7 +11,7 @@ from test_model import _build
 
 from omnicore.data.jsonl import parse_line
 from omnicore.data.packing import collate, features_digest
-from omnicore.model.code_cache import CodeCache
+from omnicore.model.code_cache import ENTRY_OVERHEAD, CodeCache
 
 
 @pytest.fixture(scope="module")
@@ -114,29 +114,32 @@ def test_lookup_needs_every_item_and_its_count():
     assert cache.lookup("image", [("a", 3)]) is None  # a has 2 codes, not 3
     assert cache.lookup("audio", [("a", 2)]) is None  # keys are per modality
     assert not cache.store("image", [("d", 2)], torch.tensor([1, 2, 3]))  # counts do not add up: nothing kept
-    assert len(cache) == 2 and (cache.hits, cache.misses) == (2, 4)  # every item of a failed lookup is a miss
+    assert cache.store("image", [(None, 1), ("e", 0), ("f", 2)], torch.tensor([4, 5, 6]))  # no digest: not kept
+    assert cache.lookup("image", [("e", 0), ("f", 2)]).tolist() == [5, 6] and cache.lookup("image", [(None, 1)]) is None
+    assert len(cache) == 4 and (cache.hits, cache.misses) == (4, 5)  # every item of a failed lookup is a miss
 
 
 def test_codes_are_stored_small_and_handed_back_long():
     cache = CodeCache(1 << 20)
     cache.store("a", [("small", 2)], torch.tensor([0, 32767]))
     cache.store("a", [("big", 2)], torch.tensor([0, 40000]))
-    assert cache.bytes == 2 * 2 + 2 * 4  # int16, then int32
+    assert cache.bytes == (1 + 2 * 2) + (1 + 2 * 4) + 2 * ENTRY_OVERHEAD  # a tag, then int16; a tag, then int32
     out = cache.lookup("a", [("big", 2), ("small", 2)])
     assert out.dtype == torch.long and out.tolist() == [0, 40000, 0, 32767]
 
 
 def test_least_recently_used_are_evicted_beyond_the_budget():
-    cache = CodeCache(3 * 4 * 2)  # three items of 4 int16 codes
+    item = 1 + 4 * 2 + ENTRY_OVERHEAD  # 4 int16 codes after their tag, and the entry's bookkeeping
+    cache = CodeCache(3 * item)  # three items
     for k in "abc":
         cache.store("m", [(k, 4)], torch.arange(4))
     assert cache.lookup("m", [("a", 4)]) is not None  # a is now the most recently used
     cache.store("m", [("d", 4)], torch.arange(4))
     assert cache.lookup("m", [("b", 4)]) is None  # b, the least recently used, went
     assert all(cache.lookup("m", [(k, 4)]) is not None for k in "acd")
-    assert cache.bytes == 24 and len(cache) == 3
+    assert cache.bytes == 3 * item and len(cache) == 3
     cache.store("m", [("a", 4)], torch.arange(4))  # storing a kept key again does not count it twice
-    assert cache.bytes == 24 and len(cache) == 3
+    assert cache.bytes == 3 * item and len(cache) == 3
     with pytest.raises(ValueError, match="max_bytes"):
         CodeCache(-1)
 
@@ -160,3 +163,48 @@ def test_features_digest_follows_values_shape_and_dtype():
     t = torch.arange(4, dtype=torch.float32)
     assert features_digest({"x": t.bfloat16()}) != features_digest({"x": t})  # bfloat16 is marked
     assert features_digest({"x": t[::2]}) == features_digest({"x": torch.tensor([0.0, 2.0])})  # strides do not matter
+
+
+def test_features_digest_hashes_nested_values_exactly_or_gives_none():
+    """Lists, tuples and dicts of arrays are hashed element by element (two arrays that print the
+    same, over numpy's 1000-element summary, still differ); a value it cannot hash exactly makes the
+    item uncacheable (None)."""
+    a = np.zeros(5000, dtype=np.float32)
+    b = a.copy()
+    b[2500] = 1.0
+    assert repr([a]) == repr([b])  # what a repr-based digest would have confused
+    assert features_digest({"x": [a, 1]}) != features_digest({"x": [b, 1]})
+    assert features_digest({"x": {"k": (a, "s")}}) == features_digest({"x": {"k": (a.copy(), "s")}})
+    assert features_digest({"x": (1, 2)}) != features_digest({"x": [1, 2]}) != features_digest({"x": [1, 2.0]})
+    assert features_digest({"x": True}) != features_digest({"x": 1})
+    assert features_digest({"x": object()}) is None and features_digest({"x": [a, object()]}) is None
+    assert features_digest({"x": np.array([object()])}) is None
+
+
+def _tensors(v) -> list:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, dict):
+        return [t for x in v.values() for t in _tensors(x)]
+    if isinstance(v, list):
+        return [t for x in v for t in _tensors(x)]
+    return []
+
+
+def test_pinning_a_keyed_micro_batch_pins_every_tensor_and_keeps_the_keys(built, drawn, monkeypatch):
+    """data.pin_memory (CUDA) goes through every field, decoder_keys' lists of tuples included."""
+    from omnicore.data.pipeline import _pin
+
+    _, _, proc = built
+    mb = collate(drawn, proc.encoders, proc.decoders, decoder_keys=True)
+    keys, n = mb.decoder_keys, len(_tensors(vars(mb)))
+    pinned: list = []
+
+    def fake_pin(self):  # no CUDA here: a copy, remembered, stands for the page-locked one
+        pinned.append(self.clone())
+        return pinned[-1]
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    out = _pin(mb)
+    assert out.decoder_keys == keys and len(keys["image"]) == 3
+    assert n >= 8 and {id(t) for t in _tensors(vars(out))} == {id(t) for t in pinned}

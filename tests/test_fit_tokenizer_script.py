@@ -21,6 +21,7 @@ CODEC_CODE = "plugins/omnicore-audio-codec/omnicore_audio_codec/losses.py"
 FAKE_PY = """#!/usr/bin/env bash
 # stands in for `python -m omnicore_image_movqgan.fit ... --out DIR ...`: records the call, writes DIR/config.json
 echo "$*" >> "$CALLS"
+if [ -n "${FAIL_FIT:-}" ] && [[ "$*" == *"$FAIL_FIT"* ]]; then mkdir -p examples/digits/movq && echo partial > examples/digits/movq/config.json; exit 3; fi
 while [ $# -gt 0 ]; do if [ "$1" = --out ]; then mkdir -p "$2"; echo '{}' > "$2/config.json"; fi; shift; done
 """
 
@@ -132,3 +133,22 @@ def test_five_task_config_keeps_the_codec_by_its_stamp(repo):
 
 def _kept(movq: str) -> str:
     return f"kept the fitted tokenizer in {movq}: same command, images and fit code as when it was fit ({movq}/fit.stamp)"
+
+
+def test_a_failed_or_interrupted_refit_leaves_the_previous_fit(repo):
+    """The folder being replaced (the shipped MoVQGAN is tracked by git) is set aside until the new
+    fit is done: a fit that fails puts it back, and after one that was killed the next run puts it
+    back before deciding."""
+    movq = repo / "examples/digits/movq"
+    _fit(repo)
+    before = {f.name: f.read_bytes() for f in movq.iterdir()}
+    env = {k: v for k, v in os.environ.items() if k not in ("MOVQ_STEPS", "FORCE_MOVQ_FIT", "CONFIG")}
+    env.update(PY=str(repo / "fake-python"), CALLS=str(repo / "calls.txt"), FAIL_FIT="omnicore_image_movqgan.fit", FORCE_MOVQ_FIT="1")
+    r = subprocess.run(["bash", str(SCRIPT)], cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "failed; examples/digits/movq is as it was" in r.stderr
+    assert {f.name: f.read_bytes() for f in movq.iterdir()} == before and not movq.with_name("movq.previous").exists()
+    movq.rename(movq.with_name("movq.previous"))  # as a fit killed after setting the folder aside leaves it
+    out, _ = _fit(repo)
+    assert out.splitlines()[0] == "put back examples/digits/movq from examples/digits/movq.previous (a fit of it was interrupted)"
+    assert out.splitlines()[1].startswith("kept the fitted tokenizer in examples/digits/movq")
+    assert {f.name: f.read_bytes() for f in movq.iterdir()} == before

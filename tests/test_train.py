@@ -60,11 +60,11 @@ def test_later_epochs_take_target_codes_from_the_cache(one_process_run, digits_j
 
     run, _ = one_process_run
     line = next(x for x in (run.parent / "train.log").read_text().splitlines() if "code cache:" in x)
-    m = re.search(r"code cache: (\d+) targets \(([\d.]+) MiB of 256 MiB\), ([\d.]+)% of lookups hit", line)
+    m = re.search(r"code cache: ([\d,]+) targets \(([\d.]+) MiB of 256 MiB\), ([\d.]+)% of lookups hit", line)
     assert m, line
     rows = [json.loads(x) for x in (digits_jsonl / "train.jsonl").read_text().splitlines()]
     drawn = {p["path"] for r in rows if r["task"] == "text_to_image" for p in r["messages"][1]["content"] if p["type"] == "image"}
-    assert int(m.group(1)) == len(drawn) and 0 < float(m.group(3)) < 100
+    assert int(m.group(1).replace(",", "")) == len(drawn) and 0 < float(m.group(3)) < 100
 
 
 def test_fsdp2_two_processes_match_one_process(one_process_run, digits_jsonl, tmp_path):

@@ -154,6 +154,39 @@ def test_adamw_on_plain_tensors_is_fused_and_takes_the_textbook_step():
         assert torch.allclose(p.detach().double(), ref[n], atol=1e-6, rtol=0), n
 
 
+def test_a_loaded_looped_adamw_state_is_fused_again_and_continues_alike():
+    """Optimizer.load_state_dict keeps the saved groups' fused/foreach (an older omnicore's loop, or
+    a DTensor run's): use_implementation sets them for the parameters at hand, and the next step
+    equals the loop's within 1e-6."""
+    from omnicore.train.optim import build_optimizer, use_implementation
+
+    cfg = _cfg()
+    model = _Tree()
+    opt = build_optimizer(model, cfg)
+    gen = torch.Generator().manual_seed(1)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=gen)
+    opt.step()
+    saved = opt.state_dict()
+    for g in saved["param_groups"]:  # as a run with the per-tensor loop saved it
+        g.update(fused=False, foreach=False)
+    twin = _Tree()
+    twin.load_state_dict(model.state_dict())
+    fused, looped = build_optimizer(model, cfg), build_optimizer(twin, cfg)
+    fused.load_state_dict(saved)
+    looped.load_state_dict(saved)
+    assert not any(g["fused"] for g in fused.param_groups)  # what torch restores
+    use_implementation(fused)
+    assert all(g["fused"] and g["foreach"] is None for g in fused.param_groups)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        p.grad = torch.randn(p.shape, generator=gen)
+        q.grad = p.grad.clone()
+    fused.step()
+    looped.step()
+    for (n, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert torch.allclose(p, q, atol=1e-6, rtol=0), n
+
+
 def test_param_groups_follow_the_most_specific_prefix_and_the_schedule_keeps_each_factor():
     from omnicore.train.optim import build_optimizer, warmup_cosine
 

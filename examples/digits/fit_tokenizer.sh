@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The digits tokenizers of a config (CONFIG, default examples/digits/config.yaml), run from the
-# repository root by run.sh and stages.sh; every folder comes from the config (relative to it):
+# repository root by run.sh and stages.sh; every folder it writes comes from the config (relative to it):
 # - text: a byte-level BPE fitted on the training text (`omnicore fit-tokenizer`, a few seconds), written to
 #   the foundation's `tokenizer:` folder (examples/digits/data/tokenizer) every time (deterministic: the
 #   same data gives the same tokenizer);
@@ -43,6 +43,10 @@ fi
 fit_unless_kept() {
   local what=$1 kind=$2 dir=$3 force=$4 files=$5 code=$6 on_code=$7 want changed
   shift 8
+  if [ ! -e "$dir" ] && [ -d "$dir.previous" ]; then  # a fit that was interrupted: the folder it replaced comes back
+    mv "$dir.previous" "$dir"
+    echo "   put back $dir from $dir.previous (a fit of it was interrupted)"
+  fi
   want=$(
     echo "command: python ${*:2}"
     echo "$kind: $(printf '%s\n' "$files" | grep -c . || true) files, sha256 $(printf '%s\n' "$files" | tr '\n' '\0' | xargs -0 cat | sha256sum | cut -c1-16)"
@@ -69,9 +73,17 @@ fit_unless_kept() {
   else
     echo "   fitting the $what (none yet)"
   fi
-  rm -rf "$dir"
-  "$@"
+  # the folder being replaced (a shipped, git-tracked fit among them) stays aside until the new fit is done
+  rm -rf "$dir.previous"
+  if [ -e "$dir" ]; then mv "$dir" "$dir.previous"; fi
+  if ! "$@"; then
+    rm -rf "$dir"
+    if [ -e "$dir.previous" ]; then mv "$dir.previous" "$dir"; fi
+    echo "fit_tokenizer.sh: fitting the $what into $dir failed; $dir is as it was" >&2
+    return 1
+  fi
   echo "$want" > "$dir/fit.stamp"
+  rm -rf "$dir.previous"
 }
 
 "$PY" -m omnicore fit-tokenizer "$CONFIG" --vocab-size "${TEXT_VOCAB:-400}" --out "$HERE/$TEXT" | sed 's/^/   /'

@@ -156,8 +156,9 @@ class MicroBatch:
     positions (:mod:`omnicore.data.positions`), each restarting at 0, for an mRoPE foundation; None
     otherwise. ``position_ids`` stays the 1-D restarting row either way (sample boundaries).
     ``decoder_keys``: modality -> ``(digest, num_codes)`` per decoder target, in the order of
-    ``decoder_inputs`` (:func:`features_digest`; the model's :class:`~omnicore.model.code_cache.CodeCache`
-    reuses the codes of a target it has seen).
+    ``decoder_inputs`` (:func:`features_digest`, None for a target it cannot hash; the model's
+    :class:`~omnicore.model.code_cache.CodeCache` reuses the codes of a target it has seen); empty
+    unless ``collate(..., decoder_keys=True)``.
     """
 
     input_ids: Any
@@ -170,25 +171,27 @@ class MicroBatch:
     n_targets: int
     wheres: list[str]
     rope_position_ids: Any = None
-    decoder_keys: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    decoder_keys: dict[str, list[tuple[str | None, int]]] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
 
 
-def features_digest(features: dict[str, Any]) -> str:
-    """A 128-bit BLAKE2b hex digest of one item's features (a processor's ``preprocess`` output):
-    each entry's name, and for an array (numpy, or a torch tensor taken as its numpy array, so both
-    forms of one item agree) its dtype, shape and bytes, else its ``repr``. Equal features give
-    equal digests in any process; a changed value, shape or dtype gives another (barring a
-    128-bit hash collision)."""
+def features_digest(features: dict[str, Any]) -> str | None:
+    """A 128-bit BLAKE2b hex digest of one item's features (a processor's ``preprocess`` output), or
+    None when a value is of a kind it cannot hash exactly (the item is then never cached).
+
+    Hashed exactly, nested in dicts (by sorted key), lists and tuples any depth: arrays (numpy, or a
+    torch tensor taken as its numpy array, so both forms of one item agree; bfloat16 as float32,
+    marked) by dtype, shape and bytes; ``None``, bools, ints, floats and strings by type and value.
+    Equal features give equal digests in any process; a changed value, shape, dtype or structure
+    gives another (barring a 128-bit hash collision)."""
     import numpy as np
 
     h = hashlib.blake2b(digest_size=16)
-    for name in sorted(features):
-        v = features[name]
-        h.update(name.encode() + b"\0")
+
+    def feed(v: Any) -> bool:
         if hasattr(v, "detach"):  # a torch.Tensor (torch is imported when there are tensors)
             import torch
 
@@ -198,13 +201,26 @@ def features_digest(features: dict[str, Any]) -> str:
                 t = t.float()
             v = t.numpy()  # the same digest as the item's numpy form (data workers send numpy)
         if isinstance(v, np.ndarray):
+            if v.dtype == object:
+                return False
             a = np.ascontiguousarray(v)
-            h.update(f"{a.dtype}{a.shape}".encode())
-            h.update(a.tobytes())
+            h.update(f"a{a.dtype}{a.shape}:".encode() + a.tobytes())
+        elif isinstance(v, dict):
+            h.update(f"d{len(v)}:".encode())
+            for k in sorted(v, key=repr):
+                h.update(repr(k).encode() + b"=")
+                if not feed(v[k]):
+                    return False
+        elif isinstance(v, (list, tuple)):
+            h.update(f"{type(v).__name__[0]}{len(v)}:".encode())
+            return all(feed(x) for x in v)
+        elif v is None or isinstance(v, (bool, int, float, str, np.generic)):
+            h.update(f"s{type(v).__name__}:{v!r};".encode())
         else:
-            h.update(repr(v).encode())
-        h.update(b"\1")
-    return h.hexdigest()
+            return False
+        return True
+
+    return h.hexdigest() if feed(features) else None
 
 
 def collate(samples: list[Encoded], encoders: dict[str, Any], decoders: dict[str, Any], *, decoder_keys: bool = False) -> MicroBatch:

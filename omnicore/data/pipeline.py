@@ -774,11 +774,20 @@ def _worker_init(worker_id: int) -> None:
 
 
 def _pin(mb: Any) -> Any:
+    """``mb`` with every tensor in its fields pinned (page-locked, for asynchronous copies to CUDA):
+    tensors in dicts and lists nested any depth (``encoder_inputs``' features), anything else (the
+    ``decoder_keys`` tuples, ``wheres``) as it is."""
     import torch
 
-    for k, v in vars(mb).items():
+    def pin(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
-            setattr(mb, k, v.pin_memory())
-        elif isinstance(v, dict):
-            setattr(mb, k, {m: {n: t.pin_memory() if isinstance(t, torch.Tensor) else t for n, t in f.items()} for m, f in v.items()})
+            return v.pin_memory()
+        if isinstance(v, dict):
+            return {k: pin(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [pin(x) for x in v]
+        return v
+
+    for k, v in vars(mb).items():
+        setattr(mb, k, pin(v))
     return mb

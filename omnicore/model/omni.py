@@ -118,7 +118,7 @@ class OmniModel(nn.Module):
         encoder_inputs: dict[str, Any],
         decoder_inputs: dict[str, Any],
         wheres: list[str] | None = None,
-        decoder_keys: dict[str, list[tuple[str, int]]] | None = None,
+        decoder_keys: dict[str, list[tuple[str | None, int]]] | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
         """Input embeddings ``[1, T, H]`` with media merged in.
 
@@ -160,7 +160,7 @@ class OmniModel(nn.Module):
                 dummy = dummy + 0.0 * dec.head(dec.embed(c)).sum()
         return embeds, codes, dummy
 
-    def target_codes(self, modality: str, inputs: Any, keys: list[tuple[str, int]] | None, device: Any) -> torch.Tensor:
+    def target_codes(self, modality: str, inputs: Any, keys: list[tuple[str | None, int]] | None, device: Any) -> torch.Tensor:
         """The codes of one modality's collated targets: LongTensor ``[sum of num_codes]`` on
         ``device``, from :attr:`code_cache` when every target is in it, else ``Decoder.encode`` (its
         codes then kept per target). The cache is used only with ``keys`` and a decoder whose
@@ -191,7 +191,7 @@ class OmniModel(nn.Module):
         max_seqlen: int | None = None,
         n_targets: int | None = None,
         rope_position_ids: torch.Tensor | None = None,
-        decoder_keys: dict[str, list[tuple[str, int]]] | None = None,
+        decoder_keys: dict[str, list[tuple[str | None, int]]] | None = None,
     ) -> ModelOutput:
         """Summed losses of one packed micro-batch (a :class:`~omnicore.data.packing.MicroBatch`'s
         fields, as ``model(**vars(micro_batch))``).

@@ -62,7 +62,7 @@ from omnicore.parallel.state import ParallelState, init_parallel_state
 from omnicore.registry import Registry, registry_for
 from omnicore.train.loggers import Loggers, check_loggers, start_loggers
 from omnicore.train.metrics import FlopsModel, flops_model, padding_waste, peak_memory_mib, peak_tflops
-from omnicore.train.optim import NonFiniteError, build_optimizer, clip_grad_norm_, nonfinite_message, warmup_cosine
+from omnicore.train.optim import NonFiniteError, build_optimizer, clip_grad_norm_, nonfinite_message, use_implementation, warmup_cosine
 from omnicore.train.samples import check_generation, sample_if_due, task_accuracy
 from omnicore.train.signals import SIGNALS, GracefulStop, Interrupted, signal_flags, signal_from_flags
 from omnicore.train.validate import validate_if_due
@@ -145,6 +145,7 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
         with Phase(logger, "loading the checkpoint to resume from") as ph:
             folder = _resume_folder(ckpt_root, resume, state, log)
             meta = load_checkpoint(folder, model, optimizer, scheduler, state, verify=False)  # verified just now
+            use_implementation(optimizer)  # fused or looped AdamW as this run's parameters allow, not as the saved run's
             _resume_data(data, meta, folder)
             start, skips = meta["step"], (meta.get("skipped_steps", 0), meta.get("nonfinite_in_row", 0))
             ph.detail = f"resumed from step {start} ({folder})"

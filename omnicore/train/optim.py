@@ -52,6 +52,22 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Optimize
     return torch.optim.AdamW(list(groups.values()), lr=cfg.train.lr, betas=cfg.train.betas, **_implementation(params))
 
 
+def use_implementation(optimizer: torch.optim.Optimizer) -> None:
+    """Set each param group's ``fused`` / ``foreach`` as :func:`_implementation` chooses for its
+    parameters now. A loaded state dict brings back the saved run's choice (``Optimizer.load_state_dict``
+    keeps the saved groups' settings), which may be another world size's or an older omnicore's, so
+    the training loop calls this after loading a checkpoint. Where fused turns on, each parameter's
+    ``step`` moves to float32 on the parameter's device, as the fused kernel needs."""
+    for group in optimizer.param_groups:
+        fused = bool(_implementation(group["params"]).get("fused", False))
+        group["fused"], group["foreach"] = fused, None if fused else False
+        if fused:
+            for p in group["params"]:
+                st = optimizer.state.get(p, {})
+                if torch.is_tensor(st.get("step")):
+                    st["step"] = st["step"].to(device=p.device, dtype=torch.float32)
+
+
 def _implementation(params: list[torch.Tensor]) -> dict[str, bool]:
     """AdamW's implementation: PyTorch's fused kernel (``fused=True``: one kernel over all tensors)
     when every parameter is a plain floating-point tensor on the CPU or a CUDA device; otherwise

@@ -38,7 +38,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from omnicore.api import Video
-from omnicore_video_frames.augment import VideoAugmentOptions
+from omnicore_video_frames.augment import VideoAugmentOptions, frames_to_patches
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -326,15 +326,14 @@ class VideoFramesProcessor:
 
     def patchify(self, x: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int]]:
         """float ``[m, C, S_h, S_w]`` to ``([gt * gh * gw, C * tp * P * P], (gt, gh, gw))``, the last
-        frame repeated up to a multiple of ``tp`` (layout: the module docstring)."""
-        tp, p, mm = self.temporal_patch_size, self.patch_size, self.merge_size
+        frame repeated up to a multiple of ``tp`` (layout: the module docstring; the cut itself is
+        :func:`~omnicore_video_frames.augment.frames_to_patches`, which the augmentation inverts)."""
+        tp, p = self.temporal_patch_size, self.patch_size
         if pad := -len(x) % tp:
             x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
-        m, c, h, w = x.shape
-        gt, gh, gw = m // tp, h // p, w // p
-        x = x.reshape(gt, tp, c, gh // mm, mm, p, gw // mm, mm, p)
-        x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)  # gt, block row, block col, row in block, col in block, C, tp, P, P
-        return np.ascontiguousarray(x.reshape(gt * gh * gw, c * tp * p * p)), (gt, gh, gw)
+        m, _, h, w = x.shape
+        patches = frames_to_patches(torch.from_numpy(np.ascontiguousarray(x)), tp, p, self.merge_size)
+        return np.ascontiguousarray(patches.numpy()), (m // tp, h // p, w // p)
 
     def _check(self, features: dict[str, Any]) -> tuple[int, int, int]:
         """The ``(gt, gh, gw)`` of valid features; ValueError naming what is wrong otherwise."""
