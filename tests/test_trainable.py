@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 
@@ -173,8 +174,8 @@ def test_a_loaded_looped_adamw_state_is_fused_again_and_continues_alike():
     twin = _Tree()
     twin.load_state_dict(model.state_dict())
     fused, looped = build_optimizer(model, cfg), build_optimizer(twin, cfg)
-    fused.load_state_dict(saved)
-    looped.load_state_dict(saved)
+    fused.load_state_dict(copy.deepcopy(saved))  # copies: load_state_dict keeps the given moment tensors
+    looped.load_state_dict(copy.deepcopy(saved))
     assert not any(g["fused"] for g in fused.param_groups)  # what torch restores
     use_implementation(fused)
     assert all(g["fused"] and g["foreach"] is None for g in fused.param_groups)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The embedded default, end to end on CPU: set up, build the data from the shipped MNIST/FSDD subset,
-# fit the MoVQGAN image tokenizer, train the tiny omni-modal model, evaluate held-out accuracy, and
-# judge its drawings with a classifier trained apart (judge_drawn.py). Extra arguments are passed to
+# fit the text tokenizer (and the shipped MoVQGAN image tokenizer again only if its inputs changed), train
+# the tiny omni-modal model, evaluate held-out accuracy, and judge its drawings with a classifier trained
+# apart (judge_drawn.py, shipped fitted). The run folder (runs/digits) is deleted first; OUT=DIR picks
+# another. Extra arguments are passed to
 # `omnicore train` (e.g. --train.max_steps 50). Each stage's wall time is printed, and all of them at the end.
 # Two processes instead of one: NPROC=2 bash examples/digits/run.sh
 # The five-task model of five.yaml (adds "Say the digit 7." -> speech and video -> "3 7 1"; data in
@@ -16,7 +18,8 @@ case "${TASKS:-3}" in
   *) echo "run.sh: TASKS must be 3 (config.yaml) or 5 (five.yaml), got '$TASKS'" >&2; exit 2 ;;
 esac
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-N=6; if [ "${TASKS:-3}" = 5 ]; then N=7; fi  # stages: the five-task run adds the spoken judge
+N=6 codec=""
+if [ "${TASKS:-3}" = 5 ]; then N=7 codec=", speech (the shipped EnCodec codec)"; fi  # the five-task run adds the spoken judge
 start=$(date +%s)
 times=()
 stage_done() { local now; now=$(date +%s); times+=("$1 $(( now - ${stage_start:-$start} )) s"); stage_start=$now; }
@@ -28,7 +31,7 @@ if [ "${TASKS:-3}" = 5 ]; then  # data/ (above) still holds the images the MoVQG
 fi
 stage_done data
 
-echo "== 2/$N tokenizers: text (a byte-level BPE on the training text), image (a tiny MoVQGAN on MNIST indices 0-8999, shipped)"
+echo "== 2/$N tokenizers: text (a byte-level BPE on the training text), image (a tiny MoVQGAN on MNIST indices 0-8999, shipped)$codec"
 # the MoVQGAN (examples/digits/movq) ships fitted and is fit again only when its inputs changed (command and MOVQ_STEPS,
 # training images, fit code): see fit_tokenizer.sh; with TASKS=5 also the shipped speech codec (a tiny EnCodec on FSDD
 # takes 5-24, CODEC_STEPS), by the same rule
