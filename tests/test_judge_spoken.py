@@ -209,3 +209,7 @@ def test_answers_of_another_kind_are_named_by_what_they_held():
     )
     assert judging.answer_kinds(out, "audio") == {0: {"image": 1}, 2: {"text only: '7'": 2}}
     assert judging.answer_kinds(out, "image") == {2: {"text only: '7'": 2, "audio": 1}}
+    r = {"samples": 9, "wrong_kind": {"text only: '7'": 2, "audio": 1, "text only: ''": 3, "text only: '3 1'": 1, "text only: 'x'": 1}}
+    assert (
+        judging.wrong_kind_line(r, "image") == "8 of 9 answers were no image (counted as wrong): text only 7 (e.g. '', '7', '3 1'), audio 1"
+    )

@@ -138,14 +138,21 @@ def tally(taken: dict[int, list[Any]], num_samples: int, made: str, wrong: dict[
 
 
 def wrong_kind_line(result: dict[str, Any], medium: str) -> str:
-    """``''`` when every answer was ``medium``, else a line naming how many were not, by kind:
-    ``95 of 100 answers were no audio (counted as wrong): image 90, text only: '7' 5``."""
+    """``''`` when every answer was ``medium``, else a line naming how many were not, by kind, the
+    text-only ones together with up to three of their texts:
+    ``95 of 100 answers were no audio (counted as wrong): image 90, text only 5 (e.g. '7', '')``."""
     kinds = result.get("wrong_kind") or {}
     if not kinds:
         return ""
-    n = sum(kinds.values())
-    parts = ", ".join(f"{k} {c}" for k, c in sorted(kinds.items(), key=lambda kv: -kv[1]))
-    return f"{n} of {result['samples']} answers were no {medium} (counted as wrong): {parts}"
+    texts = {k.split(": ", 1)[1]: c for k, c in kinds.items() if k.startswith("text only: ")}
+    counts = {k: c for k, c in kinds.items() if not k.startswith("text only: ")}
+    if texts:
+        counts["text only"] = sum(texts.values())
+    parts = []
+    for k, c in sorted(counts.items(), key=lambda kv: -kv[1]):
+        eg = ", ".join(t for t, _ in sorted(texts.items(), key=lambda kv: -kv[1])[:3]) if k == "text only" else ""
+        parts.append(f"{k} {c}" + (f" (e.g. {eg})" if eg else ""))
+    return f"{sum(kinds.values())} of {result['samples']} answers were no {medium} (counted as wrong): {', '.join(parts)}"
 
 
 def per_digit_line(per_digit: dict[str, dict[str, Any]], made: str) -> str:
