@@ -28,17 +28,23 @@ class PackingError(ValueError):
     """A sample does not fit the packing budget; the message names the sample and what to change."""
 
 
-def to_device(obj: Any, device: Any) -> Any:
-    """``obj`` with every tensor in it moved to ``device``: a tensor, or dicts and lists of them
-    nested any depth (a :class:`MicroBatch`'s ``vars()``, its ``encoder_inputs``); other values as
-    they are. Used by training, validation and generation alike."""
+def map_tensors(obj: Any, fn: Any) -> Any:
+    """``obj`` with ``fn(t)`` in place of every tensor ``t`` in it: a tensor, or dicts and lists of
+    them nested any depth (a :class:`MicroBatch`'s ``vars()``, its ``encoder_inputs``); other values
+    (``decoder_keys``' tuples, ``wheres``) as they are."""
     if hasattr(obj, "to") and hasattr(obj, "device"):  # a torch.Tensor, without importing torch here
-        return obj.to(device)
+        return fn(obj)
     if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [to_device(v, device) for v in obj]
+        return [map_tensors(v, fn) for v in obj]
     return obj
+
+
+def to_device(obj: Any, device: Any) -> Any:
+    """``obj`` with every tensor in it moved to ``device`` (:func:`map_tensors`). Used by training,
+    validation and generation alike."""
+    return map_tensors(obj, lambda t: t.to(device))
 
 
 class FreeSpaceIndex:

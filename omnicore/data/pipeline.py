@@ -56,7 +56,7 @@ from torch.utils.data import Dataset
 
 from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError
-from omnicore.data.packing import PACKING_METHODS, PackingError, collate, pack_first_fit, pack_first_fit_decreasing
+from omnicore.data.packing import PACKING_METHODS, PackingError, collate, map_tensors, pack_first_fit, pack_first_fit_decreasing
 
 
 class DataExhausted(Exception):
@@ -774,20 +774,8 @@ def _worker_init(worker_id: int) -> None:
 
 
 def _pin(mb: Any) -> Any:
-    """``mb`` with every tensor in its fields pinned (page-locked, for asynchronous copies to CUDA):
-    tensors in dicts and lists nested any depth (``encoder_inputs``' features), anything else (the
-    ``decoder_keys`` tuples, ``wheres``) as it is."""
-    import torch
-
-    def pin(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return v.pin_memory()
-        if isinstance(v, dict):
-            return {k: pin(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [pin(x) for x in v]
-        return v
-
+    """``mb`` with every tensor in its fields pinned (page-locked, for asynchronous copies to CUDA),
+    nested ones included (:func:`~omnicore.data.packing.map_tensors`)."""
     for k, v in vars(mb).items():
-        setattr(mb, k, pin(v))
+        setattr(mb, k, map_tensors(v, lambda t: t.pin_memory()))
     return mb
