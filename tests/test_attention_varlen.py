@@ -155,6 +155,7 @@ def test_registered_with_no_mask_and_marked_varlen():
     assert kernel.op == "attention" and kernel.available()[0]
 
 
+@pytest.mark.cli
 def test_listed_available_by_omnicore_plugins():
     out = subprocess.run(
         [sys.executable, "-m", "omnicore", "plugins", "--kind", "kernel", "--json"], capture_output=True, text=True, check=True

@@ -146,6 +146,7 @@ def test_data_scale_wait_share_skips_step_one():
         data_scale.wait_share(rows[:1])
 
 
+@pytest.mark.cli
 def test_data_scale_memory_counts_the_child_tree():
     """A parent holding ~0 extra and a child holding 200 MiB: the tree's RSS sum sees the child."""
     import subprocess

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.cli
+
 DIGITS = Path(__file__).resolve().parents[1] / "examples" / "digits"
 SMALL = ["--train-images", "12", "--train-audio", "8", "--gen", "6", "--eval-images", "4", "--eval-audio", "4", "--seed", "2"]
 

@@ -283,6 +283,7 @@ def test_second_run_is_refused_and_lock_released(tmp_path):
     assert not (tmp_path / "run.lock").exists()
 
 
+@pytest.mark.cli
 def test_stale_lock_is_taken_over_and_foreign_host_is_not(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # its PID no longer runs (and is not reused within this test in practice)
@@ -339,6 +340,7 @@ def _two_rank_round_trip(root: str) -> dict:
     return {"manifest": manifest, "same": same, "error": error, "own_share": verify_manifest(folder, (state.rank, 2))}
 
 
+@pytest.mark.multiprocess
 def test_two_process_save_load_with_manifest(tmp_path):
     from omnicore.testing.distributed import run_distributed
 

@@ -116,6 +116,7 @@ def fake_site(tmp_path) -> Path:
 # ---- omnicore plugins ---------------------------------------------------------------------------
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("how", sorted(COMMANDS))
 def test_plugins_table(tmp_path, how):
     r = run(COMMANDS[how] + ["plugins"], tmp_path)
@@ -136,6 +137,7 @@ def test_plugins_table(tmp_path, how):
     assert all(line[col:].startswith(("available", "unavailable")) for line in lines[1:])  # GPU-only kernels: unavailable on CPU
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("how", sorted(COMMANDS))
 def test_plugins_json(tmp_path, how):
     r = run(COMMANDS[how] + ["plugins", "--json"], tmp_path)
@@ -158,6 +160,7 @@ def test_plugins_json(tmp_path, how):
     ]
 
 
+@pytest.mark.cli
 def test_plugins_kind_filter(tmp_path):
     cmd = COMMANDS["module"]
     r = run(cmd + ["plugins", "--kind", "encoder"], tmp_path)
@@ -187,6 +190,7 @@ sys.exit(rc if not heavy else 99)
 """
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize(
     "args", [["plugins"], ["plugins", "--json"], ["plugins", "--kind", "decoder"], ["plugins", "--no-load"]], ids=" ".join
 )
@@ -197,6 +201,7 @@ def test_plugins_does_not_import_torch(tmp_path, args):
     assert r.stdout.strip()  # the command did print its listing
 
 
+@pytest.mark.cli
 def test_plugins_importtime_has_no_torch(tmp_path):
     r = run([sys.executable, "-X", "importtime", "-m", "omnicore", "plugins"], tmp_path)
     assert r.returncode == 0
@@ -206,6 +211,7 @@ def test_plugins_importtime_has_no_torch(tmp_path):
     assert not {m for m in imported if m.split(".")[0] in ("torch", "transformers", "diffusers")}
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("how", sorted(COMMANDS))
 def test_broken_plugin_is_a_failed_row(tmp_path, fake_site, how):
     env = env_with(fake_site)
@@ -241,6 +247,7 @@ def test_broken_plugin_is_a_failed_row(tmp_path, fake_site, how):
     ]
 
 
+@pytest.mark.cli
 def test_disabled_and_strict_env_in_cli(tmp_path, fake_site):
     r = run(
         COMMANDS["module"] + ["plugins", "--json"], tmp_path, env_with(fake_site, OMNICORE_DISABLE_PLUGINS="broken,omnicore-image-siglip")
@@ -262,6 +269,7 @@ def test_disabled_and_strict_env_in_cli(tmp_path, fake_site):
 # ---- user errors from train ---------------------------------------------------------------------
 
 
+@pytest.mark.cli
 def test_train_with_misspelt_key_exits_2_with_one_line(tmp_path):
     cfg = tmp_path / "config.yaml"
     cfg.write_text("data:\n  train: train.jsonl\ntrain:\n  max_step: 3\n")
@@ -272,6 +280,7 @@ def test_train_with_misspelt_key_exits_2_with_one_line(tmp_path):
     assert r.stderr.strip().splitlines() == ["error: config.yaml: train.max_step: unknown key; did you mean 'max_steps'?"]
 
 
+@pytest.mark.cli
 def test_train_misspelt_override_exits_2_with_one_line(tmp_path):
     cfg = tmp_path / "config.yaml"
     cfg.write_text("data:\n  train: train.jsonl\n")
@@ -281,6 +290,7 @@ def test_train_misspelt_override_exits_2_with_one_line(tmp_path):
     assert r.stderr.strip().splitlines() == ["error: command line (--run.sed): run.sed: unknown key; did you mean 'seed'?"]
 
 
+@pytest.mark.cli
 def test_train_missing_config_file_exits_2(tmp_path):
     r = run(COMMANDS["module"] + ["train", "nope.yaml"], tmp_path, timeout=120)
     assert r.returncode == 2, (r.stdout, r.stderr)
@@ -329,6 +339,7 @@ def check_site(tmp_path) -> Path:
     return site
 
 
+@pytest.mark.cli
 def test_plugins_check_survives_crashing_imports(tmp_path, check_site):
     env = env_with(check_site, OMNICORE_ALLOW_PLUGINS="omnicore-chk-ok,chkexit,chkraise")
     r = run(COMMANDS["module"] + ["plugins", "--check", "--kind", "encoder", "--json"], tmp_path, env, timeout=120)
@@ -371,6 +382,7 @@ def no_load_site(tmp_path) -> Path:
     return site
 
 
+@pytest.mark.cli
 def test_plugins_no_load_imports_no_plugin_code(tmp_path, no_load_site):
     env = env_with(no_load_site)
     r = run(COMMANDS["script"] + ["plugins", "--no-load", "--json"], tmp_path, env)
@@ -409,6 +421,7 @@ def test_plugins_no_load_imports_no_plugin_code(tmp_path, no_load_site):
     assert r.returncode == 2 and "cannot be combined with --check or --kind" in r.stderr
 
 
+@pytest.mark.cli
 def test_disabled_plugin_is_never_imported_by_the_listing(tmp_path, no_load_site):
     # without the variable, the hook module kills the listing: this is what disabling recovers from
     r = run(COMMANDS["module"] + ["plugins"], tmp_path, env_with(no_load_site))
@@ -429,6 +442,7 @@ def test_disabled_plugin_is_never_imported_by_the_listing(tmp_path, no_load_site
     assert status["future"] == "disabled"
 
 
+@pytest.mark.cli
 def test_missing_component_checkpoint_is_a_one_line_error(tmp_path):
     """A checkpoint that is neither a folder nor a cached Hugging Face model (here: MoVQGAN's) is
     reported as one `error:` line naming the config field, exit code 2, in plan and in train."""
@@ -493,6 +507,7 @@ def test_os_errors_name_the_file_and_what_to_do(monkeypatch, tmp_path, capsys, c
     assert capsys.readouterr().err == f"error: {path}: {words}\n"
 
 
+@pytest.mark.cli
 def test_nonfinite_training_is_one_error_line(digits_jsonl, tmp_path):
     """``train.lr 1e6``: the gradient norm is NaN at step 2; the CLI stops with one line, exit 2."""
     import yaml
@@ -508,6 +523,7 @@ def test_nonfinite_training_is_one_error_line(digits_jsonl, tmp_path):
     assert not (tmp_path / "run" / "export").exists()
 
 
+@pytest.mark.cli
 def test_listing_into_a_closed_pipe_exits_quietly(tmp_path):
     """``omnicore plugins --no-load | head -1``: the reader is gone before the listing is written;
     the listing ends with status 0 and no traceback (the pipe's read end is closed up front, so

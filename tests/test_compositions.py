@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 from test_expert_parallel import GRAD_TOL, LOSS_TOL, B, L, batch, build_model, omni, omni_loss, reference
 
@@ -75,6 +76,7 @@ def four_ranks() -> dict:
     return {"fsdp_sp_ep": fsdp_sp_ep_rank(FSDP_SP_EP), "fsdp_sp": fsdp_sp_ep_rank(FSDP_SP)}
 
 
+@pytest.mark.multiprocess
 def test_fsdp_sp_ep_and_fsdp_sp_on_four_processes_match_one_process():
     t = time.perf_counter()
     ref = reference(packed=True)

@@ -230,11 +230,13 @@ def test_reference_routing_covers_the_edge_cases(ref):
     assert g1[2:].abs().max() == 0 and g1[:2].abs().max() > 0
 
 
+@pytest.mark.multiprocess
 def test_ep2_matches_one_process(ref, ep2):
     for r, res in enumerate(ep2):
         _check(res, ref, f"EP2 rank {r}")
 
 
+@pytest.mark.multiprocess
 def test_comet_overlap_matches_ep(ref, ep2):
     """COMET with 3 chunks (2 rows x 8 tokens per rank: uneven chunks) gives plain EP's numbers."""
     comet = run_distributed(ep_rank, 2, args=(2, "comet_ep", 3))
@@ -246,17 +248,20 @@ def test_comet_overlap_matches_ep(ref, ep2):
     assert dl <= 1e-6 and dg <= 1e-5
 
 
+@pytest.mark.multiprocess
 def test_fsdp_ep_matches_one_process(ref_packed):
     """FSDP+EP on 2 ranks: experts EP 2, everything else FSDP2 over both ranks."""
     for r, res in enumerate(run_distributed(fsdp_ep_rank, 2, args=(2, 1))):
         _check(res, ref_packed, f"FSDP+EP rank {r}")
 
 
+@pytest.mark.multiprocess
 def test_fsdp_comet_matches_one_process(ref_packed):
     for r, res in enumerate(run_distributed(fsdp_ep_rank, 2, args=(2, 1, "comet_ep", 2))):
         _check(res, ref_packed, f"FSDP+COMET rank {r}")
 
 
+@pytest.mark.multiprocess
 def test_ep4_and_ep2_x_dp_shard2_on_four_processes(ref, ref_packed):
     ranks = run_distributed(four_ranks, 4)
     for r, res in enumerate(ranks):
@@ -277,6 +282,7 @@ def test_strategy_registered_and_plan():
     assert "no parameter matches" in plan_problems(model, 2, {"*.nothing": "Shard(0)"})[0]
 
 
+@pytest.mark.cli
 def test_comet_plugin_hook_module_is_torch_free():
     import subprocess
     import sys

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.cli
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "digits" / "fit_tokenizer.sh"
 FIT_CODE = "plugins/omnicore-image-movqgan/omnicore_image_movqgan/fit.py"

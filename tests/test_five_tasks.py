@@ -22,6 +22,8 @@ from conftest import DIGITS, tiny_config_dict
 from test_mrope import MROPE_LM
 from test_train import _omnicore
 
+pytestmark = [pytest.mark.cli, pytest.mark.multiprocess]
+
 TASKS = ("image_to_text", "audio_to_text", "text_to_image", "text_to_speech", "video_to_text")
 PER_TASK = 8
 SHARDS = 2  # 1 process x grad_accum 2 = 2 processes x grad_accum 1: the same two data shards

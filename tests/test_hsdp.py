@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 from conftest import TINY_LM
 
 from omnicore.testing.distributed import max_rel_diff, run_distributed
+
+pytestmark = pytest.mark.multiprocess
 
 MICRO = 4  # micro-batches per optimizer step (global)
 SEQ = 48

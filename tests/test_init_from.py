@@ -230,6 +230,8 @@ def test_checkpoint_form_into_a_model_with_lora_adapters(stage1):
     _assert_same(base, final)
 
 
+@pytest.mark.cli
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("form", ["export", "checkpoint"])
 def test_fsdp2_two_processes_start_from_the_same_weights(stage1, tmp_path, form):
     """init_from under FSDP2 on 2 processes (each rank fills its shards) gives the first-step loss

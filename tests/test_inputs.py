@@ -101,6 +101,7 @@ def test_keyboard_interrupt_from_a_plugin_still_stops_discovery(tmp_path, monkey
         sys.modules.pop("inputs_ctrlc_mod", None)
 
 
+@pytest.mark.cli
 def test_plugins_command_prints_the_failed_rows(tmp_path):
     root = _escaping_site(tmp_path / "site")
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}

@@ -83,6 +83,7 @@ def test_unavailable_status_and_resolve_error(monkeypatch):
 # ---- the installed GPU-only kernel plugins ------------------------------------------------------
 
 
+@pytest.mark.cli
 def test_plugins_json_lists_gpu_kernels_with_reasons(tmp_path):
     code = "import sys, omnicore.cli; sys.argv = ['omnicore', 'plugins', '--kind', 'kernel', '--json']; rc = omnicore.cli.main(); print('TORCH', 'torch' in sys.modules, file=sys.stderr); sys.exit(rc)"
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
@@ -107,6 +108,7 @@ def test_plugins_json_lists_gpu_kernels_with_reasons(tmp_path):
     assert rows["sdpa"]["status"] == "available"
 
 
+@pytest.mark.cli
 @pytest.mark.skipif(not NO_CUDA, reason="on a CUDA machine the kernel may be available")
 def test_train_with_unavailable_attention_exits_2_before_training(digits_jsonl, tmp_path):
     cfg = tiny_config_dict(str(digits_jsonl / "train.jsonl"), output_dir=str(tmp_path / "run"), max_steps=2)

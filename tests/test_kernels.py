@@ -398,6 +398,7 @@ def _train(cfg: dict, work: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.cli
 def test_training_with_builtin_kernels_matches_default(digits_jsonl, tmp_path):
     """3 steps on one process: chunked cross-entropy (a chunk smaller than every micro-batch) and
     torch_rms_norm give the default run's per-step losses within 1e-5 (relative)."""
@@ -423,6 +424,7 @@ def test_training_with_builtin_kernels_matches_default(digits_jsonl, tmp_path):
     assert want[-1] < want[0]  # it trains
 
 
+@pytest.mark.cli
 @pytest.mark.skipif(not NO_CUDA, reason="on a CUDA machine the kernel may be available")
 def test_train_with_liger_cross_entropy_exits_2_before_training(digits_jsonl, tmp_path):
     cfg = tiny_config_dict(str(digits_jsonl / "train.jsonl"), output_dir=str(tmp_path / "run"), max_steps=2)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("check_imports", ROOT / "scripts" / "check_imports.py")
 check = importlib.util.module_from_spec(_spec)
@@ -26,6 +28,7 @@ def test_every_module_is_in_a_layer():
         check.layer_of(module)  # raises KeyError naming the module otherwise
 
 
+@pytest.mark.cli
 def test_command_exits_0_and_reports_the_figures():
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_imports.py")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -226,6 +226,7 @@ def text_run(tmp_path_factory, saved, request):
     return folder, raw, request.param
 
 
+@pytest.mark.multiprocess
 def test_two_processes_sharded_loading_equal_one_process_whole_model(text_run):
     from omnicore.testing.distributed import run_distributed
 
@@ -244,6 +245,7 @@ def test_two_processes_sharded_loading_equal_one_process_whole_model(text_run):
     assert ranks[0]["grad_norms"][0] == pytest.approx(ref["grad_norms"][0], rel=1e-5)
 
 
+@pytest.mark.multiprocess
 def test_lora_on_a_checkpoint_loaded_foundation(text_run, tmp_path):
     """LoRA wraps the layers whose base weights are still on meta: the fill follows them to
     ``base_layer``; the base weights are the checkpoint's, and 2 processes equal 1."""

@@ -102,6 +102,7 @@ def _is_adapter(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
+@pytest.mark.multiprocess
 def test_lora_fsdp2_two_processes_match_one_process_and_base_stays_bit_identical(tmp_path):
     """Losses and adapters of 2 FSDP2 ranks equal 1 process; the merged export written from the
     sharded model gives the 1-process model's logits."""

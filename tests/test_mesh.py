@@ -68,6 +68,7 @@ def test_one_process_state_answers_without_a_process_group():
     assert state.all_reduce_sum(3.5, dim="dp") == 3.5
 
 
+@pytest.mark.multiprocess
 def test_two_processes_fsdp_and_sp_layouts():
     for parallel in ({"dp_shard": -1}, {"dp_shard": 1, "sp": 2}):
         layout = MeshLayout.from_config(parallel, 2)
@@ -76,6 +77,7 @@ def test_two_processes_fsdp_and_sp_layouts():
     assert layout.dp_size == 1 and layout.groups("fsdp") == [[0, 1]] and layout.groups("sp") == [[0, 1]]
 
 
+@pytest.mark.multiprocess
 def test_four_processes_hsdp_2x2_groups():
     parallel = {"dp_replicate": 2, "dp_shard": -1}
     layout = MeshLayout.from_config(parallel, 4)
@@ -118,6 +120,7 @@ def test_size_errors_name_the_field_and_the_fix(parallel, world, message):
     assert message in str(exc.value)
 
 
+@pytest.mark.multiprocess
 def test_harness_reports_a_failing_rank_traceback():
     with pytest.raises(DistributedTestError) as exc:
         run_distributed(fail_on_rank_one, 2, timeout=60)

@@ -22,6 +22,8 @@ import pytest
 import yaml
 from conftest import ROOT, tiny_config_dict
 
+pytestmark = [pytest.mark.cli, pytest.mark.multiprocess]  # both tests start two torchrun agents
+
 STEPS = 4
 
 

@@ -220,6 +220,7 @@ def two_ranks_one_bad(cfg_dict: dict, out: str, mode: str) -> dict:
     return {"error": None, "finished": finished}
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", ["loss", "grad"])
 def test_two_ranks_stop_at_the_same_step_when_one_rank_is_non_finite(text_cfg, tmp_path, mode):  # noqa: F811
     ranks = run_distributed(two_ranks_one_bad, 2, args=(text_cfg, str(tmp_path / mode), mode))

@@ -96,6 +96,7 @@ def setup(tmp_path_factory):
     return str(folder), raw
 
 
+@pytest.mark.multiprocess
 def test_two_processes_equal_one_process(setup, tmp_path):
     from omnicore.testing.distributed import run_distributed
 
@@ -106,6 +107,7 @@ def test_two_processes_equal_one_process(setup, tmp_path):
     assert ranks[0] == pytest.approx(ref, rel=1e-5)
 
 
+@pytest.mark.multiprocess
 def test_without_the_target_split_the_run_stops_at_step_one(setup, tmp_path):
     from omnicore.testing.distributed import DistributedTestError, run_distributed
 

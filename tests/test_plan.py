@@ -45,6 +45,7 @@ def _plan(capsys, tmp_path, parallel, world, lm=TINY_LM) -> tuple[int, str]:
     return rc, capsys.readouterr().out
 
 
+@pytest.mark.cli
 def test_plan_cli_hsdp_is_valid_and_prints_mesh_groups_and_memory(tmp_path):
     """The real command line; torch.distributed is never initialised."""
     path = _write(tmp_path, {"dp_replicate": 2, "dp_shard": -1})

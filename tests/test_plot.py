@@ -66,6 +66,7 @@ def test_png_has_the_asked_size_and_shows_lines(tmp_path, size):
     assert (31, 119, 180) in colours and (255, 127, 14) in colours  # matplotlib's first two line colours: train, val
 
 
+@pytest.mark.cli
 def test_cli_plot_writes_loss_png_without_torch(tmp_path):
     run = _write(tmp_path / "run", ROWS)
     code = "import sys; from omnicore.cli import main; rc = main(['plot', sys.argv[1]]); print('torch' in sys.modules); sys.exit(rc)"

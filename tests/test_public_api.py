@@ -118,6 +118,7 @@ def test_every_api_name_resolves_to_its_home_module():
         api.nope  # noqa: B018
 
 
+@pytest.mark.cli
 def test_importing_the_api_is_torch_free():
     code = "import sys, omnicore.api; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -9,7 +9,10 @@ import socket
 import subprocess
 import time
 
+import pytest
 from test_signals import _cmd, _env, _losses, _rows, config  # noqa: F401  (config is a fixture)
+
+pytestmark = pytest.mark.cli
 
 
 def test_second_run_into_a_held_folder_is_refused(config, tmp_path):  # noqa: F811

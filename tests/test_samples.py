@@ -211,6 +211,7 @@ def _two_ranks(cfg_dict: dict) -> dict:
     return {}
 
 
+@pytest.mark.multiprocess
 def test_two_processes_fsdp2_equal_one_process_generation_on_their_checkpoints(data, tmp_path):
     """2 processes (FSDP2 over gloo, every rank generating with the root all-gathered): the last
     step's grid and val accuracies equal one-process ``omnicore generate`` / ``omnicore eval`` on the

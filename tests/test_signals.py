@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY_LM
 
+pytestmark = pytest.mark.cli
+
 STEPS = 30
 
 
@@ -87,6 +89,7 @@ def straight(config, tmp_path_factory) -> dict[int, dict[int, float]]:
     return out
 
 
+@pytest.mark.multiprocess  # the straight fixture and two of the cases run 2 processes
 @pytest.mark.parametrize(("nproc", "sig"), [(1, signal.SIGTERM), (1, signal.SIGINT), (2, signal.SIGTERM), (2, signal.SIGINT)])
 def test_signal_saves_and_resume_equals_a_straight_run(config, straight, tmp_path, nproc, sig):
     out = tmp_path / "run"

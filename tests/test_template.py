@@ -69,6 +69,7 @@ def generated(tmp_path_factory):
     return work, env, dirs
 
 
+@pytest.mark.cli
 def test_generated_files(generated):
     _, _, dirs = generated
     enc = dirs[0]
@@ -98,6 +99,7 @@ def test_generated_files(generated):
     assert "class TestPatchconvContract(EncoderContract):" in (enc / "tests" / "test_contract.py").read_text()
 
 
+@pytest.mark.cli
 def test_generated_plugins_pass_their_own_tests(generated):
     work, env, dirs = generated
     proc = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *[str(d / "tests") for d in dirs]], env, work)
@@ -106,6 +108,7 @@ def test_generated_plugins_pass_their_own_tests(generated):
     assert int(summary.split(" passed")[0].split()[-1]) >= 40  # every kind's suite ran, not just collected
 
 
+@pytest.mark.cli
 def test_generated_plugins_are_listed(generated):
     work, env, _ = generated
     rows = json.loads(_run([sys.executable, "-m", "omnicore", "plugins", "--json"], env, work).stdout)
@@ -116,6 +119,7 @@ def test_generated_plugins_are_listed(generated):
         assert row["provider"].replace("_", "-") == dist
 
 
+@pytest.mark.cli
 def test_training_run_with_generated_encoder(generated, digits_jsonl):
     """3 steps of the tiny digits model whose image encoder and decoder are generated ones: finite, falling loss."""
     work, env, _ = generated

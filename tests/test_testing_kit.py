@@ -230,6 +230,7 @@ def test_hook_module_check_catches_torch_import(fake_distribution):
         suite.test_hook_module_imports_without_torch()
 
 
+@pytest.mark.cli
 def test_importing_omnicore_testing_stays_torch_free():
     import subprocess
 

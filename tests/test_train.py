@@ -17,6 +17,8 @@ import torch
 import yaml
 from conftest import tiny_config_dict
 
+pytestmark = pytest.mark.cli
+
 STEPS = 4
 
 
@@ -67,6 +69,7 @@ def test_later_epochs_take_target_codes_from_the_cache(one_process_run, digits_j
     assert int(m.group(1).replace(",", "")) == len(drawn) and 0 < float(m.group(3)) < 100
 
 
+@pytest.mark.multiprocess
 def test_fsdp2_two_processes_match_one_process(one_process_run, digits_jsonl, tmp_path):
     """Same global batch (1 process x 2 micro-batches vs 2 processes x 1): same losses, rtol 1e-5.
 
@@ -178,6 +181,7 @@ def test_fresh_run_into_a_used_output_dir_is_refused(one_process_run, tmp_path):
     assert (run1 / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.multiprocess
 def test_sp2_by_overrides_only_matches_one_process(one_process_run, tmp_path):
     """Ulysses SP=2 on 2 processes chosen on the command line only (the recipe of
     examples/digits/README.md): both ranks read the same micro-batches and each handles half of
@@ -216,6 +220,7 @@ TINY_MOE = {
 }
 
 
+@pytest.mark.multiprocess
 def test_ep2_train_on_a_moe_foundation_matches_one_process(digits_jsonl, tmp_path):
     """`omnicore train` end to end with expert parallelism on a Qwen2-MoE foundation (routed and
     shared experts) and the multimodal data: EP=2 with FSDP2 on 2 processes (each rank reads its own

@@ -235,6 +235,7 @@ def test_bf16_autocast_computes_in_bf16_keeps_fp32_params():
     assert all(p.dtype == torch.float32 and (p.grad is None or p.grad.dtype == torch.float32) for p in model.parameters())
 
 
+@pytest.mark.multiprocess
 def test_fsdp2_two_processes_with_checkpointing_and_bf16():
     """Through parallelize() on 2 gloo processes (tests/test_hsdp.py's harness): FSDP2 with full
     activation checkpointing equals one process without; FSDP2 bf16 (MixedPrecisionPolicy) runs

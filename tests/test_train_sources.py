@@ -14,6 +14,8 @@ import pytest
 import yaml
 from conftest import tiny_config_dict
 
+pytestmark = pytest.mark.cli
+
 PROMPT = "Which digit is this?"
 
 

@@ -346,16 +346,19 @@ def reference() -> dict:
     return freeze_run({}, None)
 
 
+@pytest.mark.multiprocess
 def test_fsdp2_two_processes_with_frozen_layer_and_resume_match_one_process(reference, tmp_path):
     ranks = run_distributed(freeze_run, 2, args=({"dp_shard": -1, "strategies": ["fsdp2"]}, str(tmp_path / "ckpt")))
     _check(ranks, reference)
 
 
+@pytest.mark.multiprocess
 def test_hsdp_2x2_with_frozen_layer_and_resume_matches_one_process(reference, tmp_path):
     ranks = run_distributed(freeze_run, 4, args=({"dp_replicate": 2, "dp_shard": -1}, str(tmp_path / "ckpt")))
     _check(ranks, reference)
 
 
+@pytest.mark.multiprocess
 def test_ulysses_sp2_with_frozen_layer_and_resume_matches_one_process(reference, tmp_path):
     """Ulysses (sp 2, both ranks read the same micro-batches, each its half of the sequence) with
     FSDP2 over the (dp, sp) ranks. Losses within 1e-5; parameters within 1e-4: one lm_head element
@@ -483,6 +486,7 @@ def ep_freeze_run(distributed: bool) -> dict:
     return {"initial": initial, "final": _full(model), "with_grad_state": sorted(n for n, p in model.named_parameters() if p in opt.state)}
 
 
+@pytest.mark.multiprocess
 def test_fsdp_ep_with_frozen_experts_matches_one_process():
     ref = ep_freeze_run(False)
     frozen = [n for n in ref["final"] if n.startswith(("lm.model.layers.0.", "lm.model.layers.2.mlp.experts."))]
@@ -529,6 +533,7 @@ def sharded_load_rank(raw: dict, out: str) -> dict:
     return {"requires_grad": flags, "final": _full(run.model)}
 
 
+@pytest.mark.multiprocess
 def test_frozen_layer_of_a_sharded_loaded_checkpoint_keeps_the_checkpoint_values(tmp_path):
     """train.freeze on the meta-built foundation survives the fill from the checkpoint: on 2 FSDP2
     processes the frozen layer equals the checkpoint's tensors after 2 steps, the rest moved."""

@@ -192,6 +192,7 @@ def _two_ranks(cfg_dict: dict) -> dict:
     return {}
 
 
+@pytest.mark.multiprocess
 def test_validation_loss_equals_eval_loss_two_processes_fsdp2(digits_jsonl, tmp_path):
     """2 processes (FSDP2, gloo): the eval set is sharded over the two data groups with uneven rows
     (rank 0 packs 3 rows of one 103-token drawing each in a 128-token budget, rank 1 one row of two

@@ -54,6 +54,7 @@ class TestOffloadContract(ParallelStrategyContract):
     name = "fsdp2_offload"
 
 
+@pytest.mark.cli
 def test_listed_by_omnicore_plugins():
     out = subprocess.run([sys.executable, "-m", "omnicore", "plugins", "--kind", "parallel"], capture_output=True, text=True, check=True)
     row = next(line for line in out.stdout.splitlines() if "fsdp2_offload" in line)
@@ -114,6 +115,8 @@ def _train(cfg: dict, work: Path, env: dict) -> tuple[list[float], str]:
     return [r["loss"] for r in rows], proc.stdout
 
 
+@pytest.mark.cli
+@pytest.mark.multiprocess
 def test_two_processes_match_builtin_fsdp2(digits_data, run_config, tmp_path):
     """2 processes, 4 steps, the tiny omni-modal model on the digits data: fsdp2_offload gives the
     losses of the built-in fsdp2 to rel 1e-6 (the same arithmetic; measured: identical on CPU), and

@@ -233,6 +233,7 @@ def test_bad_checkpoint_folders(tmp_path):
         build({"checkpoint": str(tmp_path / "other")}, hidden_size=8)
 
 
+@pytest.mark.cli
 def test_plugin_module_is_torch_free():
     code = "import omnicore_audio_codec.plugin, sys; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -69,6 +69,7 @@ def test_checkpoint_processor_reads_no_weights(tmp_path, given, want):
     assert_processors_agree(proc, loaded)
 
 
+@pytest.mark.cli
 def test_processor_module_imports_no_model_code():
     """Data workers import the processor's module: building a processor pulls in no model code."""
     code = (

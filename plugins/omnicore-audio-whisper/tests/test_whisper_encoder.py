@@ -363,6 +363,7 @@ def test_freeze_keeps_encoder_fixed():
 # ---- plugin and registry -------------------------------------------------------------------------
 
 
+@pytest.mark.cli
 def test_plugin_import_is_torch_free():
     code = "import omnicore_audio_whisper.plugin, sys; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -265,6 +265,7 @@ def test_fit_vq_lowers_reconstruction_loss():
     assert not any(p.requires_grad for p in d.vq.parameters())  # freezing restored
 
 
+@pytest.mark.cli
 def test_plugin_module_is_torch_free():
     code = "import omnicore_image_movqgan.plugin, sys; assert 'torch' not in sys.modules and 'diffusers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -74,6 +74,7 @@ def test_checkpoint_processor_errors_name_the_file(tmp_path):
         build_processor({"checkpoint": str(tmp_path / "none")})
 
 
+@pytest.mark.cli
 def test_processor_module_imports_no_model_code():
     """Data workers import the processor's module: building a processor pulls in no model code."""
     code = (

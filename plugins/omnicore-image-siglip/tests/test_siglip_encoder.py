@@ -259,6 +259,7 @@ def test_freeze_keeps_projector_trainable():
     assert all(p.grad is not None for p in enc.projector.parameters())
 
 
+@pytest.mark.cli
 def test_plugin_module_is_torch_free():
     code = "import omnicore_image_siglip.plugin, sys; assert 'torch' not in sys.modules; assert 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -142,6 +142,7 @@ def test_resolve_mode():
         resolve_mode(None, {"WANDB_MODE": "offlne"})
 
 
+@pytest.mark.cli
 def test_listing_plugins_imports_neither_wandb_nor_mlflow(tmp_path):
     """``omnicore plugins`` imports the hook modules only: wandb and mlflow load in ``start``."""
     code = (

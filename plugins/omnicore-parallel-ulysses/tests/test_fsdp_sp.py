@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.multiprocess
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 

@@ -146,6 +146,7 @@ def _check_inner_positions(name: str, seen: list, sp: int) -> None:
         assert torch.equal(pos, want), f"{name}: the varlen core got position_ids {pos.tolist()}"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "names", [["odd_length", "gqa_one_kv_head"], ["packed_crossing", "image_straddling"]], ids=["odd-length+gqa", "packed+image"]
 )
@@ -153,6 +154,7 @@ def test_sp2_matches_one_process(names, tmp_path):
     _run(2, names, tmp_path)
 
 
+@pytest.mark.multiprocess
 def test_sp2_varlen_core_matches_one_process(tmp_path):
     """``model.kernels.attention: sdpa_varlen`` under Ulysses SP 2: the varlen kernel is the core on the full
     sequence (given the global position_ids, no mask) and the losses and gradients equal one
@@ -160,6 +162,7 @@ def test_sp2_varlen_core_matches_one_process(tmp_path):
     _run(2, ["packed_varlen", "all_varlen"], tmp_path)
 
 
+@pytest.mark.multiprocess
 def test_sp2_mrope_with_images_matches_one_process(tmp_path):
     """A qwen2_vl foundation (mRoPE) and packed samples with images: the sequence hook cuts the 3-D
     ``rope_position_ids`` like ``position_ids`` (an image straddles the boundary; one row needs a
@@ -179,12 +182,14 @@ def test_sp2_mrope_with_images_matches_one_process(tmp_path):
     assert set(report) == {(n, s) for n in names for s in STRATEGIES}
 
 
+@pytest.mark.multiprocess
 def test_sp4_everything_at_once(tmp_path):
     """4 processes, SP 4: odd length, packing across boundaries, one KV head (replicated 4 times),
     image input and target spans across shards."""
     _run(4, ["all"], tmp_path)
 
 
+@pytest.mark.multiprocess
 def test_dp2_x_sp2_splits_data_by_group(tmp_path):
     """4 processes as 2 SP groups of 2 (no mesh sp dim: groups built from the world): both groups
     compute the same row here, so the summed loss over the world is twice the row's; gradients
@@ -194,6 +199,7 @@ def test_dp2_x_sp2_splits_data_by_group(tmp_path):
     assert got["data"] == (0, 2)
 
 
+@pytest.mark.cli
 def test_listed_by_omnicore_plugins():
     out = subprocess.run([sys.executable, "-m", "omnicore", "plugins", "--kind", "parallel"], capture_output=True, text=True, check=True)
     for name in STRATEGIES:

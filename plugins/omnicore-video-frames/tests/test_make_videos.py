@@ -45,6 +45,7 @@ def script(made):
         sys.path.remove(str(DIGITS))
 
 
+@pytest.mark.cli
 def test_decoded_frames_equal_the_rendered_ones(made, script):
     args = script.parse_args(["--out", str(made), *ARGS])
     images, labels = script.load_mnist(Path(args.raw))
@@ -73,6 +74,7 @@ def test_decoded_frames_equal_the_rendered_ones(made, script):
             assert row["messages"][0]["content"][1]["text"] == "Which digits appear, in order?"
 
 
+@pytest.mark.cli
 def test_rerun_is_deterministic(made, tmp_path):
     assert "(0 files written, 0 stale removed)" in run(made)
     run(tmp_path)
@@ -82,12 +84,14 @@ def test_rerun_is_deterministic(made, tmp_path):
         assert (made / "videos" / name).read_bytes() == (tmp_path / "videos" / name).read_bytes(), name
 
 
+@pytest.mark.cli
 def test_digits_bounce_inside_the_canvas(script):
     corners = script.trajectory(np.array([[35.0, 1.0]]), np.array([[3.0, -2.5]]), 4, 36)
     assert corners[:, 0, 0].tolist() == [35, 34, 31, 28]  # 38 reflects to 34 off the right wall
     assert corners[:, 0, 1].tolist() == [1, 2, 4, 6]  # -1.5 reflects to 1.5 off the top; np.rint rounds halves to even
 
 
+@pytest.mark.cli
 def test_digits_bounce_inside_their_lanes(script):
     args = script.parse_args([])
     low, high = script.bounds(3, args)
@@ -98,6 +102,7 @@ def test_digits_bounce_inside_their_lanes(script):
     assert corners[:, 1, 1].tolist() == [10] * 4
 
 
+@pytest.mark.cli
 def test_a_canvas_too_narrow_for_the_digits_is_an_error(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(DIGITS / "make_videos.py"), "--out", str(tmp_path), "--train", "1", "--eval", "0", "--width", "80"],

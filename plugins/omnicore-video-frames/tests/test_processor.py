@@ -168,6 +168,7 @@ def test_checkpoint_processor_reads_no_weights(tmp_path):
         build_processor({"checkpoint": str(tmp_path / "none")})
 
 
+@pytest.mark.cli
 def test_processor_module_imports_no_model_code():
     """Data workers import the processor's module: building a processor pulls in no model code."""
     code = (
