@@ -1,18 +1,25 @@
-"""The public API for plugin authors: everything a plugin may import from omnicore, in one place.
+"""The public API for plugin authors: the one module a plugin imports from omnicore.
 
-A plugin imports from three modules only: :mod:`omnicore.components` (the contracts and
-``ComponentSpec``), :mod:`omnicore.hookspecs` (``hookimpl``) and this one; tests may also use the
-testing kit :mod:`omnicore.testing`. Every other module of omnicore is internal and may change
-between releases; ``tests/test_public_api.py`` fails when a first-party plugin imports one.
+Everything a plugin needs is here: the hook marker, ``ComponentSpec``, every contract Protocol and
+every helper. A plugin's tests may also use the testing kit :mod:`omnicore.testing`. Every other
+module of omnicore is internal and may change between releases; ``tests/test_public_api.py`` fails
+when a first-party plugin, contrib package or the template imports one.
 
 Importing this module is cheap and torch-free: each name is imported from its home module on first
-use (PEP 562 module ``__getattr__``), so a hook module may import it too.
+use (PEP 562 module ``__getattr__``), so a hook module may import it too. Type checkers read the
+``TYPE_CHECKING`` block below (and the package's ``py.typed``), so they see each name's real type.
 
 What is here, by topic:
 
-* **Registration**: :data:`hookimpl`, :class:`ComponentSpec`, :data:`CORE_API_VERSION`;
-  :class:`Registry` (``Registry.discover().build(kind, name, options)`` builds any installed
-  component, as a run does) and :class:`RegistryError`.
+* **Registration**: :data:`hookimpl`, :class:`ComponentSpec`, :data:`KINDS`,
+  :data:`CORE_API_VERSION`; :class:`Registry` (``Registry.discover().build(kind, name, options)``
+  builds any installed component, as a run does) and :class:`RegistryError`.
+* **Contracts**: :class:`Processor`, :class:`Encoder`, :class:`Decoder`, :class:`Foundation`,
+  :class:`ParallelModel`, :class:`ParallelStrategy` (with :class:`ParallelStrategyOptional`,
+  :class:`SequenceParallel`, :class:`ParallelStateView`), :class:`Kernel` (with
+  :class:`CrossEntropyKernel`), :class:`Logger`.
+* **Decoders**: :class:`CodebookDecoder` (the base of a decoder over a discrete tokenizer: the LM
+  adapter, freezing, saving).
 * **Data**: :data:`IGNORE_INDEX` (the label of positions that are not trained), :class:`Audio`,
   :func:`load_audio`, :func:`load_image`, :func:`resample`, :class:`Video`, :func:`load_video`.
 * **Varlen (packed samples)**: :func:`cu_seqlens_from_position_ids`, :func:`plan_varlen`,
@@ -21,8 +28,8 @@ What is here, by topic:
   (a DTensor weight as a plain tensor), :class:`TorchCrossEntropy` (the reference text loss),
   :func:`rms_norm_modules` (the foundation's RMSNorm modules).
 * **Parallel strategies**: :class:`Violation`, :class:`StrategyPlan`, :data:`PHASES`,
-  :class:`FSDP2` and :class:`NoParallel` (to compose rather than copy), :class:`BlockStrategy`
-  (base of per-block strategies), :func:`checkpoint_module`.
+  :data:`DEFAULT_PHASE`, :class:`FSDP2` and :class:`NoParallel` (to compose rather than copy),
+  :class:`BlockStrategy` (base of per-block strategies), :func:`checkpoint_module`.
 * **Expert parallelism**: :class:`ExpertParallel`, :class:`EPContext`, :func:`all_to_all`,
   :func:`regroup`, :func:`local_experts_forward`.
 * **Foundations and weights**: :func:`byte_tokenizer`, :func:`load_hf_pretrained`,
@@ -34,13 +41,85 @@ What is here, by topic:
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers see: the same names, imported from their homes (``X as X`` re-exports)
+    from omnicore import CORE_API_VERSION as CORE_API_VERSION
+    from omnicore.components import DEFAULT_PHASE as DEFAULT_PHASE
+    from omnicore.components import KINDS as KINDS
+    from omnicore.components import PHASES as PHASES
+    from omnicore.components import ComponentSpec as ComponentSpec
+    from omnicore.components import CrossEntropyKernel as CrossEntropyKernel
+    from omnicore.components import Decoder as Decoder
+    from omnicore.components import Encoder as Encoder
+    from omnicore.components import Foundation as Foundation
+    from omnicore.components import Kernel as Kernel
+    from omnicore.components import Logger as Logger
+    from omnicore.components import ParallelModel as ParallelModel
+    from omnicore.components import ParallelStateView as ParallelStateView
+    from omnicore.components import ParallelStrategy as ParallelStrategy
+    from omnicore.components import ParallelStrategyOptional as ParallelStrategyOptional
+    from omnicore.components import Processor as Processor
+    from omnicore.components import SequenceParallel as SequenceParallel
+    from omnicore.components import StrategyPlan as StrategyPlan
+    from omnicore.components import Violation as Violation
+    from omnicore.data.chat import IGNORE_INDEX as IGNORE_INDEX
+    from omnicore.data.media import Audio as Audio
+    from omnicore.data.media import Video as Video
+    from omnicore.data.media import load_audio as load_audio
+    from omnicore.data.media import load_image as load_image
+    from omnicore.data.media import load_video as load_video
+    from omnicore.data.media import resample as resample
+    from omnicore.hookspecs import hookimpl as hookimpl
+    from omnicore.kernels.common import cuda_and_package as cuda_and_package
+    from omnicore.kernels.common import plain_weight as plain_weight
+    from omnicore.kernels.cross_entropy import TorchCrossEntropy as TorchCrossEntropy
+    from omnicore.kernels.rmsnorm import rms_norm_modules as rms_norm_modules
+    from omnicore.kernels.varlen import CU_SEQLENS_KWARGS as CU_SEQLENS_KWARGS
+    from omnicore.kernels.varlen import cu_seqlens_from_position_ids as cu_seqlens_from_position_ids
+    from omnicore.kernels.varlen import is_varlen as is_varlen
+    from omnicore.kernels.varlen import mark_varlen as mark_varlen
+    from omnicore.kernels.varlen import plan_varlen as plan_varlen
+    from omnicore.kernels.varlen import varlen_from_kwargs as varlen_from_kwargs
+    from omnicore.model.codebook import CodebookDecoder as CodebookDecoder
+    from omnicore.model.foundation import byte_tokenizer as byte_tokenizer
+    from omnicore.model.weights import load_extra_weights as load_extra_weights
+    from omnicore.model.weights import load_hf_pretrained as load_hf_pretrained
+    from omnicore.model.weights import save_extra_weights as save_extra_weights
+    from omnicore.parallel.block import BlockStrategy as BlockStrategy
+    from omnicore.parallel.checkpointing import checkpoint_module as checkpoint_module
+    from omnicore.parallel.expert import EPContext as EPContext
+    from omnicore.parallel.expert import ExpertParallel as ExpertParallel
+    from omnicore.parallel.expert import all_to_all as all_to_all
+    from omnicore.parallel.expert import local_experts_forward as local_experts_forward
+    from omnicore.parallel.expert import regroup as regroup
+    from omnicore.parallel.fsdp import FSDP2 as FSDP2
+    from omnicore.parallel.fsdp import NoParallel as NoParallel
+    from omnicore.registry import Registry as Registry
+    from omnicore.registry import RegistryError as RegistryError
+    from omnicore.train.optim import warmup_cosine as warmup_cosine
 
 _EXPORTS: dict[str, str] = {
     # registration
     "hookimpl": "omnicore.hookspecs",
     "ComponentSpec": "omnicore.components",
+    "KINDS": "omnicore.components",
     "CORE_API_VERSION": "omnicore",
+    # contracts: one Protocol per kind, and their parts
+    "Processor": "omnicore.components",
+    "Encoder": "omnicore.components",
+    "Decoder": "omnicore.components",
+    "Foundation": "omnicore.components",
+    "ParallelModel": "omnicore.components",
+    "ParallelStrategy": "omnicore.components",
+    "ParallelStrategyOptional": "omnicore.components",
+    "SequenceParallel": "omnicore.components",
+    "ParallelStateView": "omnicore.components",
+    "Kernel": "omnicore.components",
+    "CrossEntropyKernel": "omnicore.components",
+    "Logger": "omnicore.components",
+    # decoders
+    "CodebookDecoder": "omnicore.model.codebook",
     "Registry": "omnicore.registry",
     "RegistryError": "omnicore.registry",
     # data
@@ -67,6 +146,7 @@ _EXPORTS: dict[str, str] = {
     "Violation": "omnicore.components",
     "StrategyPlan": "omnicore.components",
     "PHASES": "omnicore.components",
+    "DEFAULT_PHASE": "omnicore.components",
     "FSDP2": "omnicore.parallel.fsdp",
     "NoParallel": "omnicore.parallel.fsdp",
     "BlockStrategy": "omnicore.parallel.block",
@@ -85,12 +165,17 @@ _EXPORTS: dict[str, str] = {
     # training
     "warmup_cosine": "omnicore.train.optim",
 }
+"""Each public name and the module it is imported from."""
 
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    """Import ``name`` from its home module on first use (then cache it in this module)."""
+    """Import ``name`` from its home module on first use (then cache it in this module).
+
+    Raises:
+        AttributeError: ``name`` is not a public name (the message lists them).
+    """
     home = _EXPORTS.get(name)
     if home is None:
         raise AttributeError(f"omnicore.api has no {name!r}; the public names are: {', '.join(__all__)}")

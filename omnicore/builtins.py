@@ -14,7 +14,6 @@ from omnicore.hookspecs import hookimpl
 def omnicore_foundations() -> list[ComponentSpec]:
     return [
         ComponentSpec(
-            kind="foundation",
             name="hf_causal_lm",
             target="omnicore.model.foundation:build",
             options_model="omnicore.model.foundation:HFCausalLMOptions",
@@ -27,35 +26,30 @@ def omnicore_foundations() -> list[ComponentSpec]:
 def omnicore_parallel_strategies() -> list[ComponentSpec]:
     return [
         ComponentSpec(
-            kind="parallel",
             name="fsdp2",
             target="omnicore.parallel.fsdp:FSDP2",
             options_model="omnicore.config:NoOptions",
             description="FSDP2 (torch.distributed.fsdp.fully_shard) per block, then the root, over the fsdp dim (dp_shard x ep x sp)",
         ),
         ComponentSpec(
-            kind="parallel",
             name="ep",
             target="omnicore.parallel.expert:ExpertParallel",
             options_model="omnicore.parallel.expert:ExpertParallelOptions",
             description="expert parallelism: MoE experts Shard(0) over ep, tokens dispatched/combined by all-to-all (transformers experts registry)",
         ),
         ComponentSpec(
-            kind="parallel",
             name="activation_checkpointing",
             target="omnicore.parallel.checkpointing:ActivationCheckpointing",
             options_model="omnicore.parallel.checkpointing:ActivationCheckpointingOptions",
             description="activation checkpointing per transformer block: full, selective (every N-th) or op-level",
         ),
         ComponentSpec(
-            kind="parallel",
             name="compile",
             target="omnicore.parallel.compile:CompileBlocks",
             options_model="omnicore.parallel.compile:CompileOptions",
             description="torch.compile of each transformer block, in place",
         ),
         ComponentSpec(
-            kind="parallel",
             name="none",
             target="omnicore.parallel.fsdp:NoParallel",
             options_model="omnicore.config:NoOptions",
@@ -68,42 +62,36 @@ def omnicore_parallel_strategies() -> list[ComponentSpec]:
 def omnicore_kernels() -> list[ComponentSpec]:
     return [
         ComponentSpec(
-            kind="kernel",
             name="sdpa",
             target="omnicore.kernels.attention:SDPAAttention",
             options_model="omnicore.config:NoOptions",
             description="torch scaled_dot_product_attention through transformers; packed samples kept apart",
         ),
         ComponentSpec(
-            kind="kernel",
             name="eager",
             target="omnicore.kernels.attention:EagerAttention",
             options_model="omnicore.config:NoOptions",
             description="transformers' eager (matmul + softmax) attention; a slow, simple reference",
         ),
         ComponentSpec(
-            kind="kernel",
             name="torch_cross_entropy",
             target="omnicore.kernels.cross_entropy:TorchCrossEntropy",
             options_model="omnicore.config:NoOptions",
             description="op cross_entropy (default): whole fp32 logits, then F.cross_entropy(reduction='sum')",
         ),
         ComponentSpec(
-            kind="kernel",
             name="chunked_cross_entropy",
             target="omnicore.kernels.cross_entropy:ChunkedCrossEntropy",
             options_model="omnicore.kernels.cross_entropy:ChunkedCrossEntropyOptions",
             description="op cross_entropy: lm_head + loss in row chunks, gradients in forward; never the whole [tokens, vocab] logits",
         ),
         ComponentSpec(
-            kind="kernel",
             name="torch_rms_norm",
             target="omnicore.kernels.rmsnorm:TorchRMSNorm",
             options_model="omnicore.config:NoOptions",
             description="op rmsnorm: the foundation's RMSNorm modules through torch.nn.functional.rms_norm (fp32)",
         ),
         ComponentSpec(
-            kind="kernel",
             name="sdpa_varlen",
             target="omnicore.kernels.attention_varlen:SDPAVarlenAttention",
             options_model="omnicore.config:NoOptions",
@@ -116,7 +104,6 @@ def omnicore_kernels() -> list[ComponentSpec]:
 def omnicore_loggers() -> list[ComponentSpec]:
     return [
         ComponentSpec(
-            kind="logger",
             name="jsonl",
             target="omnicore.train.loggers:JsonlLogger",
             options_model="omnicore.config:NoOptions",

@@ -30,26 +30,29 @@ Encoders and decoders come in two parts, as transformers splits ``AutoProcessor`
 ``AutoModel``: the *processor* (:class:`Processor`: read media, ``preprocess``, ``num_tokens``,
 ``collate``) runs in data workers and is built from the component's options alone, without building
 the ``nn.Module`` or reading weights; the module (:class:`Encoder`, :class:`Decoder`) is the model
-side. A spec names the processor's factory in ``ComponentSpec.processor`` (core API 1.2); a spec
-without one (API 1.1) is its own processor, built with its weights
-(:meth:`omnicore.registry.Registry.build_processor` warns).
+side. A spec names the processor's factory in ``ComponentSpec.processor``, and the built module
+holds the same processor as its ``processor`` attribute (the model side reads the data side there).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 KINDS: tuple[str, ...] = ("encoder", "decoder", "foundation", "parallel", "kernel", "logger")
-"""The six component kinds, in the order ``omnicore plugins`` lists them (``logger``: core API 1.3)."""
+"""The six component kinds, in the order ``omnicore plugins`` lists them."""
 
 
 @dataclass(frozen=True)
 class ComponentSpec:
     """What a plugin registers: a light, import-free description of one component.
 
+    A hook of :mod:`omnicore.hookspecs` returns a ``list[ComponentSpec]``; the hook states the kind
+    (``omnicore_encoders`` registers encoders), so a spec does not repeat it: the registry fills
+    :attr:`kind` in from the hook that returned the spec (:meth:`of_kind`).
+
     Attributes:
-        kind: one of :data:`KINDS`.
         name: the name users write in config (``encoders: {audio: {name: whisper}}``). Lower case,
             letters, digits, ``_`` and ``-``.
         target: ``"package.module:factory"``, imported only when the component is built.
@@ -58,19 +61,20 @@ class ComponentSpec:
         requires: capabilities the component needs at build time, e.g. ``("cuda",)``.
         options_model: optional ``"module:Class"`` of a pydantic model that validates the
             component's ``options`` from config (imported lazily, at build time).
-        processor: encoders and decoders only: ``"package.module:factory"`` of the data-side part,
+        processor: encoders and decoders: ``"package.module:factory"`` of the data-side part,
             imported lazily; ``factory(options)`` (options validated by ``options_model`` as for
             the component) returns a :class:`Processor` without building any ``nn.Module`` or
-            reading weights. Its module must not import model code. None (API 1.1): the component
-            is its own processor. Needs core API 1.2.
+            reading weights. Its module must not import model code. Required for encoders and
+            decoders, not allowed for the other kinds.
+        extra: free-form metadata (``install``: the pip command that provides a missing requirement).
+        kind: one of :data:`KINDS`; not a constructor argument: set by the registry from the hook.
 
     Raises:
-        ValueError: on construction, if ``kind`` is unknown, ``name`` is empty, ``target`` or
-            ``processor`` is not of the form ``module:attr``, or ``processor`` is given for a kind
-            other than encoder or decoder.
+        ValueError: on construction, if ``name`` is empty or malformed, or ``target`` or
+            ``processor`` is not of the form ``module:attr``; from :meth:`of_kind`, if ``kind`` is
+            unknown or ``processor`` is missing (encoder, decoder) or not allowed (other kinds).
     """
 
-    kind: str
     name: str
     target: str
     description: str = ""
@@ -79,22 +83,36 @@ class ComponentSpec:
     options_model: str | None = None
     processor: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    kind: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"ComponentSpec kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        if not self.name or not all(c.isalnum() or c in "_-" for c in self.name):
+        if not isinstance(self.name, str) or not self.name or not all(c.isalnum() or c in "_-" for c in self.name):
             raise ValueError(f"ComponentSpec name {self.name!r} must be non-empty and use only letters, digits, '_' and '-'")
         if not _is_target(self.target):
-            raise ValueError(f"ComponentSpec {self.kind}/{self.name}: target {self.target!r} must be 'module:attr'")
-        if self.processor is not None:
-            if self.kind not in ("encoder", "decoder"):
-                raise ValueError(
-                    f"ComponentSpec {self.kind}/{self.name}: processor= is only for encoders and decoders (the data side of a "
-                    "medium); remove it"
-                )
-            if not _is_target(self.processor):
-                raise ValueError(f"ComponentSpec {self.kind}/{self.name}: processor {self.processor!r} must be 'module:factory'")
+            raise ValueError(f"ComponentSpec {self.name}: target {self.target!r} must be 'module:attr'")
+        if self.processor is not None and not _is_target(self.processor):
+            raise ValueError(f"ComponentSpec {self.name}: processor {self.processor!r} must be 'module:factory'")
+
+    def of_kind(self, kind: str) -> ComponentSpec:
+        """A copy of this spec with :attr:`kind` set: what the registry keeps for a spec returned
+        by the hook of ``kind``.
+
+        Raises:
+            ValueError: ``kind`` is not one of :data:`KINDS`; an encoder or decoder names no
+                ``processor``; another kind names one.
+        """
+        if kind not in KINDS:
+            raise ValueError(f"ComponentSpec {self.name}: kind {kind!r} is not one of {', '.join(KINDS)}")
+        if kind in ("encoder", "decoder") and self.processor is None:
+            raise ValueError(
+                f"{kind}/{self.name} names no processor: add processor='package.module:factory' to its ComponentSpec "
+                "(factory(options) returns the data side, an omnicore.api.Processor, without building weights)"
+            )
+        if kind not in ("encoder", "decoder") and self.processor is not None:
+            raise ValueError(f"{kind}/{self.name}: processor= is only for encoders and decoders (the data side of a medium); remove it")
+        bound = copy.copy(self)
+        object.__setattr__(bound, "kind", kind)
+        return bound
 
     @property
     def key(self) -> str:
@@ -163,13 +181,15 @@ class Encoder(Protocol):
     An encoder is an ``nn.Module`` whose output is already projected to the foundation's hidden size
     ``H`` (the factory receives ``hidden_size``). Its data side is a :class:`Processor` (built
     apart, from the same options, by ``ComponentSpec.processor``); the data side and the model
-    share one formula for the number of placeholder tokens, :meth:`Processor.num_tokens`. A module
-    may hold its processor as ``processor`` (first-party ones do; ``omnicore generate`` then uses
-    it); a module without one (API 1.1) implements :class:`Processor` itself.
+    share one formula for the number of placeholder tokens, :meth:`Processor.num_tokens`. The module
+    holds that processor as :attr:`processor` (``omnicore generate`` and the chat encoder read it).
     """
 
     modality: str
     """``"image"``, ``"audio"``, ..."""
+
+    processor: Processor
+    """The data side built from the same options (what ``ComponentSpec.processor`` builds)."""
 
     def forward(self, batch: dict[str, Any]) -> Any:
         """Encode a batch from :meth:`Processor.collate`: returns ``[sum(num_tokens(item)), H]`` in
@@ -211,7 +231,13 @@ class Decoder(Protocol):
     """
 
     modality: str
+    """``"image"``, ``"audio"``, ..."""
+
     codebook_size: int
+    """``C``, the number of codes (the logits' width of :meth:`head`)."""
+
+    processor: Processor
+    """The data side built from the same options (what ``ComponentSpec.processor`` builds)."""
 
     def encode(self, batch: dict[str, Any]) -> Any:
         """Target features (a batch from :meth:`Processor.collate`) to codes: LongTensor
@@ -257,9 +283,12 @@ class Foundation(Protocol):
     safetensors checkpoints.
     """
 
-    def build_tokenizer(self) -> Any: ...
+    def build_tokenizer(self) -> Any:
+        """The foundation's text tokenizer, a transformers ``PreTrainedTokenizerFast``."""
 
-    def build_model(self, vocab_size: int) -> Any: ...
+    def build_model(self, vocab_size: int) -> Any:
+        """The causal LM with at least ``vocab_size`` input embeddings (the tokenizer's vocabulary
+        plus omnicore's special tokens; the core resizes when it has fewer)."""
 
 
 PHASES: tuple[str, ...] = ("attention", "experts", "checkpointing", "compile", "sharding")
@@ -352,14 +381,12 @@ class ParallelStrategy(Protocol):
         The DeviceMesh dims the strategy uses (``dp_replicate``, ``dp_shard``, ``ep``, ``sp`` or
         the derived ``fsdp``, ``dp_shard_sp``). A mesh dim above size 1 that no strategy names is an
         error (its ranks would silently train apart).
-    ``apply(model, mesh)`` (required)
-        Wrap ``model`` (a :class:`ParallelModel`) in place and return it; ``mesh`` is the run's
-        ``DeviceMesh`` (None on one process).
+    ``apply(model, state)`` (required)
+        Wrap ``model`` (a :class:`ParallelModel`) in place and return it. ``state`` is the run's
+        :class:`ParallelStateView` (``state.mesh`` is the ``DeviceMesh``, None on one process;
+        derived dims, groups, mixed precision); the one entry point of every strategy.
     ``phase`` (optional, default ``"sharding"``)
         One of :data:`PHASES`: when the strategy is applied relative to the others.
-    ``apply_with_state(model, state)`` (optional)
-        Preferred over ``apply`` when present: gets the whole parallel state (see
-        :class:`ParallelStateView`: derived dims, groups, mixed precision).
     ``validate(model_or_config, state)`` (optional)
         ``list[Violation]``: what this layout cannot do with this model. ``omnicore plan`` calls it
         with a meta-device model and a planned state (no process group); the training run calls it
@@ -373,8 +400,10 @@ class ParallelStrategy(Protocol):
     """
 
     mesh_dims: tuple[str, ...]
+    """The DeviceMesh dims (or derived dims) this strategy uses."""
 
-    def apply(self, model: Any, mesh: Any) -> Any: ...
+    def apply(self, model: Any, state: Any) -> Any:
+        """Wrap ``model`` in place using ``state`` (a :class:`ParallelStateView`) and return it."""
 
 
 class ParallelStrategyOptional(Protocol):
@@ -384,10 +413,6 @@ class ParallelStrategyOptional(Protocol):
 
     phase: str
     """One of :data:`PHASES`; default :data:`DEFAULT_PHASE`."""
-
-    def apply_with_state(self, model: Any, state: Any) -> Any:
-        """Wrap ``model`` in place using the whole ``state`` (a :class:`ParallelStateView`); return it.
-        Called instead of ``apply(model, state.mesh)`` when present."""
 
     def validate(self, model_or_config: Any, state: Any) -> list[Violation]:
         """Every constraint this strategy cannot meet with this model on this layout (``[]``: fine).
@@ -464,10 +489,14 @@ class Kernel(Protocol):
     """
 
     op: str
+    """The op implemented: ``attention``, ``rmsnorm``, ``swiglu`` or ``cross_entropy``."""
 
-    def available(self) -> tuple[bool, str]: ...
+    def available(self) -> tuple[bool, str]:
+        """``(ok, reason)``: whether the kernel can run here (its package, a GPU); cheap, called
+        before the foundation is built. ``reason`` says what is missing when ``ok`` is false."""
 
-    def activate(self, model: Any) -> None: ...
+    def activate(self, model: Any) -> None:
+        """Install the kernel on the built transformers model, in place."""
 
 
 @runtime_checkable
@@ -487,7 +516,7 @@ class CrossEntropyKernel(Protocol):
 @runtime_checkable
 class Logger(Protocol):
     """Where a run's metrics, validation rows and images go (TensorBoard, W&B, a file), chosen by
-    ``run.loggers``; core API 1.3.
+    ``run.loggers``.
 
     Built by ``factory(options)`` on rank 0 only, before step 1; several may run at once. The core
     calls :meth:`start` once, then :meth:`log_metrics` and :meth:`log_images` any number of times,

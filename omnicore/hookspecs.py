@@ -5,9 +5,10 @@ A plugin is a module (or object) named by an entry point in the group ``omnicore
     [project.entry-points.omnicore]
     whisper = "omnicore_audio_whisper.plugin"
 
-whose functions, decorated with :data:`hookimpl`, answer some of the hooks below. Every hook is
-called with no arguments, once per plugin, and returns a list of
-:class:`omnicore.components.ComponentSpec` of its kind (all results are collected; none "wins").
+whose functions, decorated with :data:`hookimpl` (``from omnicore.api import hookimpl``), answer
+some of the hooks below. Every hook is called with no arguments, once per plugin, when the registry
+is built, and returns a ``list[ComponentSpec]``: the hook states the kind, so a spec does not (the
+registry sets ``ComponentSpec.kind`` from the hook). All results are collected; none "wins".
 A hook module must not import torch or other heavy libraries at import time: ``omnicore plugins``
 imports every hook module, and must stay fast and torch-free. Put heavy imports in the module named
 by each spec's ``target``.
@@ -19,69 +20,78 @@ from __future__ import annotations
 
 import pluggy
 
+from omnicore.components import ComponentSpec
+
 PROJECT = "omnicore"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
-"""Decorate a plugin's hook functions with this marker (``from omnicore import hookimpl``)."""
+"""Decorate a plugin's hook functions with this marker (``from omnicore.api import hookimpl``)."""
 
 
 # ---- Component registration: one hook per kind ----------------------------------------------
 
 
 @hookspec
-def omnicore_encoders() -> list:
-    """Register input-side modality encoders.
+def omnicore_encoders() -> list[ComponentSpec]:
+    """Register input-side modality encoders (audio, image, video to embeddings).
 
-    Called once per plugin when the registry is built. Returns a list of ``ComponentSpec`` with
-    ``kind="encoder"``; each ``target`` factory is called as ``factory(options, hidden_size=H)`` and
-    returns an ``nn.Module`` implementing :class:`omnicore.components.Encoder`.
+    Returns:
+        The encoder specs. Each ``target`` factory is called as ``factory(options, hidden_size=H)``
+        and returns an ``nn.Module`` implementing :class:`omnicore.api.Encoder`; each spec's
+        ``processor`` factory is called as ``factory(options)`` and returns its
+        :class:`omnicore.api.Processor`.
     """
 
 
 @hookspec
-def omnicore_decoders() -> list:
-    """Register output-side modality decoders.
+def omnicore_decoders() -> list[ComponentSpec]:
+    """Register output-side modality decoders (embeddings to images, audio).
 
-    Returns a list of ``ComponentSpec`` with ``kind="decoder"``; each ``target`` factory is called
-    as ``factory(options, hidden_size=H)`` and returns an ``nn.Module`` implementing
-    :class:`omnicore.components.Decoder`.
+    Returns:
+        The decoder specs. Each ``target`` factory is called as ``factory(options, hidden_size=H)``
+        and returns an ``nn.Module`` implementing :class:`omnicore.api.Decoder`; each spec's
+        ``processor`` factory is called as ``factory(options)`` and returns its
+        :class:`omnicore.api.Processor`.
     """
 
 
 @hookspec
-def omnicore_foundations() -> list:
+def omnicore_foundations() -> list[ComponentSpec]:
     """Register foundation models (the language model at the centre).
 
-    Returns a list of ``ComponentSpec`` with ``kind="foundation"``; each ``target`` factory is
-    called as ``factory(options)`` and returns a :class:`omnicore.components.Foundation`.
+    Returns:
+        The foundation specs. Each ``target`` factory is called as ``factory(options)`` and returns
+        an object implementing :class:`omnicore.api.Foundation`.
     """
 
 
 @hookspec
-def omnicore_parallel_strategies() -> list:
-    """Register parallel strategies (FSDP2, sequence parallelism, ...).
+def omnicore_parallel_strategies() -> list[ComponentSpec]:
+    """Register parallel strategies (FSDP2, sequence parallelism, expert parallelism, ...).
 
-    Returns a list of ``ComponentSpec`` with ``kind="parallel"``; each ``target`` factory is called
-    as ``factory(options)`` and returns a :class:`omnicore.components.ParallelStrategy`.
+    Returns:
+        The strategy specs. Each ``target`` factory is called as ``factory(options)`` and returns
+        an object implementing :class:`omnicore.api.ParallelStrategy`.
     """
 
 
 @hookspec
-def omnicore_kernels() -> list:
+def omnicore_kernels() -> list[ComponentSpec]:
     """Register compute kernels (attention backends, fused losses, norms).
 
-    Returns a list of ``ComponentSpec`` with ``kind="kernel"``; each ``target`` factory is called as
-    ``factory(options)`` and returns a :class:`omnicore.components.Kernel`.
+    Returns:
+        The kernel specs. Each ``target`` factory is called as ``factory(options)`` and returns an
+        object implementing :class:`omnicore.api.Kernel`.
     """
 
 
 @hookspec
-def omnicore_loggers() -> list:
+def omnicore_loggers() -> list[ComponentSpec]:
     """Register metrics loggers (TensorBoard, W&B, MLflow, a file), chosen by ``run.loggers``.
 
-    Returns a list of ``ComponentSpec`` with ``kind="logger"``; each ``target`` factory is called
-    as ``factory(options)`` on rank 0 only and returns a :class:`omnicore.components.Logger`.
-    Core API 1.3.
+    Returns:
+        The logger specs. Each ``target`` factory is called as ``factory(options)``, on rank 0
+        only, and returns an object implementing :class:`omnicore.api.Logger`.
     """
 
 

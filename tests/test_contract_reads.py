@@ -4,7 +4,7 @@ this test checks the protocols against the core).
 
 Every strategy, kernel and foundation the registry builds is wrapped in a recorder that notes each
 attribute the core reads; one plan, one training run with every kind of optional strategy member
-(phase, validate, apply_with_state, plan, data_split through a sequence-parallel strategy) and
+(phase, validate, plan, data_split through a sequence-parallel strategy) and
 a cross_entropy kernel, and one export must read nothing outside the contract, and must read
 the members the contract says they read.
 """
@@ -42,10 +42,9 @@ class SplitEverything:
     def __init__(self, options: dict | None = None):
         self.calls: list[str] = []
 
-    def apply(self, model, mesh):
-        raise AssertionError("apply_with_state is preferred when present")
-
-    def apply_with_state(self, model, state):
+    def apply(self, model, state):
+        assert hasattr(state, "mesh") and hasattr(state, "world_size"), "apply is given the parallel state"
+        self.calls.append("apply")
         return model
 
     def validate(self, model_or_config, state):
@@ -85,8 +84,19 @@ def test_contract_lists_are_the_protocols():
     assert set(CONTRACTS) == {"encoder", "decoder", "processor", "foundation", "parallel", "kernel", "logger"}
     assert contract_members("logger") == {"start", "log_metrics", "log_images", "close"}
     assert contract_members("processor") == {"modality", "preprocess", "num_tokens", "collate"}
-    assert contract_members("encoder") == {"modality", "forward", "dummy_batch", "save_pretrained"}
-    assert contract_members("parallel") == {"mesh_dims", "apply", "phase", "apply_with_state", "validate", "plan", "data_split"}
+    assert contract_members("encoder") == {"modality", "processor", "forward", "dummy_batch", "save_pretrained"}
+    assert contract_members("decoder") == {
+        "modality",
+        "codebook_size",
+        "processor",
+        "encode",
+        "embed",
+        "head",
+        "decode",
+        "dummy_codes",
+        "save_pretrained",
+    }
+    assert contract_members("parallel") == {"mesh_dims", "apply", "phase", "validate", "plan", "data_split"}
     assert contract_members("kernel") == {"op", "available", "activate", "linear_cross_entropy_sum"}
 
 
@@ -110,6 +120,6 @@ def test_the_core_reads_only_contract_members(recording, digits_jsonl, tmp_path)
         extra = recording[kind] - contract_members(kind)
         assert not extra, f"the core reads {sorted(extra)} from {kind} components, outside omnicore.components' contract"
     # and it reads what the contract says it reads
-    assert {"mesh_dims", "phase", "apply_with_state", "validate", "plan", "data_split"} <= recording["parallel"]
+    assert {"mesh_dims", "phase", "apply", "validate", "plan", "data_split"} <= recording["parallel"]
     assert {"op", "available", "activate", "linear_cross_entropy_sum"} <= recording["kernel"]
     assert {"build_tokenizer", "build_model"} <= recording["foundation"]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import tiny_config_dict
 
-from omnicore import ComponentSpec, hookimpl
+from omnicore.api import ComponentSpec, hookimpl
 from omnicore.registry import Registry, RegistryError, cuda_present, missing_requirements
 from omnicore.testing import write_fake_distribution
 
@@ -60,8 +60,8 @@ def test_unavailable_status_and_resolve_error(monkeypatch):
         @hookimpl
         def omnicore_kernels(self):
             return [
-                ComponentSpec(kind="kernel", name="needs_absent", target="a:b", requires=("omnicore_fake_absent_mod",)),
-                ComponentSpec(kind="kernel", name="needs_json", target="json:dumps", requires=("json",)),
+                ComponentSpec(name="needs_absent", target="a:b", requires=("omnicore_fake_absent_mod",)),
+                ComponentSpec(name="needs_json", target="json:dumps", requires=("json",)),
             ]
 
     reg = Registry.from_plugins([(Plugin(), "omnicore-fake-kernels")])

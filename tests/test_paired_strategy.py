@@ -40,8 +40,8 @@ class DocPlugin:
     @hookimpl
     def omnicore_parallel_strategies(self):
         return [
-            ComponentSpec(kind="parallel", name="paired_fsdp", target=f"{MODULE}:PairedFSDP"),
-            ComponentSpec(kind="parallel", name="paired_no_split", target=f"{MODULE}:NoSplit"),
+            ComponentSpec(name="paired_fsdp", target=f"{MODULE}:PairedFSDP"),
+            ComponentSpec(name="paired_no_split", target=f"{MODULE}:NoSplit"),
         ]
 
 
@@ -50,8 +50,8 @@ NO_SPLIT = '''
 class NoSplit(PairedFSDP):
     """The same without the hook: both ranks of a pair count every target."""
 
-    def apply_with_state(self, model, state):
-        return self.fsdp.apply_with_state(model, state)
+    def apply(self, model, state):
+        return self.fsdp.apply(model, state)
 '''
 
 

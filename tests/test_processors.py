@@ -5,7 +5,6 @@ without building any module, and ``ChatProcessor`` fed processors."""
 from __future__ import annotations
 
 import copy
-import warnings
 
 import numpy as np
 import pytest
@@ -23,9 +22,8 @@ from omnicore.hookspecs import hookimpl
 @hookimpl
 def omnicore_encoders():
     return [
-        ComponentSpec(kind="encoder", name="new", target="toys:build", processor="toys:build_processor",
+        ComponentSpec(name="new", target="toys:build", processor="toys:build_processor",
                       options_model="toys:Options", modalities=("image",)),
-        ComponentSpec(kind="encoder", name="old", target="toys:build", modalities=("image",)),
     ]
 """
 
@@ -72,11 +70,14 @@ def toy_registry(fake_distribution, isolated_registry):
 
 
 def test_spec_processor_only_for_encoders_and_decoders():
-    assert ComponentSpec(kind="decoder", name="d", target="m:f", processor="m:p").processor == "m:p"
+    assert ComponentSpec(name="d", target="m:f", processor="m:p").of_kind("decoder").processor == "m:p"
     with pytest.raises(ValueError, match=r"kernel/k: processor= is only for encoders and decoders"):
-        ComponentSpec(kind="kernel", name="k", target="m:f", processor="m:p")
-    with pytest.raises(ValueError, match=r"encoder/e: processor 'm.p' must be 'module:factory'"):
-        ComponentSpec(kind="encoder", name="e", target="m:f", processor="m.p")
+        ComponentSpec(name="k", target="m:f", processor="m:p").of_kind("kernel")
+    with pytest.raises(ValueError, match=r"ComponentSpec e: processor 'm.p' must be 'module:factory'"):
+        ComponentSpec(name="e", target="m:f", processor="m.p")
+    for kind in ("encoder", "decoder"):  # API 2.0: the data side is always registered apart
+        with pytest.raises(ValueError, match=rf"{kind}/e names no processor"):
+            ComponentSpec(name="e", target="m:f").of_kind(kind)
 
 
 def test_build_processor_validates_options_and_builds_no_module(toy_registry, monkeypatch):
@@ -92,16 +93,6 @@ def test_build_processor_validates_options_and_builds_no_module(toy_registry, mo
         toy_registry.build_processor("kernel", "sdpa", {})
     with pytest.raises(RegistryError, match=r"no encoder named 'neww'; did you mean 'new'\?"):
         toy_registry.build_processor("encoder", "neww", {})
-
-
-def test_api_1_1_component_is_its_own_processor_with_one_warning(toy_registry):
-    with pytest.warns(UserWarning, match=r"encoder/old registers no processor .* builds the whole component with its weights") as rec:
-        first = toy_registry.build_processor("encoder", "old", {"side": 5}, hidden_size=7)
-    assert len(rec) == 1
-    assert type(first).__name__ == "Toy" and first.proj.out_features == 7 and first.num_tokens(first.preprocess(None)) == 5
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once per component and registry
-        assert toy_registry.build_processor("encoder", "old", {}).side == 4
 
 
 def _config(tmp_path, **model):
@@ -186,13 +177,13 @@ def test_chat_processor_fed_processors_counts_placeholders(tmp_path):
     assert [(side, m, tuple(f["pixel_values"].shape)) for side, m, f in enc.media] == [("encoder", "image", (3, 28, 28))]
 
 
-def test_processor_of_a_module_is_its_processor_else_itself(toy_registry):
-    from omnicore.data.chat import processor_of
+def test_module_processors_reads_each_modules_processor_and_names_one_without(toy_registry):
+    from omnicore.data.chat import module_processors
 
-    old = toy_registry.build("encoder", "old", {"side": 2}, hidden_size=4)  # API 1.1: preprocess etc. on the module
-    assert processor_of(old) is old
     new = toy_registry.build("encoder", "new", {"side": 2}, hidden_size=4)
     new.processor = toy_registry.build_processor("encoder", "new", {"side": 3})
-    assert processor_of(new) is new.processor and processor_of(new).side == 3
-    new.processor = "not a processor"
-    assert processor_of(new) is new
+    got = module_processors({"image": new}, "encoder")
+    assert got["image"] is new.processor and got["image"].side == 3
+    del new.processor
+    with pytest.raises(TypeError, match=r"encoder 'image' \(Toy\) has no processor attribute"):
+        module_processors({"image": new}, "encoder")

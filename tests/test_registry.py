@@ -139,12 +139,12 @@ def build_encoder(options, *, hidden_size):
 
 @hookimpl
 def omnicore_kernels():
-    return [ComponentSpec(kind="kernel", name="fastattn", target=__name__ + ":FastAttn",
+    return [ComponentSpec(name="fastattn", target=__name__ + ":FastAttn",
                           options_model=__name__ + ":Opts", description="fake fast attention")]
 
 @hookimpl
 def omnicore_encoders():
-    return [ComponentSpec(kind="encoder", name="fakeenc", target=__name__ + ":build_encoder",
+    return [ComponentSpec(name="fakeenc", target=__name__ + ":build_encoder", processor=__name__ + ":build_encoder",
                           modalities=("video",), description="fake video encoder")]
 """
 
@@ -192,18 +192,27 @@ def test_row_as_dict_keys():
         "description": d["description"],
         "entry_point": "builtin",
         "target": "omnicore.parallel.fsdp:FSDP2",
-        "api": "==1.3",
+        "api": "==2.0",
     }
     assert "FSDP2" in d["description"]
 
 
 def test_componentspec_validation():
     with pytest.raises(ValueError, match="kind 'encoders' is not one of encoder, decoder"):
-        ComponentSpec(kind="encoders", name="x", target="m:f")
+        ComponentSpec(name="x", target="m:f").of_kind("encoders")
+    with pytest.raises(TypeError, match="kind"):
+        ComponentSpec(kind="encoder", name="x", target="m:f")  # type: ignore[call-arg]  # the hook states the kind
+    with pytest.raises(ValueError, match="encoder/x names no processor: add processor="):
+        ComponentSpec(name="x", target="m:f").of_kind("encoder")
+    with pytest.raises(ValueError, match="kernel/x: processor= is only for encoders and decoders"):
+        ComponentSpec(name="x", target="m:f", processor="m:p").of_kind("kernel")
+    spec = ComponentSpec(name="x", target="m:f")
+    bound = spec.of_kind("kernel")
+    assert (spec.kind, bound.kind, bound.key, bound.name) == ("", "kernel", "kernel/x", "x")
     with pytest.raises(ValueError, match="must be non-empty"):
-        ComponentSpec(kind="encoder", name="bad name", target="m:f")
+        ComponentSpec(name="bad name", target="m:f")
     with pytest.raises(ValueError, match="must be 'module:attr'"):
-        ComponentSpec(kind="encoder", name="x", target="m.f")
+        ComponentSpec(name="x", target="m.f")
 
 
 # ---- (a) a missing module: failed row, the rest still lists and builds -----------------------
@@ -264,7 +273,7 @@ def test_import_error_inside_plugin_module_is_failed(site):
 HALFWAY_PLUGIN = """
 @hookimpl
 def omnicore_encoders():
-    return [ComponentSpec(kind="encoder", name="halfenc", target="x.y:build")]
+    return [ComponentSpec(name="halfenc", target="x.y:build", processor="x.y:build_processor")]
 
 @hookimpl
 def omnicore_kernels():
@@ -304,26 +313,34 @@ def test_hook_raising_halfway_registers_nothing(site):
                 return [{"kind": "encoder", "name": "dictenc", "target": "a:b"}]
             """,
             "TypeError: hook omnicore_encoders returned {'kind': 'encoder', 'name': 'dictenc', 'target': 'a:b'}; "
-            "expected ComponentSpec(kind='encoder', ...)",
+            "expected ComponentSpec(name=..., target=...)",
         ),
         (
             """
             @hookimpl
             def omnicore_encoders():
-                return [ComponentSpec(kind="decoder", name="wrongkind", target="a:b")]
+                return [ComponentSpec(kind="decoder", name="withkind", target="a:b")]
             """,
-            "TypeError: hook omnicore_encoders returned ComponentSpec(kind='decoder', name='wrongkind'",
+            "(core API 2.0: ComponentSpec takes no kind=, the hook states it; drop it)",
+        ),
+        (
+            """
+            @hookimpl
+            def omnicore_encoders():
+                return [ComponentSpec(name="noproc", target="a:b")]
+            """,
+            "ValueError: encoder/noproc names no processor: add processor='package.module:factory'",
         ),
         (
             """
             @hookimpl
             def omnicore_kernels():
-                return [ComponentSpec(kind="kernel", name="bad name!", target="a:b")]
+                return [ComponentSpec(name="bad name!", target="a:b")]
             """,
             "ValueError: ComponentSpec name 'bad name!' must be non-empty",
         ),
     ],
-    ids=["not-a-spec", "wrong-kind", "invalid-spec"],
+    ids=["not-a-spec", "kind-given", "no-processor", "invalid-spec"],
 )
 def test_bad_hook_results_are_failed(site, body, expected):
     site.add("omnicore-badresult", "0.1", "badresult", body)
@@ -377,7 +394,7 @@ def _dup_plugin(tag: str) -> str:
 
     @hookimpl
     def omnicore_encoders():
-        return [ComponentSpec(kind="encoder", name="dup", target=__name__ + ":build", description="{tag} dup")]
+        return [ComponentSpec(name="dup", target=__name__ + ":build", processor=__name__ + ":build", description="{tag} dup")]
     """
 
 
@@ -418,7 +435,7 @@ def test_conflict_with_builtin_name(site):
         """
         @hookimpl
         def omnicore_kernels():
-            return [ComponentSpec(kind="kernel", name="sdpa", target="a:b")]
+            return [ComponentSpec(name="sdpa", target="a:b")]
         """,
     )
     reg = Registry.discover()
@@ -563,8 +580,8 @@ def test_build_with_unimportable_target(site):
         """
         @hookimpl
         def omnicore_kernels():
-            return [ComponentSpec(kind="kernel", name="ghost", target="no_such_module_xyz.inner:Ghost"),
-                    ComponentSpec(kind="kernel", name="ghost2", target=__name__ + ":Missing")]
+            return [ComponentSpec(name="ghost", target="no_such_module_xyz.inner:Ghost"),
+                    ComponentSpec(name="ghost2", target=__name__ + ":Missing")]
         """,
     )
     reg = Registry.discover()
@@ -595,7 +612,7 @@ def test_from_plugins_with_plugin_object():
     class Plugin:
         @hookimpl
         def omnicore_parallel_strategies(self):
-            return [ComponentSpec(kind="parallel", name="ring", target="m:Ring", description="ring attention")]
+            return [ComponentSpec(name="ring", target="m:Ring", description="ring attention")]
 
     p = Plugin()
     reg = Registry.from_plugins([(p, "ringpkg"), (p, "ringpkg")])
@@ -620,25 +637,24 @@ def test_registries_are_independent(site):
 def test_first_party_plugins_declare_their_api_range():
     from omnicore import CORE_API_VERSION
 
-    assert CORE_API_VERSION == "1.3"
+    assert CORE_API_VERSION == "2.0"
     reg = Registry.discover()
     api = {r.provider: r.api for r in reg.rows if r.provider in EXPECTED_INSTALLED.values()}
-    # the media plugins register processors (ComponentSpec.processor, added in 1.2)
     assert api == {
-        "omnicore": "==1.3",
-        "omnicore-image-siglip": ">=1.2,<2",
-        "omnicore-audio-whisper": ">=1.2,<2",
-        "omnicore-image-movqgan": ">=1.2,<2",
+        "omnicore": "==2.0",
+        "omnicore-image-siglip": ">=2.0,<3",
+        "omnicore-audio-whisper": ">=2.0,<3",
+        "omnicore-image-movqgan": ">=2.0,<3",
     }
 
 
 def test_incompatible_plugin_is_not_imported(site):
-    module = site.add("omnicore-future", "3.1.0", "future", KERNEL_PLUGIN, api=">=2.0,<3")
+    module = site.add("omnicore-future", "3.1.0", "future", KERNEL_PLUGIN, api=">=3.0,<4")
     reg = Registry.discover()
     (row,) = rows_of(reg, "omnicore-future")
-    assert (row.kind, row.name, row.version, row.status, row.api, row.spec) == ("-", "future", "3.1.0", "incompatible", ">=2.0,<3", None)
+    assert (row.kind, row.name, row.version, row.status, row.api, row.spec) == ("-", "future", "3.1.0", "incompatible", ">=3.0,<4", None)
     assert row.reason == (
-        f"entry point 'future = {module}' of omnicore-future 3.1.0 requires omnicore API >=2.0,<3; omnicore 0.1.0 provides API 1.3"
+        f"entry point 'future = {module}' of omnicore-future 3.1.0 requires omnicore API >=3.0,<4; omnicore 0.1.0 provides API 2.0"
     )
     assert module not in sys.modules  # checked from metadata alone
     assert not [r for r in reg.components() if r.name in ("fastattn", "fakeenc")]
@@ -648,13 +664,32 @@ def test_incompatible_plugin_is_not_imported(site):
     assert {(r.kind, r.name) for r in reg.rows if r.status == "available"} >= set(EXPECTED_INSTALLED)
 
 
+@pytest.mark.parametrize("declared", [">=1.2,<2", "~=1.0", "==1.3", "<2"])
+def test_a_plugin_written_for_api_1_is_one_incompatible_row_saying_what_to_change(site, declared):
+    module = site.add("omnicore-old", "0.4", "old", KERNEL_PLUGIN, api=declared)
+    reg = Registry.discover()
+    rows = rows_of(reg, "omnicore-old")
+    assert [(r.kind, r.name, r.status, r.api) for r in rows] == [("-", "old", "incompatible", declared)]
+    assert module not in sys.modules
+    reason = rows[0].reason
+    assert reason.startswith(f"entry point 'old = {module}' of omnicore-old 0.4 requires omnicore API {declared}; omnicore 0.1.0 provides API 2.0; ")
+    for change in ("omnicore.api only", "drop kind=", "processor='module:factory'", "apply(model, state)", "omnicore-api >=2.0,<3"):
+        assert change in reason, change
+
+
+def test_a_range_that_never_admitted_api_1_gets_no_porting_advice(site):
+    site.add("omnicore-future", "3.1.0", "future", KERNEL_PLUGIN, api=">=3")
+    (row,) = rows_of(Registry.discover(), "omnicore-future")
+    assert row.status == "incompatible" and "to port" not in row.reason
+
+
 def test_compatible_and_undeclared_ranges_load(site):
-    site.add("omnicore-fake-kernels", "1.2.3", "fastattn", KERNEL_PLUGIN, api="~=1.0")
+    site.add("omnicore-fake-kernels", "1.2.3", "fastattn", KERNEL_PLUGIN, api="~=2.0")
     site.add("omnicore-alpha", "1.0", "alpha", _dup_plugin("alpha"))  # no declaration: assumed compatible
     reg = Registry.discover()
     assert {(r.name, r.status, r.api) for r in rows_of(reg, "omnicore-fake-kernels")} == {
-        ("fastattn", "available", "~=1.0"),
-        ("fakeenc", "available", "~=1.0"),
+        ("fastattn", "available", "~=2.0"),
+        ("fakeenc", "available", "~=2.0"),
     }
     assert [(r.name, r.status, r.api) for r in rows_of(reg, "omnicore-alpha")] == [("dup", "available", "")]
 
@@ -671,11 +706,11 @@ def test_invalid_api_range_is_failed(site):
 
 
 def test_strict_mode_raises_on_incompatible(site, monkeypatch):
-    site.add("omnicore-future", "3.1.0", "future", KERNEL_PLUGIN, api=">=2")
+    site.add("omnicore-future", "3.1.0", "future", KERNEL_PLUGIN, api=">=3")
     monkeypatch.setenv("OMNICORE_STRICT", "1")
     with pytest.raises(RegistryError) as ei:
         Registry.discover()
-    assert str(ei.value).endswith("requires omnicore API >=2; omnicore 0.1.0 provides API 1.3 (strict mode: OMNICORE_STRICT=1)")
+    assert str(ei.value).endswith("requires omnicore API >=3; omnicore 0.1.0 provides API 2.0 (strict mode: OMNICORE_STRICT=1)")
 
 
 def test_api_range_is_read_among_other_keywords(tmp_path):
@@ -777,7 +812,7 @@ def test_entry_point_order_does_not_change_what_loads(site):
     site.add("omnicore-beta", "2.0", "beta", _dup_plugin("beta"))
     site.add("omnicore-halfway", "0.9", "halfway", HALFWAY_PLUGIN)
     site.add("omnicore-broken", "0.3.0", "broken", None, module=site.mod("gone"))
-    site.add("omnicore-future", "3.1.0", "future", _dup_plugin("future"), api=">=2")
+    site.add("omnicore-future", "3.1.0", "future", _dup_plugin("future"), api=">=3")
     eps = list(metadata.entry_points(group="omnicore"))
     assert len(eps) >= 6
 
@@ -820,7 +855,7 @@ def test_entry_points_info_imports_nothing(site, monkeypatch):
         "reason": "",
     }
     assert (infos["future"].status, infos["whisper"].status, infos["exits"].status) == ("incompatible", "disabled", "")
-    assert infos["siglip"].api == ">=1.2,<2"
+    assert infos["siglip"].api == ">=2.0,<3"
 
 
 def test_check_import_reports_time_torch_and_crashes(tmp_path):

@@ -1,6 +1,6 @@
-"""Generation during training: the sample grid (``train.sample_every``) has the documented size and
+"""Generation during training: the sample grid (``samples.every``) has the documented size and
 its cells are the images ``omnicore generate`` draws on the same checkpoint, prompts and seeds; the
-images reach the loggers; the val row's task accuracy (``train.eval_task_samples``) is what
+images reach the loggers; the val row's task accuracy (``eval.task_samples``) is what
 ``omnicore eval --limit K`` reports on the same checkpoint; the training is the same without them;
 and 2 processes (FSDP2, gloo) give grids and accuracies equal to one-process generation on their
 checkpoints."""
@@ -18,10 +18,10 @@ from conftest import tiny_config_dict
 from PIL import Image
 
 from omnicore.components import ComponentSpec
-from omnicore.config import Config, ConfigError
+from omnicore.config import Config, ConfigError, SamplesConfig
+from omnicore.eval.samples import CELL_MIN, LABEL_HEIGHT, PAD, grid_shape, sample_grid
 from omnicore.hookspecs import hookimpl
 from omnicore.testing.distributed import run_distributed
-from omnicore.train.samples import CELL_MIN, LABEL_HEIGHT, PAD, check_generation, grid_shape, sample_grid
 
 STEPS, EVERY, K = 40, 20, 10
 PROMPTS = [f"Draw the digit {d}." for d in range(5)]
@@ -51,7 +51,7 @@ class ImageRecorder:
 
 @hookimpl
 def omnicore_loggers() -> list[ComponentSpec]:
-    return [ComponentSpec(kind="logger", name="image_recorder", target=f"{__name__}:ImageRecorder", description="test: keeps images")]
+    return [ComponentSpec(name="image_recorder", target=f"{__name__}:ImageRecorder", description="test: keeps images")]
 
 
 def _const(i: int) -> str:
@@ -73,9 +73,11 @@ def data(digits_jsonl) -> tuple[Path, Path]:
 
 
 def _cfg(data: tuple[Path, Path], out: Path, *, generation: bool = True) -> Config:
-    d = tiny_config_dict(str(data[0]), eval=str(data[1]), output_dir=str(out), max_steps=STEPS, lr=1e-2, eval_every=EVERY, save_every=EVERY)
+    d = tiny_config_dict(str(data[0]), eval=str(data[1]), output_dir=str(out), max_steps=STEPS, lr=1e-2, save_every=EVERY)
+    d["eval"] = {"every": EVERY}
     if generation:
-        d["train"].update(eval_task_samples=K, sample_every=EVERY, sample_prompts=PROMPTS)
+        d["eval"]["task_samples"] = K
+        d["samples"] = {"every": EVERY, "prompts": PROMPTS}
     d["generate"] = {"temperature": 1.0, "max_new_tokens": 4}  # sampled, so the seeds matter
     cfg = Config.model_validate(d)
     cfg.source = str(out.parent / "config.yaml")
@@ -108,7 +110,7 @@ def _generated(cfg: Config, step: int, out: Path, threads: int | None = None) ->
     per prompt its image, or None."""
     import torch
 
-    from omnicore.evaluate import generate_cli
+    from omnicore.eval.generate import generate_cli
 
     saved = torch.get_num_threads()
     if threads:
@@ -167,7 +169,7 @@ def _val_rows(out: Path) -> dict[int, dict]:
 
 def _eval_accuracy(cfg: Config, step: int, out: Path) -> dict:
     """``omnicore eval --checkpoint checkpoints/step-N --limit K`` (eval.json into ``out``)."""
-    from omnicore.evaluate import evaluate
+    from omnicore.eval.scoring import evaluate
 
     ckpt = Path(cfg.run.output_dir) / "checkpoints" / f"step-{step:08d}"
     c = cfg.model_copy(update={"run": cfg.run.model_copy(update={"output_dir": str(out)})})
@@ -219,7 +221,7 @@ def test_two_processes_fsdp2_equal_one_process_generation_on_their_checkpoints(d
     cfg = _cfg(data, tmp_path / "run")
     d = copy.deepcopy(cfg.model_dump(mode="json"))
     d["parallel"] = {"strategies": ["fsdp2"]}
-    d["train"].update(sample_every=STEPS, eval_every=STEPS)  # once, at the end: the slow part is generating under FSDP2
+    d["samples"]["every"] = d["eval"]["every"] = STEPS  # once, at the end: the slow part is generating under FSDP2
     run_distributed(_two_ranks, 2, args=(d,))
     folder = tmp_path / "run" / "samples"
     assert sorted(p.name for p in folder.iterdir()) == ["final.png", f"step-{STEPS:08d}.png"]
@@ -261,27 +263,86 @@ def test_config_needs_prompts_validation_and_decoders(data, tmp_path):
 
     base = tiny_config_dict(str(data[0]), eval=str(data[1]))
     cases = [
-        ({"sample_every": 5}, r"train: sample_every needs sample_prompts"),
-        ({"eval_task_samples": 4}, r"train: eval_task_samples is part of validation: set train.eval_every"),
+        ({"samples": {"every": 5}}, r"cfg.yaml: samples: samples.every needs samples.prompts"),
+        ({"eval": {"task_samples": 4}}, r"cfg.yaml: eval: eval.task_samples is part of validation: set eval.every"),
     ]
     for extra, message in cases:
         d = copy.deepcopy(base)
-        d["train"].update(extra)
+        d.update(extra)
         path = tmp_path / "cfg.yaml"
         path.write_text(yaml.safe_dump(d))
         with pytest.raises(ConfigError, match=message):
             load_config(path)
-    d = tiny_config_dict(str(data[0]), decoders=False, sample_every=5, sample_prompts=["Draw."])
+    d = {**tiny_config_dict(str(data[0]), decoders=False), "samples": {"every": 5, "prompts": ["Draw."]}}
     path.write_text(yaml.safe_dump(d))
-    with pytest.raises(ConfigError, match="sample_every draws with the model's decoders, and model.decoders is empty"):
+    with pytest.raises(ConfigError, match="samples: samples.every draws with the model's decoders, and model.decoders is empty"):
         load_config(path)
 
 
-def test_generation_refused_under_sequence_parallelism(data):
-    from types import SimpleNamespace
+def test_generation_refused_under_sequence_parallelism(data, tmp_path):
+    """The sampler and the validator's task accuracy refuse to be built where ranks share each
+    sequence (``replicas`` > 1), naming the key that asked for generation; off, they build."""
+    import contextlib
 
-    cfg = _cfg(data, Path("unused") / "run")
-    with pytest.raises(ConfigError, match="does not run under sequence parallelism"):
-        check_generation(SimpleNamespace(cfg=cfg, replicas=2, processor=None))
-    off = cfg.model_copy(update={"train": cfg.train.model_copy(update={"sample_every": 0, "eval_task_samples": 0})})
-    check_generation(SimpleNamespace(cfg=off, replicas=2, processor=None))  # nothing on: nothing to refuse
+    import torch
+
+    from omnicore.eval.samples import Sampler
+    from omnicore.eval.validate import Validator
+    from omnicore.parallel.state import ParallelState
+
+    state = ParallelState(0, 1, 0, torch.device("cpu"))
+    common = {"tokenizer": None, "processor": None, "state": state, "replicas": 2, "log": print}
+
+    def build(cfg: Config) -> tuple[Sampler, Validator]:
+        sampler = Sampler(cfg, out_dir=tmp_path, log_images=lambda *a: None, **common)
+        validator = Validator(cfg, data_rank=0, data_size=1, autocast=contextlib.nullcontext, log_row=lambda *a: None, **common)
+        return sampler, validator
+
+    cfg = _cfg(data, tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"samples\.every: generation during training does not run under sequence parallelism \(2 ranks"):
+        build(cfg)
+    no_grid = cfg.model_copy(update={"samples": cfg.samples.model_copy(update={"every": 0})})
+    with pytest.raises(ConfigError, match=r"eval\.task_samples: generation during training does not run under sequence parallelism"):
+        build(no_grid)
+    off = cfg.model_copy(update={"samples": no_grid.samples, "eval": cfg.eval.model_copy(update={"task_samples": 0})})
+    sampler, validator = build(off)  # nothing on: nothing to refuse
+    assert not any(sampler.due(s) or sampler.due(s, final=True) for s in range(STEPS + 1))
+    assert [s for s in range(1, STEPS + 1) if validator.due(s)] == [EVERY, STEPS]  # validation itself stays on
+
+
+def test_sampler_and_validator_are_due_every_n_steps_and_at_the_end(data, tmp_path):
+    """``due``: every N steps and at ``train.max_steps``; the sampler also at an early end (``final``),
+    never at step 0; the validator every 7 steps of 40 is due at 7, 14, ..., 35 and 40."""
+    import contextlib
+
+    import torch
+
+    from omnicore.eval.samples import Sampler
+    from omnicore.eval.validate import Validator
+    from omnicore.parallel.state import ParallelState
+
+    cfg = _cfg(data, tmp_path / "run", generation=False)
+    cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"every": 7}), "samples": SamplesConfig(every=15, prompts=["Draw."])})
+    state = ParallelState(0, 1, 0, torch.device("cpu"))
+    processor = SimpleProcessor()
+    sampler = Sampler(cfg, tokenizer=None, processor=processor, state=state, out_dir=tmp_path, replicas=1, log_images=print, log=print)
+    validator = Validator(cfg, tokenizer=None, processor=processor, state=state, data_rank=0, data_size=1, replicas=1,
+                          autocast=contextlib.nullcontext, log_row=print, log=print)  # fmt: skip
+    assert [s for s in range(STEPS + 1) if sampler.due(s)] == [15, 30, 40]
+    assert sampler.due(17, final=True) and not sampler.due(0, final=True) and not sampler.due(17)
+    assert [s for s in range(1, STEPS + 1) if validator.due(s)] == [7, 14, 21, 28, 35, 40]
+    assert processor.encoded == [("Draw.", "samples.prompts[0]:0")]  # prompts encoded once, when built
+
+
+class SimpleProcessor:
+    """Records what the sampler encodes (a prompt-only user message) instead of tokenising it."""
+
+    decoders: dict = {}
+
+    def __init__(self) -> None:
+        self.encoded: list[tuple[str, str]] = []
+
+    def encode(self, sample, prompt_only: bool = False):
+        assert prompt_only
+        self.encoded.append((sample.messages[-1].parts[-1].value, sample.where))
+        return []

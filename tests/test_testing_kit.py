@@ -59,7 +59,7 @@ from omnicore.hookspecs import hookimpl
 def omnicore_encoders():
     return [
         ComponentSpec(
-            kind="encoder", name="toy", target="toy_encoder:build", processor="toy_encoder:build_processor", modalities=("image",),
+            name="toy", target="toy_encoder:build", processor="toy_encoder:build_processor", modalities=("image",),
             description="a toy",
         )
     ]
@@ -272,7 +272,7 @@ class _Strategy:
 class _StrategyPlugin:
     @hookimpl
     def omnicore_parallel_strategies(self):
-        return [ComponentSpec(kind="parallel", name="toy_paired", target="test_testing_kit:_Strategy")]
+        return [ComponentSpec(name="toy_paired", target="test_testing_kit:_Strategy")]
 
 
 def _strategy_suite(bug: str) -> ParallelStrategyContract:

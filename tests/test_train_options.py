@@ -15,6 +15,7 @@ import torch
 from conftest import TINY_LM, tiny_config_dict
 
 from omnicore.config import Config
+from omnicore.data.packing import MicroBatch
 from omnicore.parallel.checkpointing import ActivationCheckpointing
 from omnicore.parallel.compile import CompileBlocks
 from omnicore.train.metrics import flops_model, padding_waste
@@ -38,12 +39,12 @@ def _batch(lengths=(40, 7, 25)):
     labels = torch.randint(0, 64, (1, t), generator=g)
     labels[0, ::5] = -100
     pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
-    return {"input_ids": ids, "labels": labels, "position_ids": pos}
+    return MicroBatch(ids, labels, pos)
 
 
 def _loss_and_grads(model, batch):
     model.zero_grad(set_to_none=True)
-    out = model(**batch)
+    out = model(batch)
     out.loss_sum.backward()
     return float(out.loss_sum.detach()), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -58,7 +59,7 @@ def _saved_bytes(model, batch) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(**batch)
+        out = model(batch)
     out.loss_sum.backward()
     return total
 
@@ -76,14 +77,14 @@ def _backward_op_counts(model, batch) -> dict[str, int]:
             counts[func.overloadpacket.__name__] += 1
             return func(*args, **(kwargs or {}))
 
-    out = model(**batch)
+    out = model(batch)
     with Count():
         out.loss_sum.backward()
     return counts
 
 
 def _ac(mode, every=2):
-    return ActivationCheckpointing({"mode": mode, "every": every}).apply_with_state(_model(), None)
+    return ActivationCheckpointing({"mode": mode, "every": every}).apply(_model(), None)
 
 
 @pytest.mark.parametrize("mode", ["full", "selective", "op"])
@@ -112,14 +113,14 @@ def test_activation_checkpointing_saves_less_and_recomputes_what_the_policy_says
 
 
 def test_checkpointing_is_skipped_in_eval_and_no_grad():
-    model = ActivationCheckpointing({"mode": "full"}).apply_with_state(_model(), None)
+    model = ActivationCheckpointing({"mode": "full"}).apply(_model(), None)
     batch = _batch()
     model.eval()
     with torch.no_grad():
-        a = model(**batch, return_logits=True).logits
+        a = model(batch, return_logits=True).logits
     plain = _model().eval()
     with torch.no_grad():
-        b = plain(**batch, return_logits=True).logits
+        b = plain(batch, return_logits=True).logits
     assert torch.equal(a, b)
 
 
@@ -127,7 +128,7 @@ def test_compile_blocks_same_numbers():
     # aot_eager traces forward and backward through dynamo and AOTAutograd without codegen (fast on CPU)
     batch = _batch()
     ref_loss, ref_grads = _loss_and_grads(_model(), batch)
-    compiled = CompileBlocks({"backend": "aot_eager"}).apply_with_state(_model(), None)
+    compiled = CompileBlocks({"backend": "aot_eager"}).apply(_model(), None)
     assert type(compiled.blocks()[0]).__name__ == "Qwen2DecoderLayer"  # compiled in place: FSDP2 still finds blocks
     loss, grads = _loss_and_grads(compiled, batch)
     assert loss == pytest.approx(ref_loss, rel=1e-5)
@@ -228,7 +229,7 @@ def test_bf16_autocast_computes_in_bf16_keeps_fp32_params():
     seen = []
     model.lm.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = model(**_batch())
+        out = model(_batch())
     assert seen == [torch.bfloat16]
     assert out.loss_sum.dtype == torch.float32
     out.loss_sum.backward()

@@ -32,6 +32,8 @@ from omnicore.data.media import MediaError, describe_media, load_audio, load_ima
 from omnicore.data.positions import mrope_positions
 
 IGNORE_INDEX = -100
+"""The label of a position that is not trained (PyTorch's ``cross_entropy`` default ``ignore_index``):
+prompts, placeholders and padding; losses and target counts skip it."""
 IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|pad|>"
 
 
@@ -86,15 +88,23 @@ def placeholder_ids(tokenizer: Any, encoder_modalities: list[str], decoder_modal
 LOADERS = {"image": load_image, "audio": load_audio, "video": load_video}
 
 
-def processor_of(component: Any) -> Any:
-    """The data side of a built encoder or decoder module: its ``processor`` attribute when that is
-    a :class:`omnicore.components.Processor` (first-party components hold the one their
-    ``ComponentSpec.processor`` builds), else the module itself (a component written for core API
-    1.1 implements ``preprocess``, ``num_tokens`` and ``collate`` itself)."""
-    from omnicore.components import Processor
+def module_processors(modules: Any, kind: str) -> dict[str, Any]:
+    """``modality -> processor`` of built encoder or decoder modules: each module's ``processor``
+    attribute (:class:`omnicore.components.Encoder` and ``Decoder`` hold their data side there).
 
-    proc = getattr(component, "processor", None)
-    return proc if isinstance(proc, Processor) else component
+    Raises:
+        TypeError: a module has no ``processor`` attribute (named, with what to add).
+    """
+    out = {}
+    for modality, module in modules.items():
+        proc = getattr(module, "processor", None)
+        if proc is None:
+            raise TypeError(
+                f"{kind} {modality!r} ({type(module).__name__}) has no processor attribute: an omnicore {kind} module holds its "
+                "data side (what its ComponentSpec.processor builds) as .processor"
+            )
+        out[modality] = proc
+    return out
 
 
 SPECIAL_TOKEN_POLICIES = ("escape", "refuse")
@@ -221,13 +231,13 @@ class ChatProcessor:
     @classmethod
     def for_model(cls, tokenizer: Any, model: Any, data: Any, *, budget: bool = False) -> ChatProcessor:
         """The processor a run uses: the processors of ``model``'s encoders and decoders (see
-        :func:`processor_of`) and the config's ``data`` section (system prompt, special-token
+        :func:`module_processors`) and the config's ``data`` section (system prompt, special-token
         policy; with ``budget``, its ``max_tokens`` too, so that an over-long training sample is a
         sample error)."""
         return cls(
             tokenizer,
-            {m: processor_of(c) for m, c in model.encoders.items()},
-            {m: processor_of(c) for m, c in model.decoders.items()},
+            module_processors(model.encoders, "encoder"),
+            module_processors(model.decoders, "decoder"),
             data.system_prompt,
             special_tokens_in_text=data.special_tokens_in_text,
             max_tokens=data.max_tokens if budget else None,
@@ -373,8 +383,8 @@ class ChatProcessor:
             else:
                 features, enc = self._media(part.type, part.value, "encoder", where)
                 n = int(enc.num_tokens(features))
-                if self.rope is not None and callable(getattr(processor_of(enc), "grid", None)):
-                    out.blocks.append((len(out.ids), self._grid(processor_of(enc), features, n, part.type, where)))
+                if self.rope is not None and callable(getattr(enc, "grid", None)):
+                    out.blocks.append((len(out.ids), self._grid(enc, features, n, part.type, where)))
                 out.add([self.enc_ids[part.type]] * n, False)
                 out.media.append(("encoder", part.type, features))
 

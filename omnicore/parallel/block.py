@@ -12,17 +12,19 @@ def module_names(model: Any) -> dict[int, str]:
 
 
 class BlockStrategy:
-    """A strategy over ``model.blocks()`` that needs no mesh dim: :meth:`apply` and
-    :meth:`apply_with_state` both change the blocks in place; nothing to validate."""
+    """A strategy over ``model.blocks()`` that needs no mesh dim: :meth:`apply` changes the blocks
+    in place (``state`` may be None); nothing to validate."""
 
     mesh_dims: tuple[str, ...] = ()
     phase = "sharding"
 
-    def apply_with_state(self, model: Any, state: Any) -> Any:
-        raise NotImplementedError
+    def apply(self, model: Any, state: Any) -> Any:
+        """Change ``model.blocks()`` in place and return the model.
 
-    def apply(self, model: Any, mesh: Any) -> Any:
-        return self.apply_with_state(model, None)
+        Raises:
+            NotImplementedError: in the base class.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement apply(model, state)")
 
     def validate(self, model_or_config: Any, state: Any) -> list[Any]:
         return []

@@ -120,7 +120,8 @@ class ActivationCheckpointing(BlockStrategy):
             return [b for i, b in enumerate(blocks) if i % self.options.every == 0]
         return blocks
 
-    def apply_with_state(self, model: Any, state: Any) -> Any:
+    def apply(self, model: Any, state: Any) -> Any:
+        """Checkpoint each chosen block in place (``state`` is not read)."""
         mode = "op" if self.options.mode == "op" else "full"
         for block in self.chosen(model):
             checkpoint_module(block, mode)

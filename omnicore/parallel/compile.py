@@ -35,7 +35,8 @@ class CompileBlocks(BlockStrategy):
     def __init__(self, options: dict[str, Any] | None = None):
         self.options = CompileOptions.model_validate(options or {})
 
-    def apply_with_state(self, model: Any, state: Any) -> Any:
+    def apply(self, model: Any, state: Any) -> Any:
+        """``torch.compile`` each block in place (``state`` is not read)."""
         o = self.options
         for block in model.blocks():
             block.compile(backend=o.backend, fullgraph=o.fullgraph, dynamic=o.dynamic)

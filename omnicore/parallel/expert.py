@@ -441,21 +441,10 @@ class ExpertParallel:
     def dispatcher(self) -> Dispatcher:
         return all_to_all_dispatcher
 
-    def apply(self, model: Any, mesh: Any) -> Any:
-        """The original contract: ``mesh["ep"]`` when the mesh names an ``ep`` dim, else the whole
-        (1-D) mesh is the ep group. No FSDP of the experts here."""
-        if mesh is None:
-            return model
-        names = getattr(mesh, "mesh_dim_names", None) or ()
-        ep_mesh = mesh["ep"] if "ep" in names else mesh
-        if ep_mesh.ndim != 1:
-            raise ValueError(f"expert parallelism needs a 1-D ep mesh, got dims {names}")
-        if ep_mesh.size() > 1:
-            apply_expert_parallel(model, ep_mesh, plan=self.expert_plan, chunks=self.chunks, dispatcher=self.dispatcher())
-        return model
-
-    def apply_with_state(self, model: Any, state: Any) -> Any:
-        if not state.distributed or state.size("ep") == 1:
+    def apply(self, model: Any, state: Any) -> Any:
+        """Shard the experts ``Shard(0)`` over ``state.submesh("ep")`` and FSDP them over
+        ``dp_shard_sp``; the model as it is on one process or with ``ep`` of size 1."""
+        if state is None or not state.distributed or state.size("ep") == 1:
             return model
         factor = state.size("fsdp") * state.size("dp_replicate")
         apply_expert_parallel(

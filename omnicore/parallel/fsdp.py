@@ -14,7 +14,8 @@ class NoParallel:
     def __init__(self, options: dict[str, Any] | None = None):
         self.options = options or {}
 
-    def apply(self, model: Any, mesh: Any) -> Any:
+    def apply(self, model: Any, state: Any) -> Any:
+        """The model as it is."""
         return model
 
     def validate(self, model_or_config: Any, state: Any) -> list[Any]:
@@ -44,34 +45,14 @@ class FSDP2:
     def __init__(self, options: dict[str, Any] | None = None):
         self.options = options or {}
 
-    def apply(self, model: Any, mesh: Any) -> Any:
-        """The original contract: shard over ``mesh["dp_shard"]`` (or the whole 1-D ``mesh``).
-
-        Raises:
-            ValueError: the mesh has an ``sp`` or ``ep`` dim above size 1. Those ranks compute
-                different tokens of the same parameters, so their gradients must be reduced too,
-                which sharding over ``dp_shard`` alone would silently skip; use
-                :func:`~omnicore.parallel.parallelize.parallelize` (``apply_with_state`` shards
-                over the derived ``fsdp`` dim, ``dp_shard x ep x sp``).
-        """
-        names = tuple(getattr(mesh, "mesh_dim_names", None) or ()) if mesh is not None else ()
-        big = [d for i, d in enumerate(names) if d in ("sp", "ep") and mesh.size(i) > 1]
-        if big:
-            raise ValueError(
-                f"fsdp2.apply(model, mesh) shards over dp_shard only, but the mesh's {' and '.join(big)} dim{'s are' if len(big) > 1 else ' is'} above 1 and their ranks' "
-                "gradients would not be reduced; apply it through omnicore.parallel.parallelize.parallelize (shards over fsdp = dp_shard x ep x sp)"
-            )
-        sub = mesh["dp_shard"] if mesh is not None and mesh.mesh_dim_names and "dp_shard" in mesh.mesh_dim_names else mesh
-        return self._shard(model, sub)
-
-    def apply_with_state(self, model: Any, state: Any) -> Any:
+    def apply(self, model: Any, state: Any) -> Any:
         """Shard over ``state.fsdp_mesh()``: 1-D ``fsdp``, or 2-D HSDP ``(dp_replicate, fsdp)``.
 
         With ``state.mixed_precision == "bf16"`` the parameters are all-gathered and computed in
         bfloat16 while the sharded parameters, the gradient reduce-scatter/all-reduce and the
         optimizer stay fp32 (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``).
         """
-        if not state.distributed:
+        if state is None or not state.distributed:
             return model
         return self._shard(model, state.fsdp_mesh(), getattr(state, "mixed_precision", "none"))
 

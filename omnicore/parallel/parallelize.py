@@ -18,7 +18,7 @@ phase               why it comes here
 ==================  ==========================================================================
 
 Within one phase strategies keep their config order. The members of a strategy this module reads
-(``mesh_dims``, ``phase``, ``validate``, ``apply_with_state``, ``apply``, and ``data_split`` through
+(``mesh_dims``, ``phase``, ``validate``, ``apply``, and ``data_split`` through
 :func:`data_split`) are the contract :class:`omnicore.components.ParallelStrategy` and
 :class:`omnicore.components.SequenceParallel`; the optional ones are read here and in
 :mod:`omnicore.parallel.plan` (``plan``) only.
@@ -221,10 +221,7 @@ def parallelize(model: Any, state: Any, strategies: list[tuple[str, Any]] | list
     if problems:
         raise ParallelizeError("cannot parallelize:\n" + "\n".join(f"  {v}" for v in problems))
     for _, s in named:
-        if hasattr(s, "apply_with_state"):
-            model = s.apply_with_state(model, state)
-        else:
-            model = s.apply(model, state.mesh)
+        model = s.apply(model, state)
     return model
 
 

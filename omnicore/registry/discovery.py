@@ -24,7 +24,6 @@ Lookup and building are :mod:`omnicore.registry.resolve`'s; :class:`Registry` de
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Iterable
 from importlib import metadata
 from typing import Any
@@ -51,7 +50,6 @@ class Registry:
         self.pm.add_hookspecs(hookspecs)
         self.rows: list[Row] = []
         self.policy = policy or PluginPolicy.make()
-        self._warned_processors: set[str] = set()
 
     # ---- discovery ---------------------------------------------------------------------------
 
@@ -153,18 +151,28 @@ class Registry:
                     if impl.plugin is not obj:
                         continue
                     result = impl.function()
-                    for spec in result or []:
-                        if not isinstance(spec, ComponentSpec) or spec.kind != kind:
+                    if not isinstance(result, (list, tuple)):
+                        raise TypeError(f"hook {hookspecs.HOOK_FOR_KIND[kind]} returned {result!r}; expected a list[ComponentSpec]")
+                    for spec in result:
+                        if not isinstance(spec, ComponentSpec):
                             raise TypeError(
-                                f"hook {hookspecs.HOOK_FOR_KIND[kind]} returned {spec!r}; expected ComponentSpec(kind={kind!r}, ...)"
+                                f"hook {hookspecs.HOOK_FOR_KIND[kind]} returned {spec!r}; expected ComponentSpec(name=..., target=...)"
                             )
-                        collected.append(spec)
+                        collected.append(spec.of_kind(kind))
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: BLE001 - SystemExit and the like from plugin code are a failed row too
             self._unregister(obj)
+            hint = ""
+            if isinstance(exc, TypeError) and "'kind'" in str(exc):
+                hint = " (core API 2.0: ComponentSpec takes no kind=, the hook states it; drop it)"
             self._fail(
-                label, provider, version, entry_point, f"{where} raised in registration: {type(exc).__name__}: {_one_line(exc)}", api=api
+                label,
+                provider,
+                version,
+                entry_point,
+                f"{where} raised in registration: {type(exc).__name__}: {_one_line(exc)}{hint}",
+                api=api,
             )
             return False
         for spec in collected:
@@ -227,22 +235,17 @@ class Registry:
         """
         return build_component(self.resolve(kind, name), options, **kwargs)
 
-    def build_processor(self, kind: str, name: str, options: dict[str, Any] | None = None, *, hidden_size: int = 64) -> Any:
+    def build_processor(self, kind: str, name: str, options: dict[str, Any] | None = None) -> Any:
         """The data side (:class:`~omnicore.components.Processor`) of encoder or decoder ``name``,
         from its options alone: no ``nn.Module`` is built and no weights are read.
 
         Resolves ``kind/name``, validates ``options`` with its options model and calls the factory
-        named by ``ComponentSpec.processor``. A spec without one (a plugin written for core API 1.1)
-        falls back to building the whole component, weights included, and using it as its own
-        processor; that warns once per component and registry, because every data worker would then
-        build the weights.
+        named by ``ComponentSpec.processor`` (every encoder and decoder spec names one).
 
         Args:
             kind: ``"encoder"`` or ``"decoder"``.
             name: as in config (``provider:name`` works).
             options: the component's options, as for :meth:`build`.
-            hidden_size: only for the fallback: the ``hidden_size`` the component is built with (its
-                data side does not depend on it; give the foundation's when a checkpoint checks it).
 
         Raises:
             RegistryError: ``kind`` is not encoder or decoder, or as :meth:`build` raises (unknown
@@ -250,19 +253,7 @@ class Registry:
         """
         if kind not in ("encoder", "decoder"):
             raise RegistryError(f"only encoders and decoders have processors, not {kind!r} components ({kind}/{name})")
-        spec = self.resolve(kind, name)
-        if spec.processor is not None:
-            return build_processor_of(spec, options)
-        if spec.key not in self._warned_processors:
-            self._warned_processors.add(spec.key)
-            warnings.warn(
-                f"{spec.key} registers no processor (a plugin written for omnicore API 1.1), so building its data side builds "
-                "the whole component with its weights, in every data worker; register the data side in its ComponentSpec "
-                "with processor='package.module:factory' (factory(options) returns an omnicore.components.Processor)",
-                UserWarning,
-                stacklevel=2,
-            )
-        return build_component(spec, options, hidden_size=hidden_size)
+        return build_processor_of(self.resolve(kind, name), options)
 
 
 def registry_for(cfg: Any) -> Registry:

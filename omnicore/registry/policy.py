@@ -9,7 +9,7 @@ keyword in its core metadata (``Keywords``), read through :mod:`importlib.metada
 anything of the plugin::
 
     [project]
-    keywords = ["omnicore-api >=1.1,<2"]
+    keywords = ["omnicore-api >=2.0,<3"]
 
 The text after ``omnicore-api`` is a PEP 440 specifier set (:class:`packaging.specifiers.SpecifierSet`)
 that must contain :data:`omnicore.CORE_API_VERSION`. A distribution without the keyword is assumed
@@ -250,3 +250,22 @@ def _check_api(info: EntryPointInfo) -> None:
 
         info.status = "incompatible"
         info.reason = f"{info.where} requires omnicore API {info.api}; omnicore {__version__} provides API {CORE_API_VERSION}"
+        if _admits_api_1(info.api):
+            info.reason += f"; {PORT_TO_2}"
+
+
+PORT_TO_2 = (
+    "to port a plugin written for API 1.x to 2.0: import every omnicore name from omnicore.api only; drop kind= from "
+    "ComponentSpec (the hook states it); give every encoder and decoder spec processor='module:factory' and its module a "
+    "processor attribute, and delete the preprocess/num_tokens/collate forwarders; rename a strategy's apply_with_state(model, "
+    "state) to apply(model, state) (apply(model, mesh) now takes the state: the mesh is state.mesh); then declare "
+    "keywords = ['omnicore-api >=2.0,<3'] and depend on omnicore>=0.1,<0.2 (CHANGELOG.md, 'Core API 2.0')"
+)
+"""What an ``incompatible`` row of a plugin written for core API 1.x says to change."""
+
+
+def _admits_api_1(spec: str) -> bool:
+    """Whether the range ``spec`` admits some API 1.x version (1.0 to 1.3): a plugin written for 1.x."""
+    from packaging.specifiers import SpecifierSet
+
+    return any(SpecifierSet(spec).contains(v, prereleases=True) for v in ("1.0", "1.1", "1.2", "1.3"))

@@ -237,7 +237,7 @@ class ModuleComponentContract(ComponentContract):
         """The component's processor from ``options`` (default :attr:`options`), as data workers build it."""
         reg = registry or self.registry()
         opts = copy.deepcopy(self.options if options is None else options)
-        return reg.build_processor(self.kind, self.name, opts, hidden_size=self.hidden_size)
+        return reg.build_processor(self.kind, self.name, opts)
 
     def make_media(self, modality: str) -> list[Any]:
         """Media items for the checks (default: :func:`sample_media` of the component's modality)."""
@@ -788,18 +788,18 @@ class ParallelStrategyContract(ComponentContract):
         single = self.single_process if self.single_process is not None else not s.mesh_dims
         if not single:
             pytest.skip(f"parallel/{self.name} needs a process group (mesh_dims={s.mesh_dims})")
+        from omnicore.data.packing import MicroBatch
         from omnicore.model.omni import OmniModel
 
         model = OmniModel(tiny_causal_lm(self.seed), {}, {}, {"encoder": {}, "decoder": {}, "decoder_start": {}})
         ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
-        labels = torch.tensor([[2, 3, 4, 5, 6, -100]])
-        pos = torch.arange(6).unsqueeze(0)
+        mb = MicroBatch(ids, torch.tensor([[2, 3, 4, 5, 6, -100]]), torch.arange(6).unsqueeze(0))
         with torch.no_grad():
-            want = model(ids, labels, pos).loss_sum
+            want = model(mb).loss_sum
         applied = s.apply(model, None)
         assert isinstance(applied, nn.Module)
         with torch.no_grad():
-            got = applied(ids, labels, pos).loss_sum
+            got = applied(mb).loss_sum
         torch.testing.assert_close(got, want, atol=0, rtol=0)
         assert sum(p.numel() for p in applied.parameters()) == sum(p.numel() for p in tiny_causal_lm(self.seed).parameters())
 

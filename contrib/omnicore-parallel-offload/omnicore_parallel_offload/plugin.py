@@ -6,14 +6,13 @@ options model as strings, and the registry imports them only when a run builds t
 
 from __future__ import annotations
 
-from omnicore import ComponentSpec, hookimpl
+from omnicore.api import ComponentSpec, hookimpl
 
 
 @hookimpl
 def omnicore_parallel_strategies() -> list[ComponentSpec]:
     return [
         ComponentSpec(
-            kind="parallel",
             name="fsdp2_offload",
             target="omnicore_parallel_offload.strategy:FSDP2Offload",
             options_model="omnicore_parallel_offload.strategy:OffloadOptions",

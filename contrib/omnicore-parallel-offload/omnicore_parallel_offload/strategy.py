@@ -161,8 +161,10 @@ class FSDP2Offload:
         self.options = OffloadOptions.model_validate(options or {})
         self.stats: OffloadStats | None = None
 
-    def apply(self, model: Any, mesh: Any) -> Any:
-        """Offload hooks on ``model.blocks()``, then ``fully_shard`` per block, per encoder, and the root."""
+    def apply(self, model: Any, state: Any) -> Any:
+        """Offload hooks on ``model.blocks()``, then ``fully_shard`` per block, per encoder, and the
+        root, over the ``dp_shard`` dim of ``state.mesh`` (the whole mesh when it has no such dim)."""
+        mesh = getattr(state, "mesh", None)
         from torch.distributed.fsdp import fully_shard
 
         device = next(model.parameters()).device

@@ -37,9 +37,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from omnicore.api import Audio, load_extra_weights, load_hf_pretrained, resample, save_extra_weights
+from omnicore.api import Audio, CodebookDecoder, load_hf_pretrained, resample
 from omnicore_audio_codec.processor import (
     COMPONENT,
     DEFAULT_CONFIG,
@@ -57,8 +56,9 @@ from omnicore_audio_codec.processor import (
 __all__ = ["DEFAULT_CONFIG", "EncodecAudioDecoder", "EncodecOptions", "build", "build_processor", "make_codec_config"]
 
 
-class EncodecAudioDecoder(nn.Module):
-    """omnicore :class:`~omnicore.components.Decoder` for audio around a transformers ``EncodecModel``.
+class EncodecAudioDecoder(CodebookDecoder):
+    """omnicore :class:`~omnicore.api.Decoder` for audio around a transformers ``EncodecModel``
+    (a :class:`~omnicore.api.CodebookDecoder`: the LM adapter, freezing and saving are the base's).
 
     Args:
         codec: an ``EncodecModel`` (mono, ``normalize`` false, no chunking).
@@ -77,6 +77,7 @@ class EncodecAudioDecoder(nn.Module):
     """
 
     modality = "audio"
+    component = COMPONENT
 
     def __init__(
         self,
@@ -88,57 +89,27 @@ class EncodecAudioDecoder(nn.Module):
         long_audio: str = "refuse",
         freeze_codec: bool = True,
     ) -> None:
-        super().__init__()
-        self.codec = codec
-        self.hidden_size = int(hidden_size)
-        self.bandwidth, _ = num_quantizers_at(codec.config, bandwidth)
-        self.processor: CodecProcessor = processor_for(codec.config, self.bandwidth, max_seconds, long_audio)
-        self.num_quantizers = self.processor.num_quantizers
-        self.bins = int(codec.config.codebook_size)
-        self.codebook_size = self.num_quantizers * self.bins
-        self.sample_rate = self.processor.sample_rate
-        self.max_seconds = self.processor.max_seconds
-        self.freeze_codec = bool(freeze_codec)
-        self.code_embed = nn.Embedding(self.codebook_size, self.hidden_size)
-        self.lm_head = nn.Linear(self.hidden_size, self.codebook_size)
-        nn.init.normal_(self.code_embed.weight, std=0.02)
-        nn.init.normal_(self.lm_head.weight, std=0.02)
-        nn.init.zeros_(self.lm_head.bias)
-        if self.freeze_codec:
-            self.codec.requires_grad_(False)
-            self.codec.eval()
-
-    def train(self, mode: bool = True) -> EncodecAudioDecoder:
-        """As ``nn.Module.train``, but a frozen codec stays in eval mode."""
-        super().train(mode)
-        if self.freeze_codec:
-            self.codec.eval()
-        return self
+        bandwidth, _ = num_quantizers_at(codec.config, bandwidth)
+        processor: CodecProcessor = processor_for(codec.config, bandwidth, max_seconds, long_audio)
+        bins = int(codec.config.codebook_size)
+        super().__init__(
+            codec,
+            processor,
+            hidden_size=hidden_size,
+            codebook_size=processor.num_quantizers * bins,
+            freeze_tokenizer=freeze_codec,
+            tokenizer_attr="codec",
+        )
+        self.bandwidth = bandwidth
+        self.num_quantizers = processor.num_quantizers
+        self.bins = bins
+        self.sample_rate = processor.sample_rate
+        self.max_seconds = processor.max_seconds
 
     @property
-    def fixed_codes(self) -> bool:
-        """True while the codec is frozen (no parameter of it trains, and it is in eval mode): then
-        :meth:`encode` is a fixed function of the features, and the core may reuse the codes of a
-        target it has seen (``train.code_cache_mb``, :mod:`omnicore.model.code_cache`)."""
-        return not self.codec.training and not any(p.requires_grad for p in self.codec.parameters())
-
-    @property
-    def device(self) -> torch.device:
-        return self.code_embed.weight.device
-
-    # ---- data side: the processor's ----------------------------------------------------------
-
-    def preprocess(self, media: Any) -> dict[str, torch.Tensor]:
-        """:meth:`CodecProcessor.preprocess` of :attr:`processor`."""
-        return self.processor.preprocess(media)
-
-    def num_tokens(self, features: dict[str, Any]) -> int:
-        """:meth:`CodecProcessor.num_tokens` of :attr:`processor`."""
-        return self.processor.num_tokens(features)
-
-    def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """:meth:`CodecProcessor.collate` of :attr:`processor`."""
-        return self.processor.collate(items)
+    def freeze_codec(self) -> bool:
+        """Whether the codec is frozen (the base class's ``freeze_tokenizer``)."""
+        return self.freeze_tokenizer
 
     # ---- tokenizer ---------------------------------------------------------------------------
 
@@ -199,49 +170,17 @@ class EncodecAudioDecoder(nn.Module):
         out = resample(Audio(samples=np.ascontiguousarray(wave, dtype=np.float32), sample_rate=self.sample_rate), OUTPUT_RATE)
         return Audio(samples=np.clip(out.samples, -1.0, 1.0).astype(np.float32), sample_rate=OUTPUT_RATE)
 
-    # ---- LM adapter --------------------------------------------------------------------------
-
-    def embed(self, codes: torch.Tensor) -> torch.Tensor:
-        """Codes ``[N]`` (long) -> input embeddings ``[N, H]`` (trainable ``nn.Embedding``)."""
-        return self.code_embed(codes)
-
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Hidden states ``[N, H]`` -> logits ``[N, C]`` over the flattened ids (trainable ``nn.Linear``)."""
-        return self.lm_head(hidden)
-
     def dummy_codes(self) -> torch.Tensor:
         """One item's worth of codes, ``ceil(max_samples / hop) * n_q`` (also the generation length):
         entry 0 of each codebook, ``k * bins`` at the positions of codebook ``k``."""
         frames = self.processor.frames(self.processor.max_samples)
         return (torch.arange(self.num_quantizers, device=self.device) * self.bins).repeat(frames)
 
-    # ---- persistence -------------------------------------------------------------------------
-
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write ``path`` loadable by ``build({"checkpoint": path}, hidden_size=H)``.
-
-        Files: ``config.json`` + ``model.safetensors`` (``EncodecModel.save_pretrained``, so
-        ``EncodecModel.from_pretrained(path)`` works on it too) and ``omnicore_extra.safetensors``
-        (the LM adapter: ``code_embed.weight`` ``[C, H]``, ``lm_head.weight`` ``[C, H]``,
-        ``lm_head.bias`` ``[C]``, with ``bandwidth``, ``max_seconds``, ``hidden_size`` and
-        ``codebook_size`` recorded). Call it on an unsharded module.
-        """
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self.codec.save_pretrained(str(path), safe_serialization=True)
-        save_extra_weights(
-            path,
-            self.adapter_state(),
-            component=COMPONENT,
-            bandwidth=self.bandwidth,
-            max_seconds=self.max_seconds,
-            hidden_size=self.hidden_size,
-            codebook_size=self.codebook_size,
-        )
-
-    def adapter_state(self) -> dict[str, torch.Tensor]:
-        """The LM adapter's parameters by name (the tensors themselves, for saving and loading in place)."""
-        return {"code_embed.weight": self.code_embed.weight, "lm_head.weight": self.lm_head.weight, "lm_head.bias": self.lm_head.bias}
+    def saved_settings(self) -> dict[str, Any]:
+        """``bandwidth`` and ``max_seconds``, recorded by ``save_pretrained`` beside the LM adapter
+        (``config.json`` + ``model.safetensors`` from ``EncodecModel.save_pretrained``, so
+        ``EncodecModel.from_pretrained(path)`` loads the folder too)."""
+        return {"bandwidth": self.bandwidth, "max_seconds": self.max_seconds}
 
 
 def load_codec(folder: str | Path) -> Any:
@@ -302,5 +241,5 @@ def build(options: dict[str, Any] | EncodecOptions, *, hidden_size: int) -> Enco
         freeze_codec=opts.freeze_codec,
     )
     if meta is not None:
-        load_extra_weights(Path(opts.checkpoint).expanduser(), dec.adapter_state(), component=COMPONENT)
+        dec.load_adapter(opts.checkpoint)
     return dec.train()  # from_pretrained leaves the codec in eval mode; a frozen one stays so

@@ -78,8 +78,7 @@ class WhisperAudioEncoder(nn.Module):
             ``[B, chunk_frames / 2, d_model]``).
         projector: ``nn.Linear(d_model, hidden_size)``.
         processor: the data side (:class:`~omnicore_audio_whisper.processor.WhisperAudioProcessor`),
-            the same one ``build_processor`` makes from the same options; ``preprocess``,
-            ``num_tokens`` and ``collate`` delegate to it.
+            the same one ``build_processor`` makes from the same options.
         feature_extractor: its ``WhisperFeatureExtractor`` set to ``chunk_seconds``.
         chunk_seconds: seconds per chunk; ``chunk_frames`` mel frames (100 per second at 16 kHz);
             ``chunk_samples`` samples at ``sampling_rate`` Hz.
@@ -119,23 +118,11 @@ class WhisperAudioEncoder(nn.Module):
         if freeze:
             self.whisper.requires_grad_(False)
 
-    # ---- data side: the processor's ----------------------------------------------------------
-
-    def preprocess(self, media: Audio) -> dict[str, torch.Tensor]:
-        """:meth:`WhisperAudioProcessor.preprocess` of :attr:`processor`."""
-        return self.processor.preprocess(media)
-
-    def num_tokens(self, features: dict[str, Any]) -> int:
-        """:meth:`WhisperAudioProcessor.num_tokens` of :attr:`processor`."""
-        return self.processor.num_tokens(features)
-
-    def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """:meth:`WhisperAudioProcessor.collate` of :attr:`processor`."""
-        return self.processor.collate(items)
-
     def dummy_batch(self) -> dict[str, torch.Tensor]:
         """A one-item batch of 0.5 s of silence at 16 kHz (7 tokens with ``pool=4``)."""
-        return self.collate([self.preprocess(Audio(np.zeros(self.sampling_rate // 2, dtype=np.float32), self.sampling_rate))])
+        return self.processor.collate(
+            [self.processor.preprocess(Audio(np.zeros(self.sampling_rate // 2, dtype=np.float32), self.sampling_rate))]
+        )
 
     # ---- model side --------------------------------------------------------------------------
 

@@ -8,8 +8,7 @@ when its data side is built (in data workers).
 
 from __future__ import annotations
 
-from omnicore.components import ComponentSpec
-from omnicore.hookspecs import hookimpl
+from omnicore.api import ComponentSpec, hookimpl
 
 
 @hookimpl
@@ -17,7 +16,6 @@ def omnicore_encoders() -> list[ComponentSpec]:
     """Register ``encoder/whisper`` (audio)."""
     return [
         ComponentSpec(
-            kind="encoder",
             name="whisper",
             target="omnicore_audio_whisper.encoder:build",
             options_model="omnicore_audio_whisper.processor:WhisperEncoderOptions",

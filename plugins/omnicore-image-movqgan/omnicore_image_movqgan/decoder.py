@@ -33,9 +33,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from omnicore.api import load_extra_weights, load_hf_pretrained, save_extra_weights
+from omnicore.api import CodebookDecoder, load_extra_weights, load_hf_pretrained
 from omnicore_image_movqgan.processor import (
     COMPONENT,
     DEFAULT_CONFIG,
@@ -51,8 +50,9 @@ from omnicore_image_movqgan.processor import (
 __all__ = ["DEFAULT_CONFIG", "MoVQGANDecoder", "MoVQGANOptions", "MoVQGANProcessor", "build", "make_vq_config"]
 
 
-class MoVQGANDecoder(nn.Module):
-    """omnicore :class:`~omnicore.components.Decoder` for images around a diffusers MoVQ ``VQModel``.
+class MoVQGANDecoder(CodebookDecoder):
+    """omnicore :class:`~omnicore.api.Decoder` for images around a diffusers MoVQ ``VQModel``
+    (a :class:`~omnicore.api.CodebookDecoder`: the LM adapter, freezing and saving are the base's).
 
     Args:
         vq: a ``diffusers.VQModel`` with ``norm_type="spatial"``, RGB in and out.
@@ -65,8 +65,7 @@ class MoVQGANDecoder(nn.Module):
         codebook_size: C, ``vq.config.num_vq_embeddings``.
         downsample_factor: f; ``grid_size`` = S / f; ``num_image_tokens`` = (S / f) ** 2.
         processor: the data side (:class:`~omnicore_image_movqgan.processor.MoVQGANProcessor`),
-            the same one ``build_processor`` makes from the same options; ``preprocess``,
-            ``num_tokens`` and ``collate`` delegate to it.
+            the same one ``build_processor`` makes from the same options.
         vq: the wrapped ``VQModel``; ``code_embed`` (``nn.Embedding(C, H)``), ``lm_head``
             (``nn.Linear(H, C)``): the LM adapter.
 
@@ -75,64 +74,33 @@ class MoVQGANDecoder(nn.Module):
     """
 
     modality = "image"
+    component = COMPONENT
 
     def __init__(self, vq: Any, *, hidden_size: int, image_size: int = DEFAULT_IMAGE_SIZE, freeze_vq: bool = True) -> None:
-        super().__init__()
         cfg = vq.config
         if cfg.norm_type != "spatial":
             raise ValueError(f"MoVQGAN needs a VQModel with norm_type='spatial' (MoVQ); this one has norm_type={cfg.norm_type!r}")
         if cfg.in_channels != 3 or cfg.out_channels != 3:
             raise ValueError(f"MoVQGAN needs an RGB VQModel (in/out_channels 3), got {cfg.in_channels}/{cfg.out_channels}")
-        self.vq = vq
-        self.hidden_size = int(hidden_size)
-        self.processor = MoVQGANProcessor(int(image_size), downsample_factor(cfg))
-        self.image_size = self.processor.image_size
-        self.downsample_factor = self.processor.downsample_factor
+        processor = MoVQGANProcessor(int(image_size), downsample_factor(cfg))
+        super().__init__(
+            vq,
+            processor,
+            hidden_size=hidden_size,
+            codebook_size=int(cfg.num_vq_embeddings),
+            freeze_tokenizer=freeze_vq,
+            tokenizer_attr="vq",
+        )
+        self.image_size = processor.image_size
+        self.downsample_factor = processor.downsample_factor
         self.grid_size = self.image_size // self.downsample_factor
         self.num_image_tokens = self.grid_size**2
-        self.codebook_size = int(cfg.num_vq_embeddings)
         self.code_dim = int(vq.quantize.vq_embed_dim)
-        self.freeze_vq = bool(freeze_vq)
-        self.code_embed = nn.Embedding(self.codebook_size, self.hidden_size)
-        self.lm_head = nn.Linear(self.hidden_size, self.codebook_size)
-        nn.init.normal_(self.code_embed.weight, std=0.02)
-        nn.init.normal_(self.lm_head.weight, std=0.02)
-        nn.init.zeros_(self.lm_head.bias)
-        if self.freeze_vq:
-            self.vq.requires_grad_(False)
-            self.vq.eval()
-
-    def train(self, mode: bool = True) -> MoVQGANDecoder:
-        """As ``nn.Module.train``, but a frozen VQ autoencoder stays in eval mode."""
-        super().train(mode)
-        if self.freeze_vq:
-            self.vq.eval()
-        return self
 
     @property
-    def fixed_codes(self) -> bool:
-        """True while the VQ autoencoder is frozen (no parameter of it trains, and it is in eval mode): then
-        :meth:`encode` is a fixed function of the features, and the core may reuse the codes of a
-        target it has seen (``train.code_cache_mb``, :mod:`omnicore.model.code_cache`)."""
-        return not self.vq.training and not any(p.requires_grad for p in self.vq.parameters())
-
-    @property
-    def device(self) -> torch.device:
-        return self.code_embed.weight.device
-
-    # ---- data side: the processor's ----------------------------------------------------------
-
-    def preprocess(self, media: Any) -> dict[str, torch.Tensor]:
-        """:meth:`MoVQGANProcessor.preprocess` of :attr:`processor`."""
-        return self.processor.preprocess(media)
-
-    def num_tokens(self, features: dict[str, Any]) -> int:
-        """:meth:`MoVQGANProcessor.num_tokens` of :attr:`processor`."""
-        return self.processor.num_tokens(features)
-
-    def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """:meth:`MoVQGANProcessor.collate` of :attr:`processor`."""
-        return self.processor.collate(items)
+    def freeze_vq(self) -> bool:
+        """Whether the VQ autoencoder is frozen (the base class's ``freeze_tokenizer``)."""
+        return self.freeze_tokenizer
 
     # ---- tokenizer ---------------------------------------------------------------------------
 
@@ -192,51 +160,15 @@ class MoVQGANDecoder(nn.Module):
         pixels = self.decode_pixels(codes)[0]
         return Image.fromarray(to_uint8(pixels), mode="RGB")
 
-    # ---- LM adapter --------------------------------------------------------------------------
-
-    def embed(self, codes: torch.Tensor) -> torch.Tensor:
-        """Codes ``[N]`` (long) -> input embeddings ``[N, H]`` (trainable ``nn.Embedding``)."""
-        return self.code_embed(codes)
-
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Hidden states ``[N, H]`` -> codebook logits ``[N, C]`` (trainable ``nn.Linear``)."""
-        return self.lm_head(hidden)
-
     def dummy_codes(self) -> torch.Tensor:
         """``g * g`` zeros (LongTensor on the module's device) for the dummy pass."""
         return torch.zeros(self.num_image_tokens, dtype=torch.long, device=self.device)
 
-    # ---- persistence -------------------------------------------------------------------------
-
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write ``path`` loadable by ``build({"checkpoint": path}, hidden_size=H)``.
-
-        Files: ``config.json`` + ``diffusion_pytorch_model.safetensors`` (``VQModel.save_pretrained``,
-        so ``VQModel.from_pretrained(path)`` works on it too) and ``omnicore_extra.safetensors``
-        (:func:`omnicore.api.save_extra_weights`: the LM adapter's ``code_embed.weight`` ``[C, H]``,
-        ``lm_head.weight`` ``[C, H]`` and ``lm_head.bias`` ``[C]``, with ``image_size``,
-        ``hidden_size`` and ``codebook_size`` recorded). Call it on an unsharded module.
-        """
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self.vq.save_pretrained(str(path), safe_serialization=True)
-        save_extra_weights(
-            path,
-            self.adapter_state(),
-            component=COMPONENT,
-            image_size=self.image_size,
-            hidden_size=self.hidden_size,
-            codebook_size=self.codebook_size,
-        )
-
-    def adapter_state(self) -> dict[str, torch.Tensor]:
-        """The LM adapter's parameters by name: ``code_embed.weight`` ``[C, H]``, ``lm_head.weight``
-        ``[C, H]``, ``lm_head.bias`` ``[C]`` (the tensors themselves, for saving and loading in place)."""
-        return {
-            "code_embed.weight": self.code_embed.weight,
-            "lm_head.weight": self.lm_head.weight,
-            "lm_head.bias": self.lm_head.bias,
-        }
+    def saved_settings(self) -> dict[str, Any]:
+        """``image_size``, recorded by ``save_pretrained`` beside the LM adapter (``config.json`` +
+        ``diffusion_pytorch_model.safetensors`` from ``VQModel.save_pretrained``, so
+        ``VQModel.from_pretrained(path)`` loads the folder too)."""
+        return {"image_size": self.image_size}
 
 
 def to_uint8(pixels: torch.Tensor) -> np.ndarray:
@@ -302,5 +234,5 @@ def build(options: dict[str, Any] | MoVQGANOptions, *, hidden_size: int) -> MoVQ
         vq = VQModel(**make_vq_config(opts.config))
     dec = MoVQGANDecoder(vq, hidden_size=hidden_size, image_size=image_size or DEFAULT_IMAGE_SIZE, freeze_vq=opts.freeze_vq)
     if meta is not None:
-        load_extra_weights(folder, dec.adapter_state(), component=COMPONENT)
+        dec.load_adapter(folder)
     return dec.train()  # from_pretrained leaves the VQModel in eval mode; a frozen one stays so

@@ -8,15 +8,13 @@ it builds its data side.
 
 from __future__ import annotations
 
-from omnicore.components import ComponentSpec
-from omnicore.hookspecs import hookimpl
+from omnicore.api import ComponentSpec, hookimpl
 
 
 @hookimpl
 def omnicore_decoders() -> list[ComponentSpec]:
     return [
         ComponentSpec(
-            kind="decoder",
             name="movqgan",
             target="omnicore_image_movqgan.decoder:build",
             options_model="omnicore_image_movqgan.processor:MoVQGANOptions",

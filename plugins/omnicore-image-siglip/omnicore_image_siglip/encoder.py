@@ -128,8 +128,7 @@ class SiglipImageEncoder(nn.Module):
         tower: ``transformers.SiglipVisionModel`` (without attention-pooling head).
         projector: ``nn.Sequential(Linear(m * m * D, H), GELU(), Linear(H, H))`` (``m`` = ``merge``).
         processor: the data side (:class:`~omnicore_image_siglip.processor.SiglipImageProcessor`),
-            the same one ``build_processor`` makes from the same options; ``preprocess``,
-            ``num_tokens`` and ``collate`` delegate to it.
+            the same one ``build_processor`` makes from the same options.
         image_processor: its ``transformers.SiglipImageProcessorPil`` resizing to ``S x S``.
         image_size: ``S``, pixels; patch_size: ``P``, pixels; hidden_size: ``H``.
         merge: ``m``: each ``m x m`` block of neighbouring patch tokens is concatenated into one
@@ -231,18 +230,6 @@ class SiglipImageEncoder(nn.Module):
         self.frozen = True
 
     # ---- the Encoder contract ---------------------------------------------------------------
-
-    def preprocess(self, media: Any) -> dict[str, torch.Tensor]:
-        """:meth:`SiglipImageProcessor.preprocess` of :attr:`processor`."""
-        return self.processor.preprocess(media)
-
-    def num_tokens(self, features: dict[str, Any]) -> int:
-        """:meth:`SiglipImageProcessor.num_tokens` of :attr:`processor`: ``(image_size // patch_size) ** 2``."""
-        return self.processor.num_tokens(features)
-
-    def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """:meth:`SiglipImageProcessor.collate` of :attr:`processor`."""
-        return self.processor.collate(items)
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         """Encode a collated batch: ``[B, 3, S, S]`` -> ``[B * N, H]``, rows in item order.

@@ -7,15 +7,13 @@ data side (:mod:`omnicore_image_siglip.processor`, no model code) through the sp
 
 from __future__ import annotations
 
-from omnicore.components import ComponentSpec
-from omnicore.hookspecs import hookimpl
+from omnicore.api import ComponentSpec, hookimpl
 
 
 @hookimpl
 def omnicore_encoders() -> list[ComponentSpec]:
     return [
         ComponentSpec(
-            kind="encoder",
             name="siglip",
             target="omnicore_image_siglip.encoder:build",
             options_model="omnicore_image_siglip.processor:SiglipEncoderOptions",

@@ -8,14 +8,13 @@ importing either.
 
 from __future__ import annotations
 
-from omnicore import ComponentSpec, hookimpl
+from omnicore.api import ComponentSpec, hookimpl
 
 
 @hookimpl
 def omnicore_kernels() -> list[ComponentSpec]:
     return [
         ComponentSpec(
-            kind="kernel",
             name="flash_attn",
             target="omnicore_kernels_flash_attn.kernel:FlashAttnVarlen",
             description="varlen FlashAttention (flash_attn_varlen_func); packed samples split by restarting position_ids (GPU only)",

@@ -7,7 +7,7 @@ missing, without importing anything.
 
 from __future__ import annotations
 
-from omnicore import ComponentSpec, hookimpl
+from omnicore.api import ComponentSpec, hookimpl
 
 _REQUIRES = ("cuda", "liger_kernel")
 
@@ -16,21 +16,18 @@ _REQUIRES = ("cuda", "liger_kernel")
 def omnicore_kernels() -> list[ComponentSpec]:
     return [
         ComponentSpec(
-            kind="kernel",
             name="liger_rmsnorm",
             target="omnicore_kernels_liger.kernels:LigerRMSNorm",
             description="Liger (Triton) RMSNorm patched into the foundation (GPU only)",
             requires=_REQUIRES,
         ),
         ComponentSpec(
-            kind="kernel",
             name="liger_swiglu",
             target="omnicore_kernels_liger.kernels:LigerSwiGLU",
             description="Liger (Triton) fused SwiGLU MLP patched into the foundation (GPU only)",
             requires=_REQUIRES,
         ),
         ComponentSpec(
-            kind="kernel",
             name="liger_fused_linear_cross_entropy",
             target="omnicore_kernels_liger.kernels:LigerFusedLinearCrossEntropy",
             description="Liger fused lm_head + cross-entropy (no [T, vocab] logits materialised; GPU only)",

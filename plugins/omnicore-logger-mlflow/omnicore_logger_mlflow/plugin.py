@@ -6,8 +6,7 @@ its factory as a string; :mod:`omnicore_logger_mlflow.logger` imports ``mlflow``
 
 from __future__ import annotations
 
-from omnicore.components import ComponentSpec
-from omnicore.hookspecs import hookimpl
+from omnicore.api import ComponentSpec, hookimpl
 
 
 @hookimpl
@@ -15,7 +14,6 @@ def omnicore_loggers() -> list[ComponentSpec]:
     """Register ``logger/mlflow``."""
     return [
         ComponentSpec(
-            kind="logger",
             name="mlflow",
             target="omnicore_logger_mlflow.logger:MlflowLogger",
             options_model="omnicore_logger_mlflow.options:MlflowOptions",

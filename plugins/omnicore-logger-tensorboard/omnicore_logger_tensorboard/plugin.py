@@ -7,8 +7,7 @@ the logger is built.
 
 from __future__ import annotations
 
-from omnicore.components import ComponentSpec
-from omnicore.hookspecs import hookimpl
+from omnicore.api import ComponentSpec, hookimpl
 
 
 @hookimpl
@@ -16,7 +15,6 @@ def omnicore_loggers() -> list[ComponentSpec]:
     """Register ``logger/tensorboard``."""
     return [
         ComponentSpec(
-            kind="logger",
             name="tensorboard",
             target="omnicore_logger_tensorboard.logger:TensorBoardLogger",
             options_model="omnicore_logger_tensorboard.options:TensorBoardOptions",

@@ -6,14 +6,13 @@ a string and the registry imports it only when a run builds the strategy.
 
 from __future__ import annotations
 
-from omnicore import ComponentSpec, hookimpl
+from omnicore.api import ComponentSpec, hookimpl
 
 
 @hookimpl
 def omnicore_parallel_strategies() -> list[ComponentSpec]:
     return [
         ComponentSpec(
-            kind="parallel",
             name="comet_ep",
             target="omnicore_parallel_comet.strategy:CometExpertParallel",
             description="expert parallelism over ep with COMET-style overlap: token chunks' all-to-alls run while the experts compute",

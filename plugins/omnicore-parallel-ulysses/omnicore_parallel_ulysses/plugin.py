@@ -7,8 +7,7 @@ strategy is built.
 
 from __future__ import annotations
 
-from omnicore.components import ComponentSpec
-from omnicore.hookspecs import hookimpl
+from omnicore.api import ComponentSpec, hookimpl
 
 
 @hookimpl
@@ -16,14 +15,12 @@ def omnicore_parallel_strategies() -> list[ComponentSpec]:
     """Register ``parallel/ulysses`` and ``parallel/async_ulysses``."""
     return [
         ComponentSpec(
-            kind="parallel",
             name="ulysses",
             target="omnicore_parallel_ulysses.strategy:Ulysses",
             options_model="omnicore_parallel_ulysses.strategy:UlyssesOptions",
             description="Ulysses sequence parallelism over sp: all-to-all sequence->heads around the foundation's attention and back",
         ),
         ComponentSpec(
-            kind="parallel",
             name="async_ulysses",
             target="omnicore_parallel_ulysses.strategy:AsyncUlysses",
             options_model="omnicore_parallel_ulysses.strategy:UlyssesOptions",

@@ -1,8 +1,8 @@
 """The parallel strategies ``ulysses`` and ``async_ulysses``.
 
-``apply(model, mesh)``:
+``apply(model, state)``:
 
-1. finds the sequence-parallel group: the mesh's ``sp`` dim when the mesh has one, otherwise groups
+1. finds the sequence-parallel group: ``state.mesh``'s ``sp`` dim when the mesh has one, otherwise groups
    of ``options.sp`` consecutive ranks built from the world (default: every rank in one group);
 2. checks the foundation's heads against it (q heads divisible by ``sp``; KV heads divisible by
    ``sp``, or ``sp`` divisible by the KV heads, which are then replicated);
@@ -93,7 +93,9 @@ class Ulysses:
 
     # ---- apply -----------------------------------------------------------------------------------
 
-    def apply(self, model: Any, mesh: Any) -> Any:
+    def apply(self, model: Any, state: Any) -> Any:
+        """Shard the sequence over the sp group of ``state.mesh`` (module docstring); the model as
+        it is on one process or with an sp group of one rank."""
         import torch.distributed as dist
 
         from omnicore_parallel_ulysses.attention import (
@@ -108,7 +110,7 @@ class Ulysses:
 
         if not (dist.is_available() and dist.is_initialized()):
             return model  # one process: nothing to split
-        group, ranks = self._group(mesh)
+        group, ranks = self._group(getattr(state, "mesh", None))
         mins: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(mins, min(ranks))
         groups = sorted(set(mins))

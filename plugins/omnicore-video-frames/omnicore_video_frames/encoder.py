@@ -91,8 +91,7 @@ class VideoFramesEncoder(nn.Module):
         tower: ``transformers``' ``Qwen2VisionTransformerPretrainedModel``.
         projector: ``nn.Linear(E, H)``.
         processor: the data side (:class:`~omnicore_video_frames.processor.VideoFramesProcessor`),
-            the same one ``build_processor`` makes from the same options; ``preprocess``,
-            ``num_tokens``, ``grid`` and ``collate`` delegate to it.
+            the same one ``build_processor`` makes from the same options.
         hidden_size: ``H``; frozen: whether the tower is frozen.
     """
 
@@ -162,22 +161,6 @@ class VideoFramesEncoder(nn.Module):
         self.frozen = True
 
     # ---- the Encoder contract ---------------------------------------------------------------
-
-    def preprocess(self, media: Any) -> dict[str, torch.Tensor]:
-        """:meth:`VideoFramesProcessor.preprocess` of :attr:`processor`."""
-        return self.processor.preprocess(media)
-
-    def num_tokens(self, features: dict[str, Any]) -> int:
-        """:meth:`VideoFramesProcessor.num_tokens` of :attr:`processor`."""
-        return self.processor.num_tokens(features)
-
-    def grid(self, features: dict[str, Any]) -> tuple[int, int, int]:
-        """:meth:`VideoFramesProcessor.grid` of :attr:`processor`."""
-        return self.processor.grid(features)
-
-    def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """:meth:`VideoFramesProcessor.collate` of :attr:`processor`."""
-        return self.processor.collate(items)
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         """Encode a collated batch to ``[sum num_tokens, H]``, clips in order, each clip's tokens in

@@ -7,15 +7,13 @@ side (:mod:`omnicore_video_frames.processor`, no model code) through the spec's 
 
 from __future__ import annotations
 
-from omnicore.components import ComponentSpec
-from omnicore.hookspecs import hookimpl
+from omnicore.api import ComponentSpec, hookimpl
 
 
 @hookimpl
 def omnicore_encoders() -> list[ComponentSpec]:
     return [
         ComponentSpec(
-            kind="encoder",
             name="video_frames",
             target="omnicore_video_frames.encoder:build",
             options_model="omnicore_video_frames.processor:VideoEncoderOptions",
