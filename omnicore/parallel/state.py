@@ -129,6 +129,13 @@ class ParallelState:
         dist.all_reduce(t, group=self.group(dim) if dim is not None else None)
         return t.tolist()
 
+    def all_reduce_named(self, values: dict[str, float], dim: str | None = None) -> dict[str, float]:
+        """Sum named Python numbers over the ranks in one collective (:meth:`all_reduce_sums` of the
+        values in the mapping's order, float64) and return the sums under the same names, so that
+        callers read them by name instead of by position. Every rank must pass the same names in the
+        same order (each name's position in the packed tensor must match on every rank)."""
+        return dict(zip(values, self.all_reduce_sums(list(values.values()), dim)))
+
     def barrier(self) -> None:
         if self.distributed:
             import torch.distributed as dist

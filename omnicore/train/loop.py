@@ -60,9 +60,10 @@ from omnicore.model.trainable import apply_freeze
 from omnicore.parallel.parallelize import build_strategies, data_split, parallelize
 from omnicore.parallel.state import ParallelState, init_parallel_state
 from omnicore.registry import Registry, registry_for
-from omnicore.train.loggers import Loggers, check_loggers, start_loggers
+from omnicore.train.loggers import check_loggers, start_loggers
 from omnicore.train.metrics import FlopsModel, flops_model, padding_waste, peak_memory_mib, peak_tflops
 from omnicore.train.optim import NonFiniteError, build_optimizer, clip_grad_norm_, nonfinite_message, use_implementation, warmup_cosine
+from omnicore.train.run import Run
 from omnicore.train.samples import check_generation, sample_if_due, task_accuracy
 from omnicore.train.signals import SIGNALS, GracefulStop, Interrupted, signal_flags, signal_from_flags
 from omnicore.train.validate import validate_if_due
@@ -72,40 +73,6 @@ logger = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------
 # set-up
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Run:
-    """Everything one training run holds from set-up to its last step (built by :func:`setup`)."""
-
-    cfg: Config
-    state: ParallelState
-    model: torch.nn.Module
-    tokenizer: Any
-    processor: ChatProcessor
-    data: DataPipeline
-    strategies: list[tuple[str, Any]]
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    data_rank: int  # this rank's data group: which micro-batches it reads
-    data_size: int  # how many data groups (shards of the data) there are
-    replicas: int  # ranks that see each micro-batch (> 1 with sequence parallelism)
-    autocast: Callable[[], contextlib.AbstractContextManager[Any]]
-    peak_tflops: float | None  # the device's peak for MFU; None where unknown
-    flops: FlopsModel  # counted on the unsharded model
-    out_dir: Path
-    ckpt_root: Path
-    metrics_path: Path
-    log: Callable[..., None]  # status lines: logger.info (shown on rank 0; see omnicore.logs)
-    start: int = 0  # steps already done (resume)
-    bar: Any = None  # rank 0 with train.progress: tqdm, or plain lines when stderr is no terminal
-    history: list[dict[str, Any]] = field(default_factory=list)
-    skipped_steps: int = 0  # steps without an update so far (non-finite or no targets), kept in checkpoints
-    nonfinite_in_row: int = 0  # non-finite steps since the last applied update, kept in checkpoints
-    stop: GracefulStop | None = None  # SIGTERM/SIGINT watcher while the loop runs
-    stop_signal: int | None = None  # a signal some rank received, agreed in the last step's all-reduce
-    saved_at: int = -1  # the step of the last checkpoint this process wrote
-    loggers: Loggers = field(default_factory=Loggers)  # run.loggers, started (rank 0; empty elsewhere)
 
 
 def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None = None, state: ParallelState | None = None) -> Run:
@@ -153,12 +120,12 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
     metrics_path, bar = _open_outputs(cfg, state, out_dir, resume, start)
     model.train()
     autocast, peak = _precision(cfg, state)
-    run = Run(
-        cfg, state, model, tokenizer, processor, data, strategies, optimizer, scheduler,
-        data_rank, data_size, replicas, autocast, peak, flops, out_dir, ckpt_root, metrics_path, log, start, bar,
+    return Run(
+        cfg=cfg, state=state, model=model, tokenizer=tokenizer, processor=processor, data=data, strategies=strategies,
+        optimizer=optimizer, scheduler=scheduler, data_rank=data_rank, data_size=data_size, replicas=replicas, autocast=autocast,
+        peak_tflops=peak, flops=flops, out_dir=out_dir, ckpt_root=ckpt_root, metrics_path=metrics_path, log=log, start=start, bar=bar,
+        skipped_steps=skips[0], nonfinite_in_row=skips[1],
     )  # fmt: skip
-    run.skipped_steps, run.nonfinite_in_row = skips
-    return run
 
 
 def _model_to_train(
@@ -478,29 +445,20 @@ def train_step(run: Run, step: int) -> dict[str, Any] | None:
     # one all-reduce for every figure of the step's metrics and any rank's stop signal (before the
     # update: the target check below must stop a wrong run before its first optimizer step)
     keys = sorted({"text", *(f"decoder.{m}" for m in run.processor.decoders)})
-    seen, skipped = run.data.counts()
-    sums = state.all_reduce_sums(
-        [float(totals.loss_sum), totals.tokens, totals.flops]
-        + [totals.part_sums.get(k, 0.0) for k in keys]
-        + [totals.part_counts.get(k, 0) for k in keys]
-        + [run.data.take_wait()]
-        + [float(x) for x in seen + skipped]
-        + signal_flags(run.stop)
-    )
-    run.stop_signal = signal_from_flags(sums[len(sums) - len(SIGNALS) :])
-    data_figures = _data_figures(run, sums[3 + 2 * len(keys) : len(sums) - len(SIGNALS)])
-    check_target_split(run, n_global, sum(sums[3 + len(keys) : 3 + 2 * len(keys)]))
+    sums = state.all_reduce_named(_step_sums(run, totals, keys))
+    run.stop_signal = signal_from_flags([sums[f"signal/{s.name}"] for s in SIGNALS])
+    check_target_split(run, n_global, sum(sums[f"targets/{k}"] for k in keys))
     grad_norm = clip_grad_norm_(run.model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
     lr = run.scheduler.get_last_lr()[0] / run.optimizer.param_groups[0].get("factor", 1.0)  # train.lr x schedule this step
-    loss, tokens_global, flops_global = sums[0] / max(n_global, 1.0), sums[1], sums[2]
+    loss = sums["loss_sum"] / max(n_global, 1.0)
     skip_reason = apply_update(run, step, loss, float(grad_norm), n_global)
     # a part without targets in this step (no image to generate) is left out, not logged as 0.0
-    part_loss = {k: sums[3 + i] / sums[3 + len(keys) + i] for i, k in enumerate(keys) if sums[3 + len(keys) + i] > 0}
+    part_loss = {k: sums[f"loss_sum/{k}"] / sums[f"targets/{k}"] for k in keys if sums[f"targets/{k}"] > 0}
     dt = time.perf_counter() - t0
     row = _metrics_row(run, step, loss=loss, lr=lr, grad_norm=float(grad_norm), n_global=n_global,
-                       tokens_global=tokens_global, flops_global=flops_global, dt=dt)  # fmt: skip
+                       tokens_global=sums["tokens"], flops_global=sums["flops"], dt=dt)  # fmt: skip
     row.update({f"loss/{k}": v for k, v in part_loss.items()})
-    row.update(data_figures)
+    row.update(_data_figures(run, sums))
     row.update(skipped=skip_reason is not None, skip_reason=skip_reason, skipped_steps=run.skipped_steps)
     return row
 
@@ -535,15 +493,33 @@ def _step_batches(run: Run) -> tuple[list[Any], float] | None:
     return micro, n_sum / run.replicas
 
 
-def _data_figures(run: Run, sums: list[float]) -> dict[str, Any]:
-    """Metrics of the data side from the all-reduced ``[wait, seen per source, skipped per source]``:
+def _step_sums(run: Run, totals: _StepTotals, parts: list[str]) -> dict[str, float]:
+    """This rank's figures of the step, by name, for the step's one all-reduce (every rank has the
+    same names, in the same order): ``loss_sum``, ``tokens`` and ``flops`` (this rank's share of
+    each micro-batch), ``loss_sum/<part>`` and ``targets/<part>`` for each of ``parts`` (``text``,
+    ``decoder.<m>``), ``data_wait_s`` (seconds waiting for micro-batches), ``seen/<source>`` and
+    ``skipped/<source>`` (the data's running counts) and ``signal/<SIGNAL>`` (1.0 for a stop signal
+    this rank received: :func:`~omnicore.train.signals.signal_flags`)."""
+    seen, skipped = run.data.counts()
+    names = run.data.source_names
+    out = {"loss_sum": float(totals.loss_sum), "tokens": float(totals.tokens), "flops": float(totals.flops)}
+    out.update({f"loss_sum/{k}": totals.part_sums.get(k, 0.0) for k in parts})
+    out.update({f"targets/{k}": float(totals.part_counts.get(k, 0)) for k in parts})
+    out["data_wait_s"] = run.data.take_wait()
+    out.update({f"seen/{name}": float(n) for name, n in zip(names, seen)})
+    out.update({f"skipped/{name}": float(n) for name, n in zip(names, skipped)})
+    out.update({f"signal/{s.name}": flag for s, flag in zip(SIGNALS, signal_flags(run.stop))})
+    return out
+
+
+def _data_figures(run: Run, sums: dict[str, float]) -> dict[str, Any]:
+    """Metrics of the data side from the step's all-reduced sums (:func:`_step_sums`):
     ``data_wait_s`` (mean over ranks of the step's seconds spent waiting for micro-batches),
     ``samples/<source>`` and ``skipped/<source>`` (run totals, every data group counted once)."""
     names = run.data.source_names
-    n = len(names)
-    out: dict[str, Any] = {"data_wait_s": sums[0] / run.state.world_size}
-    out.update({f"samples/{name}": int(round(v / run.replicas)) for name, v in zip(names, sums[1 : 1 + n])})
-    out.update({f"skipped/{name}": int(round(v / run.replicas)) for name, v in zip(names, sums[1 + n : 1 + 2 * n])})
+    out: dict[str, Any] = {"data_wait_s": sums["data_wait_s"] / run.state.world_size}
+    out.update({f"samples/{name}": int(round(sums[f"seen/{name}"] / run.replicas)) for name in names})
+    out.update({f"skipped/{name}": int(round(sums[f"skipped/{name}"] / run.replicas)) for name in names})
     return out
 
 
