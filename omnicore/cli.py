@@ -253,7 +253,7 @@ Any config key can be overridden after CONFIG by its dotted path, for example
 The value is read as YAML (50 is an int, true a bool, [a, b] a list). A mapping merges into the
 file's; null removes a key so that it takes its default (--run.loggers null: back to [jsonl]).
 Every key is documented where it is defined, in omnicore/config.py (each field's description);
-README.md ("Using it") explains the sections."""
+docs/config.md explains the sections."""
 """The part of each config-reading subcommand's ``--help`` that explains dotted overrides."""
 
 EXAMPLES = {

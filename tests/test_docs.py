@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import re
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
 
@@ -130,3 +130,349 @@ def test_each_kind_names_its_hook():
     for kind, hook in hookspecs.HOOK_FOR_KIND.items():
         body = _sections(hooks, 4)[f"`{_signature(_hookspecs()[hook])}`"]
         assert f'kind="{kind}"' in body, f'PLUGINS.md: the entry of {hook} must say it registers kind="{kind}"'
+
+
+# ---- README.md and docs/: structure, links, commands and config keys ---------------------------
+#
+# The README is short and starts with the two commands; the "Using it" material lives in docs/*.md.
+# These tests keep that shape, and check what the pages name against the code: every relative link
+# (and its #anchor) resolves, every `omnicore ...` command and option exists, every script a page runs
+# is in the repository, every dotted config key is a field of omnicore.config.Config, and every
+# config block validates.
+
+ROOT = DOC.parent
+README = ROOT / "README.md"
+PAGES = ["config", "data", "training", "parallelism", "checkpoints", "evaluation"]
+"""The pages the issue asks for under docs/; docs/index.md lists them and README.md links each."""
+README_MAX_LINES = 180
+SECTIONS = ("run", "model", "data", "train", "eval", "samples", "parallel", "generate", "plugins")
+FILE_SUFFIXES = {"jsonl", "json", "yaml", "yml", "py", "png", "md", "sh", "txt", "lock", "safetensors", "wav", "mkv", "stamp"}
+"""Last parts that make ``data.jsonl`` or ``run.lock`` a file name rather than a config key."""
+NOT_KEYS = {"model.layers.3.mlp"}
+"""Dotted names in the docs that start like a config key but are something else (a checkpoint's tensor name)."""
+
+
+def _doc_files() -> list[Path]:
+    """README.md, every page under docs/ (but docs/reference/, generated and checked on its own), and the
+    READMEs that took the README's figures."""
+    pages = sorted(p for p in (ROOT / "docs").glob("*.md"))
+    return [README, *pages, ROOT / "bench" / "README.md", ROOT / "examples" / "digits" / "README.md"]
+
+
+def _code_blocks(text: str) -> list[list[str]]:
+    """The code blocks of a markdown text (fenced, or indented by 4 spaces after a blank line), as lists of
+    lines (indentation of an indented block removed); fenced blocks keep their info string as line 0."""
+    blocks: list[list[str]] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            block = [line[3:].strip()]
+            i += 1
+            while i < len(lines) and not lines[i].startswith("```"):
+                block.append(lines[i])
+                i += 1
+            blocks.append(block)
+        elif line.startswith("    ") and (i == 0 or not lines[i - 1].strip()) and not re.match(r"^\s*([-*|]|\d+\.)", line):
+            block = ["(indented)"]
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                block.append(lines[i][4:])
+                i += 1
+            blocks.append([b for b in block if b.strip()])
+            continue
+        i += 1
+    return blocks
+
+
+def _prose(text: str) -> str:
+    """The text without its fenced code blocks."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but ``-`` and ``_`` dropped, spaces to ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    return {_slug(m.group(1)) for m in re.finditer(r"^#+ (.*)$", _prose(path.read_text()), flags=re.M)}
+
+
+def _links(path: Path) -> list[str]:
+    """Relative markdown link targets of a page (``[text](target)``), web links left out."""
+    found = re.findall(r"\]\(([^)\s]+)\)", _prose(path.read_text()))
+    return [t for t in found if not re.match(r"^[a-z]+:", t)]
+
+
+def _config_field(parts: list[str]) -> str | None:
+    """Walk ``parts`` (a dotted key without its section's ``Config`` prefix) through the pydantic models of
+    :mod:`omnicore.config`; None when every part is a field, else what is wrong. A dict field takes any
+    key (a modality, an op), and the walk stops at a field that is not a model (a list, ``Any``)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from omnicore.config import Config
+
+    model: Any = Config
+    walked: list[str] = []
+    while parts:
+        part = parts.pop(0)
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None  # options dicts, lists, Any: the component's own options model checks them
+        if part not in model.model_fields:
+            return f"{'.'.join(walked) or 'the config'} has no field {part!r} (fields: {', '.join(model.model_fields)})"
+        walked.append(part)
+        ann = model.model_fields[part].annotation
+        if typing.get_origin(ann) is dict:
+            if parts:
+                walked.append(parts.pop(0))  # the key of the mapping: a modality, an op, a prefix
+            ann = typing.get_args(ann)[-1]
+        members = [a for a in typing.get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = members[0] if typing.get_origin(ann) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and members else ann
+    return None
+
+
+_KEY = re.compile(rf"(?<![\w./<-])(?:--)?((?:{'|'.join(SECTIONS)})\.[A-Za-z_][\w]*(?:\.[\w<>*]+)*)")
+
+
+def _config_keys(path: Path) -> set[str]:
+    """Dotted config keys a page names: in `backticks` in its prose, and as ``--section.key`` overrides in
+    its code blocks."""
+    text = path.read_text()
+    spans = re.findall(r"`([^`\n]+)`", _prose(text))
+    spans += [line for block in _code_blocks(text) for line in block[1:] if "--" in line]
+    keys = set()
+    for span in spans:
+        for m in _KEY.finditer(span):
+            key = m.group(1)
+            if key.rsplit(".", 1)[-1] not in FILE_SUFFIXES:
+                keys.add(key)
+    return keys
+
+
+def _commands(path: Path) -> list[str]:
+    """Each command line of a page's code blocks (continuation lines joined, comments dropped)."""
+    out: list[str] = []
+    for block in _code_blocks(path.read_text()):
+        if block[0] not in ("", "bash", "sh", "(indented)"):
+            continue  # yaml, json, python blocks hold no commands
+        for line in block[1:]:
+            code = re.sub(r"\s#\s.*$", "", line).rstrip()
+            if out and (line.startswith((" ", "\t")) or out[-1].endswith("\\")):
+                out[-1] = out[-1].rstrip("\\ ") + " " + code.strip()
+            elif code:
+                out.append(code.strip())
+    return out
+
+
+def test_readme_starts_with_the_two_commands_and_nothing_between_them():
+    text = README.read_text()
+    blocks = _code_blocks(text)
+    assert blocks, "README.md has no code block"
+    first = blocks[0]
+    assert first[1:3] == ["bash examples/digits/run.sh", "bash scripts/test.sh"], (
+        f"README.md: the first code block must be the two commands, the main job then the tests, on adjacent lines; it is {first[1:]}"
+    )
+    assert len(first) == 3, f"README.md: nothing may share the two commands' block: {first[3:]}"
+    head = text.split("bash examples/digits/run.sh")[0]
+    assert "## The two commands" in head and "`" not in head.split("## The two commands")[1], (
+        "README.md: no command or code may stand between 'The two commands' heading and the commands"
+    )
+
+
+def test_readme_is_short_and_keeps_its_sections():
+    text = README.read_text()
+    n = len(text.splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines; keep it near 150 (at most {README_MAX_LINES}) and move detail to docs/"
+    headings = re.findall(r"^## (.*)$", _prose(text), flags=re.M)
+    assert headings[0] == "The two commands", f"README.md: 'The two commands' must be the first section, not {headings[0]!r}"
+    for needed in ("Install", "Six kinds of component", "A tour of the code", "Documentation", "Tests"):
+        assert needed in headings, f"README.md: missing the section '## {needed}' (sections: {headings})"
+
+
+def test_readme_tests_section_names_both_lanes_and_their_times():
+    tests = _sections(README.read_text(), 2)["Tests"]
+    assert "bash scripts/test.sh`" in tests and "bash scripts/test.sh --quick" in tests
+    assert re.search(r"\(quick lane: [^;]+; full suite: [\d,]+ tests, about \d+ min of pytest on 2 cores\)", tests), (
+        "README.md, Tests: keep the line '(quick lane: N tests, M min; full suite: N tests, about M min of pytest on 2 cores)'"
+    )
+
+
+def test_readme_table_of_the_six_kinds_names_each_hook():
+    kinds = _sections(README.read_text(), 2)["Six kinds of component"]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| (\w+) \| `(\w+)` \|", kinds, flags=re.M)}
+    assert rows == dict(hookspecs.HOOK_FOR_KIND), f"README.md: the kinds table must have one row per kind with its hook; it has {rows}"
+
+
+def test_readme_table_of_the_six_kinds_names_the_registered_components():
+    """The "built in" and "first-party plugins" columns list exactly what the registry holds from
+    omnicore itself and from the distributions under plugins/ and contrib/."""
+    from omnicore.registry import BUILTIN_PROVIDER, Registry
+
+    kinds = _sections(README.read_text(), 2)["Six kinds of component"]
+    first_party = {re.search(r'^name = "([^"]+)"', p.read_text(), re.M).group(1) for p in ROOT.glob("*/omnicore-*/pyproject.toml")}
+    rows = Registry.discover().rows
+    for line in kinds.splitlines():
+        m = re.match(r"^\| (\w+) \| `\w+` \|[^|]*\|([^|]*)\|([^|]*)\|$", line)
+        if not m:
+            continue
+        kind, builtin, plugins = m.group(1), set(re.findall(r"`(\w+)`", m.group(2))), set(re.findall(r"`(\w+)`", m.group(3)))
+        want_builtin = {r.name for r in rows if r.kind == kind and r.provider == BUILTIN_PROVIDER}
+        want_plugins = {r.name for r in rows if r.kind == kind and r.provider in first_party}
+        assert builtin == want_builtin, (
+            f"README.md, kinds table, {kind}: built in lists {sorted(builtin)}, the registry {sorted(want_builtin)}"
+        )
+        assert plugins == want_plugins, (
+            f"README.md, kinds table, {kind}: first-party plugins list {sorted(plugins)}, the registry {sorted(want_plugins)}"
+        )
+
+
+def test_readme_tour_lists_the_core_in_reading_order():
+    tour = _sections(README.read_text(), 2)["A tour of the code"]
+    paths = re.findall(r"^\| `([^`]+)` \|", tour, flags=re.M)
+    want = ["omnicore/api.py", "omnicore/components.py", "omnicore/hookspecs.py", "omnicore/registry/", "omnicore/config.py"]
+    assert paths[: len(want)] == want, f"README.md: the tour starts with {want}, not {paths[: len(want)]}"
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"README.md's tour names paths that do not exist: {missing}"
+
+
+def test_every_docs_page_exists_and_is_linked_from_the_readme_and_the_index():
+    readme_links = {Path(t.split("#")[0]).as_posix() for t in _links(README)}
+    index_links = {Path(t.split("#")[0]).as_posix() for t in _links(ROOT / "docs" / "index.md")}
+    for page in PAGES:
+        assert (ROOT / "docs" / f"{page}.md").is_file(), f"docs/{page}.md is missing"
+        assert f"docs/{page}.md" in readme_links, f"README.md does not link docs/{page}.md"
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        if page.name != "index.md":
+            assert page.name in index_links, f"docs/index.md does not list docs/{page.name}"
+    assert "docs/index.md" in readme_links and "PLUGINS.md" in readme_links
+
+
+@pytest.mark.parametrize("page", _doc_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_links_resolve_to_files_and_headings(page):
+    bad = []
+    for target in _links(page):
+        file, _, anchor = target.partition("#")
+        dest = (page.parent / file).resolve() if file else page
+        if not dest.exists():
+            bad.append(f"{target} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            bad.append(f"{target} (no heading with that anchor in {dest.relative_to(ROOT)})")
+    assert not bad, f"{page.relative_to(ROOT)}: broken links: {bad}"
+
+
+@pytest.mark.parametrize("page", _doc_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_config_keys_named_in_the_docs_exist(page):
+    from omnicore.config import REMOVED_KEYS
+
+    keys = _config_keys(page) - NOT_KEYS
+    if page.name == "config.md":  # the page that explains removed keys may name one
+        keys -= set(REMOVED_KEYS)
+    bad = {k: why for k in sorted(keys) if (why := _config_field(k.split(".")))}
+    assert not bad, f"{page.relative_to(ROOT)} names config keys that omnicore/config.py does not have: {bad}"
+
+
+def test_the_key_check_finds_keys_and_rejects_wrong_ones():
+    """Guard against the check above passing vacuously."""
+    keys = _config_keys(ROOT / "docs" / "data.md")
+    assert {"data.packing", "data.max_tokens", "model.foundation.options.tokenizer", "run.seed"} <= keys
+    assert not any(k.endswith(".jsonl") for k in keys)
+    assert _config_field(["model", "kernels", "<op>"]) is None and _config_field(["model", "encoders", "image", "name"]) is None
+    assert "no field 'max_step'" in _config_field(["train", "max_step"])
+    assert "no field 'nme'" in _config_field(["model", "encoders", "image", "nme"])
+
+
+@pytest.mark.parametrize("page", _doc_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_commands_quoted_in_the_docs_exist(page):
+    """``omnicore SUB --opt``: the subcommand and each option exist; ``bash``/``python``/``sbatch FILE``: the
+    file is in the repository; ``pip install NAME``: NAME is a distribution of plugins/ or contrib/."""
+    from omnicore.cli import build_parser
+
+    subs = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse keeps them only there
+    dists = {re.search(r'^name = "([^"]+)"', p.read_text(), re.M).group(1) for p in ROOT.glob("*/omnicore-*/pyproject.toml")}
+    bad = []
+    for cmd in _commands(page):
+        words = cmd.split()
+        while words and re.match(r"^[A-Z_]+=", words[0]):
+            words.pop(0)  # VAR=value before the command
+        if not words:
+            continue
+        if "omnicore" in words and (words[0] == "omnicore" or words[words.index("omnicore") - 1] == "-m"):
+            rest = words[words.index("omnicore") + 1 :]
+            if not rest or rest[0].startswith("-") or rest[0] == "SUBCOMMAND":
+                continue
+            if rest[0] not in subs:
+                bad.append(f"{cmd}: no subcommand {rest[0]!r}")
+                continue
+            known = subs[rest[0]]._option_string_actions  # noqa: SLF001
+            for opt in re.findall(r"(?<![\w.])--[a-z][\w-]*(?![\w.])", " ".join(rest[1:])):
+                if opt not in known:
+                    bad.append(f"{cmd}: omnicore {rest[0]} has no option {opt}")
+        elif words[0] in ("bash", "sbatch") or words[0].endswith("python"):
+            if len(words) > 1 and words[1] != "-m" and not words[1].startswith("-") and "/" in words[1]:
+                if not (ROOT / words[1]).is_file():
+                    bad.append(f"{cmd}: no file {words[1]}")
+        elif words[:2] == ["pip", "install"]:
+            names = [w for w in words[2:] if not w.startswith("-") and w != "dist" and "/" not in w]
+            bad += [f"{cmd}: no distribution {n}" for n in names if n not in dists and n != "omnicore"]
+    assert not bad, f"{page.relative_to(ROOT)}: {bad}"
+
+
+def test_the_command_check_finds_commands():
+    cmds = _commands(ROOT / "docs" / "parallelism.md")
+    ulysses = [c for c in cmds if "--parallel.sp 2" in c]
+    assert ulysses and ulysses[0].startswith("torchrun") and ulysses[0].endswith("--samples.every 0")
+    assert any(c.startswith("omnicore plugins") for c in _commands(ROOT / "docs" / "index.md"))
+
+
+@pytest.mark.parametrize("page", _doc_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_config_blocks_in_the_docs_validate(page):
+    """A YAML block whose top-level keys are config sections validates: the whole config when it has
+    ``data``, otherwise each section against its own model."""
+    import yaml
+    from pydantic import ValidationError
+
+    from omnicore.config import Config
+
+    checked = 0
+    for block in _code_blocks(page.read_text()):
+        body = "\n".join(block[1:])
+        try:
+            doc = yaml.safe_load(body)
+        except yaml.YAMLError:
+            continue  # a command or a JSON line, not YAML
+        if not isinstance(doc, dict) or not doc or not set(doc) <= set(Config.model_fields):
+            continue
+        try:
+            if "data" in doc:
+                Config.model_validate(doc)
+            else:
+                for section, value in doc.items():
+                    Config.model_fields[section].annotation.model_validate(value)
+        except ValidationError as e:
+            pytest.fail(f"{page.relative_to(ROOT)}: the config block starting {block[1]!r} does not validate:\n{e}")
+        checked += 1
+    if page in (README, ROOT / "docs" / "training.md", ROOT / "docs" / "checkpoints.md", ROOT / "docs" / "data.md"):
+        assert checked, f"{page.relative_to(ROOT)}: found no config block to check"
+
+
+def test_no_docstring_names_a_path_outside_the_repository():
+    """Docstrings name files of this repository only: a path into a workspace (``../shared``, ``/tmp/``,
+    ``/work/``) means nothing to a reader of the package."""
+    import ast
+
+    bad = []
+    for path in sorted((ROOT / "omnicore").rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node, clean=False)
+                if not doc:
+                    continue
+                start = node.body[0].lineno
+                for i, line in enumerate(doc.splitlines()):
+                    if re.search(r"\.\./shared|/tmp/|/work/", line):
+                        bad.append(f"{path.relative_to(ROOT)}:{start + i}: {line.strip()}")
+    assert not bad, "docstrings name paths outside the repository:\n" + "\n".join(bad)

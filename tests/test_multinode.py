@@ -1,5 +1,5 @@
-"""Two "nodes" on one machine: two torchrun agents meeting through the c10d rendezvous (the README's
-multi-node launch, ``--nnodes 2 --nproc-per-node 1``) train exactly like one process with
+"""Two "nodes" on one machine: two torchrun agents meeting through the c10d rendezvous (the
+multi-node launch of docs/parallelism.md, ``--nnodes 2 --nproc-per-node 1``) train exactly like one process with
 ``train.grad_accum 2``.
 
 Each agent starts one worker; the rendezvous (a TCP store on ``localhost:PORT``, hosted by whichever

@@ -7,8 +7,8 @@ into ``manifest-rank<r>.json``; after the barrier rank 0 adds the files it write
     {"format": 1, "files": {".metadata": {"size": 1234, "sha256": "ab..."}, ...}}
 
 At load, :func:`verify_manifest` checks every listed file (and that no unlisted file is present)
-before DCP reads anything. Hashing runs at about the disk's read speed (sha256 in hashlib: roughly
-1-2 GB/s on one core of a current CPU); with several ranks each verifies its share of the files.
+before DCP reads anything. Hashing costs about one more read of the files (sha256 is about as
+fast as a disk); with several ranks each verifies its share of the files.
 """
 
 from __future__ import annotations

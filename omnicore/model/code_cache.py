@@ -2,9 +2,9 @@
 
 A decoder turns its training targets into codes with its own tokenizer (an image VQ, an audio codec)
 on every step (:meth:`omnicore.components.Decoder.encode`). When that tokenizer is frozen, the codes
-of a target never change, and over several epochs the same target is encoded again and again: in
-the five-task digits run the MoVQGAN and EnCodec encoders took about 16 ms of a 180 ms CPU step
-(about 3 images at 1.4 ms and 1.2 clips at 10 ms per step; ``bench/code_cache.py``).
+of a target never change, and over several epochs the same target is encoded again and again, a
+cost that grows with the target while a lookup does not (``bench/code_cache.py`` measures both;
+its figures are in ``bench/README.md``).
 :class:`CodeCache` keeps the codes of each target, keyed by a digest of its collated-to-be features
 (:func:`omnicore.data.packing.features_digest`), so an augmented or otherwise different target is a
 different key and never gets stale codes.

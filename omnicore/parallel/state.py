@@ -200,8 +200,9 @@ def init_parallel_state(device: str = "auto", backend: str = "auto", parallel: A
 def shutdown(state: ParallelState, exit_code: int | None = None) -> None:
     """Barrier, destroy the process group, flush, and (when ``exit_code`` is given) ``os._exit``.
 
-    ``os._exit`` sidesteps a gloo bug where exit-time destructors abort a correct run with SIGABRT
-    (measured in ../shared/CPU-NOTES.md: none in 70 runs with this sequence).
+    ``os._exit`` sidesteps a gloo bug where exit-time destructors abort a correct run with SIGABRT,
+    so that torchrun reports a correct run as a success; the barrier and destroy before it make the
+    abort rarer still (how often each sequence aborted is in ``bench/README.md``).
     """
     if state.distributed:
         import torch.distributed as dist
