@@ -5,7 +5,7 @@
 
 Loads the trained export once (``bash examples/digits/run.sh`` makes it), takes the first
 ``--limit`` held-out samples with a text answer (0: all 800), and scores them twice with
-:func:`omnicore.evaluate.score_samples`: ``generate.batch_size: 1`` (one prompt per forward, as
+:func:`omnicore.eval.scoring.score_samples`: ``generate.batch_size: 1`` (one prompt per forward, as
 ``omnicore eval`` ran before batching) and ``--batch-size`` (left-padded, KV-cached batches in order
 of prompt length). Both on ``run.device`` (CPU here). Reports seconds per sample, the speed-up, each
 accuracy, and how many answers the two runs share (greedy answers should all agree). Model loading
@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from omnicore.config import load_config
     from omnicore.data.jsonl import read_jsonl
-    from omnicore.evaluate import _answer, eval_device, load_trained, score_samples
+    from omnicore.eval.loading import eval_device, load_trained
+    from omnicore.eval.scoring import _answer, score_samples
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "examples" / "digits" / "config.yaml"))

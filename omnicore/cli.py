@@ -155,7 +155,7 @@ def _flag_overrides(args: argparse.Namespace) -> list[str]:
 
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     cfg = _config(args, extra + _flag_overrides(args))
-    from omnicore.evaluate import evaluate, task_line
+    from omnicore.eval.scoring import evaluate, task_line
 
     result = evaluate(cfg, checkpoint=args.checkpoint, export=args.export, limit=args.limit)
     if args.json:
@@ -164,7 +164,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
         for task, r in result["tasks"].items():
             print(task_line(task, r))
         print(f"overall: accuracy {result['accuracy']:.3f} ({result['correct']}/{result['total']}, the tasks with text answers)")
-        print(f"held-out loss: {result['loss']:.4f} over {result['loss_targets']} targets (as train.eval_every's val_loss)")
+        print(f"held-out loss: {result['loss']:.4f} over {result['loss_targets']} targets (as eval.every's val_loss)")
         print(f"{result['seconds_per_sample']:.3f} s per sample on {result['device']}; every answer in {result['eval_json']}")
     return 0
 
@@ -195,7 +195,7 @@ def generate_out_dir(out: str | None, output_dir: str, force: bool) -> str:
 def cmd_generate(args: argparse.Namespace, extra: list[str]) -> int:
     cfg = _config(args, extra + _flag_overrides(args))
     out_dir = generate_out_dir(args.out, cfg.run.output_dir, args.force)
-    from omnicore.evaluate import generate_cli
+    from omnicore.eval.generate import generate_cli
 
     for line in generate_cli(
         cfg,

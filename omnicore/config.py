@@ -65,6 +65,33 @@ REMOVED_KEYS: dict[str, str] = {
 }
 """Keys that said something another key also says, each with the one spelling to use now."""
 
+MOVED_KEYS: dict[str, dict[str, str]] = {
+    "train": {
+        "eval_every": "eval.every",
+        "eval_max_samples": "eval.max_samples",
+        "eval_task_samples": "eval.task_samples",
+        "sample_every": "samples.every",
+        "sample_prompts": "samples.prompts",
+    },
+}
+"""Keys that moved to another section: section -> old key -> new dotted spelling. An old key in its
+old place is an error that names the new spelling (:func:`_refuse_moved_keys`), never silently
+accepted or dropped."""
+
+
+def _refuse_moved_keys(section: str, raw: Any) -> Any:
+    """A ``mode="before"`` model check: ``raw`` (the section as given) must hold no key of
+    :data:`MOVED_KEYS` for ``section``.
+
+    Raises:
+        PydanticCustomError: ``moved_key``, its context ``moved`` the ``(old dotted key, new dotted
+            key)`` pairs found (:func:`format_errors` prints one line per pair, naming the old key).
+    """
+    moved = [(f"{section}.{k}", new) for k, new in MOVED_KEYS.get(section, {}).items() if isinstance(raw, dict) and k in raw]
+    if moved:
+        raise PydanticCustomError("moved_key", "{text}", {"moved": moved, "text": "; ".join(f"{old} moved to {new}" for old, new in moved)})
+    return raw
+
 
 class LoraConfig(_Strict):
     """LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") through
@@ -298,34 +325,6 @@ class TrainConfig(_Strict):
         description="stop with a checkpoint after this step, as if interrupted (the LR schedule still spans max_steps); --resume continues",
     )
     log_every: int = Field(default=1, gt=0, description="append metrics to metrics.jsonl every N steps")
-    eval_every: int = Field(
-        default=0,
-        ge=0,
-        description="held-out loss over data.eval every N steps and at the last step, as a 'split: val' row in metrics.jsonl "
-        "(omnicore.train.validate; 0 = off)",
-    )
-    eval_max_samples: int | None = Field(
-        default=None, gt=0, description="validation during training uses only the first N samples of data.eval (None = all)"
-    )
-    eval_task_samples: int = Field(
-        default=0,
-        ge=0,
-        description="validation also generates answers for the first N samples of data.eval with a text answer (those of "
-        "`omnicore eval --limit N`) and logs their exact-match accuracy, val_acc and val_acc/<task>, in the val row; needs "
-        "eval_every (0 = off)",
-    )
-    sample_every: int = Field(
-        default=0,
-        ge=0,
-        description="every N steps and at the last step, generate from sample_prompts (generate section's sampling, seed "
-        "run.seed + i for prompt i) and write the images as one labelled grid to samples/step-NNNNNNNN.png (samples/final.png "
-        "at the end) and to the loggers as samples/<modality> (omnicore.train.samples; 0 = off)",
-    )
-    sample_prompts: list[str] = Field(
-        default_factory=list,
-        description="the fixed user prompts of sample_every, one grid cell each (e.g. ['Draw the digit 0.', ...]); required with "
-        "sample_every",
-    )
     code_cache_mb: float = Field(
         default=256,
         ge=0,
@@ -370,6 +369,11 @@ class TrainConfig(_Strict):
         "several match, the most specific (longest matched prefix) wins; a prefix that matches nothing is an error",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, raw: Any) -> Any:
+        return _refuse_moved_keys("train", raw)
+
     @field_validator("freeze")
     @classmethod
     def _freeze_patterns(cls, patterns: list[str]) -> list[str]:
@@ -408,6 +412,61 @@ def _check_prefix(field: str, pattern: str) -> None:
             "encoders.image",
             {"field": field, "pattern": pattern},
         )
+
+
+class EvalConfig(_Strict):
+    """Validation during training (:mod:`omnicore.eval.validate`): the held-out loss of ``data.eval``
+    and, when asked, the task accuracy of generated answers, as a ``split: val`` row. ``omnicore
+    eval`` reads ``max_samples`` too, so its held-out loss is the one validation logs."""
+
+    every: int = Field(
+        default=0,
+        ge=0,
+        description="held-out loss over data.eval every N steps and at the last step, as a 'split: val' row in metrics.jsonl "
+        "(omnicore.eval.validate; 0 = off)",
+    )
+    max_samples: int | None = Field(
+        default=None,
+        gt=0,
+        description="the held-out loss (validation and omnicore eval) uses only the first N samples of data.eval (None = all)",
+    )
+    task_samples: int = Field(
+        default=0,
+        ge=0,
+        description="validation also generates answers for the first N samples of data.eval with a text answer (those of "
+        "`omnicore eval --limit N`) and logs their exact-match accuracy, val_acc and val_acc/<task>, in the val row; needs "
+        "eval.every (0 = off)",
+    )
+
+    @model_validator(mode="after")
+    def _task_samples_need_every(self) -> EvalConfig:
+        if self.task_samples and not self.every:
+            raise ValueError("eval.task_samples is part of validation: set eval.every too, or eval.task_samples: 0")
+        return self
+
+
+class SamplesConfig(_Strict):
+    """Sample grids during training (:mod:`omnicore.eval.samples`): the model answers fixed prompts
+    with the ``generate`` section's sampling, and the images go to one labelled grid per step."""
+
+    every: int = Field(
+        default=0,
+        ge=0,
+        description="every N steps and at the last step, generate from samples.prompts (generate section's sampling, seed "
+        "run.seed + i for prompt i) and write the images as one labelled grid to samples/step-NNNNNNNN.png (samples/final.png "
+        "at the end) and to the loggers as samples/<modality> (omnicore.eval.samples; 0 = off)",
+    )
+    prompts: list[str] = Field(
+        default_factory=list,
+        description="the fixed user prompts of samples.every, one grid cell each (e.g. ['Draw the digit 0.', ...]); required "
+        "with samples.every",
+    )
+
+    @model_validator(mode="after")
+    def _every_needs_prompts(self) -> SamplesConfig:
+        if self.every and not self.prompts:
+            raise ValueError("samples.every needs samples.prompts (a list of prompts, e.g. ['Draw the digit 7.']); or samples.every: 0")
+        return self
 
 
 class ParallelConfig(_Strict):
@@ -496,31 +555,35 @@ class RunConfig(_Strict):
 
 
 class Config(_Strict):
-    """The whole run: ``run``, ``model``, ``data``, ``train``, ``parallel``, ``generate``, ``plugins``."""
+    """The whole run: ``run``, ``model``, ``data``, ``train``, ``eval``, ``samples``, ``parallel``,
+    ``generate``, ``plugins``."""
 
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="validation during training (held-out loss, task accuracy)")
+    samples: SamplesConfig = Field(default_factory=SamplesConfig, description="sample grids during training")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig, description="which installed plugins may load (disable, allow, strict)")
     source: str | None = Field(default=None, exclude=True, description="the file this config came from (set by load_config)")
 
-    @field_validator("train")
+    @field_validator("eval")
     @classmethod
-    def _eval_needs_data(cls, train: TrainConfig, info: Any) -> TrainConfig:
-        data = info.data.get("data")  # validated before train (declared first); absent when it failed
-        if train.eval_every and data is not None and not data.eval:
-            raise ValueError("eval_every needs data.eval (a held-out chat JSONL); set data.eval or train.eval_every: 0")
-        if train.eval_task_samples and not train.eval_every:
-            raise ValueError("eval_task_samples is part of validation: set train.eval_every too, or train.eval_task_samples: 0")
-        if train.sample_every and not train.sample_prompts:
-            raise ValueError("sample_every needs sample_prompts (a list of prompts, e.g. ['Draw the digit 7.']); or sample_every: 0")
+    def _eval_needs_data(cls, ev: EvalConfig, info: Any) -> EvalConfig:
+        data = info.data.get("data")  # validated before eval (declared first); absent when it failed
+        if ev.every and data is not None and not data.eval:
+            raise ValueError("eval.every needs data.eval (a held-out chat JSONL); set data.eval or eval.every: 0")
+        return ev
+
+    @field_validator("samples")
+    @classmethod
+    def _samples_need_decoders(cls, samples: SamplesConfig, info: Any) -> SamplesConfig:
         model = info.data.get("model")
-        if train.sample_every and model is not None and not model.decoders:
-            raise ValueError("sample_every draws with the model's decoders, and model.decoders is empty; set train.sample_every: 0")
-        return train
+        if samples.every and model is not None and not model.decoders:
+            raise ValueError("samples.every draws with the model's decoders, and model.decoders is empty; set samples.every: 0")
+        return samples
 
     def resolve_path(self, p: str) -> Path:
         """A data path from config, relative to the config file's folder when not absolute."""
@@ -569,6 +632,17 @@ def _dotted_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
     return out
 
 
+def _given_where(dotted: str, given: set[str], source: str) -> str:
+    """Where the key ``dotted`` (or the section holding it) was given: ``command line (--KEY)`` for
+    the longest of its prefixes among the overrides' keys ``given``, else ``source`` (the file)."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        key = ".".join(parts[:n])
+        if key in given:
+            return f"command line (--{key})"
+    return source
+
+
 def format_errors(exc: ValidationError, source: str, overrides: dict[str, Any] | None = None) -> str:
     """Turn pydantic errors into ``FILE: dotted.key: message`` lines, with closest-key hints.
 
@@ -580,12 +654,11 @@ def format_errors(exc: ValidationError, source: str, overrides: dict[str, Any] |
     for err in exc.errors():
         loc = tuple(err["loc"])
         dotted = ".".join(str(x) for x in loc)
-        where = source
-        for n in range(len(loc), 0, -1):
-            key = ".".join(str(x) for x in loc[:n])
-            if key in given:
-                where = f"command line (--{key})"
-                break
+        where = _given_where(dotted, given, source)
+        if err["type"] == "moved_key":  # one line per moved key, naming it where it was given
+            for old, new in err["ctx"]["moved"]:
+                lines.append(f"{_given_where(old, given, source)}: {old}: moved to {new}")
+            continue
         if err["type"] == "extra_forbidden" and dotted in REMOVED_KEYS:
             msg = f"was removed; use {REMOVED_KEYS[dotted]}"
         elif err["type"] == "extra_forbidden":

@@ -6,7 +6,7 @@ Four panels against the optimizer step: the loss (training rows' ``loss``; valid
 as ``val <part>``), the learning rate (``lr``) and the throughput (``tokens_per_s``).
 Training rows are those without a ``split`` key (or ``"split": "train"``); a validation row is one
 with ``"split": "val"`` (its ``val_loss``, or its ``loss`` when it has no ``val_loss``) or any row
-holding ``val_loss`` (see :mod:`omnicore.train.validate`). Values that are ``null`` (a skipped
+holding ``val_loss`` (see :mod:`omnicore.eval.validate`). Values that are ``null`` (a skipped
 step's NaN) are left out. When a step appears twice (a run resumed from an earlier checkpoint
 appends the steps after it again), the last row wins.
 

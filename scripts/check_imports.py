@@ -15,9 +15,10 @@ module level or inside a function (a lazy import is still a dependency), except 
 4   ``model``: OmniModel, the built-in foundation, assembly, weights
 5   ``parallel``: mesh, state, strategies, ``parallelize``, ``plan``
 6   ``checkpoint``: DCP save and resume, export
-7   ``train``, ``evaluate``: the recipes
-8   ``api``, ``testing``: the surfaces for plugin authors (nothing in the core imports them)
-9   ``cli``, ``__main__``
+7   ``eval``: held-out loss, scoring, generation, sample grids (never imports ``train``)
+8   ``train``: the training recipe (asks ``eval``'s validator and sampler)
+9   ``api``, ``testing``: the surfaces for plugin authors (nothing in the core imports them)
+10  ``cli``, ``__main__``
 ==  ==========================================================================================
 
 Pure standard library (``ast``), so it runs anywhere; ``tests/test_layers.py`` runs it.
@@ -41,7 +42,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("omnicore.model",),
     ("omnicore.parallel",),
     ("omnicore.checkpoint",),
-    ("omnicore.train", "omnicore.evaluate"),
+    ("omnicore.eval",),
+    ("omnicore.train",),
     ("omnicore.api", "omnicore.testing"),
     ("omnicore.cli", "omnicore.__main__"),
 ]

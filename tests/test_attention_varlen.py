@@ -271,13 +271,13 @@ def test_compiled_blocks_follow_new_position_ids():
 
 
 def test_generation_with_kv_cache_equals_sdpa(digits_jsonl):
-    """``omnicore.evaluate.generate`` (prefill, then one query per step against the KV cache):
+    """``omnicore.model.generation.generate`` (prefill, then one query per step against the KV cache):
     greedy tokens with sdpa_varlen are sdpa's."""
     from omnicore.config import Config
     from omnicore.data.chat import ChatProcessor
     from omnicore.data.jsonl import parse_line
-    from omnicore.evaluate import generate
     from omnicore.model.build import build_omni_model
+    from omnicore.model.generation import generate
 
     path = digits_jsonl / "train.jsonl"
     lines = path.read_text().splitlines()[:3]

@@ -259,8 +259,8 @@ def test_generation_stops_at_the_end_of_turn_of_the_chat_format(choice, end, tmp
     import torch
     from conftest import TINY_LM
 
-    import omnicore.evaluate as ev
     from omnicore.config import Config
+    from omnicore.eval.generate import _generate
     from omnicore.model.build import build_omni_model
 
     llama3_tokenizer().save_pretrained(tmp_path / "tok")
@@ -281,5 +281,5 @@ def test_generation_stops_at_the_end_of_turn_of_the_chat_format(choice, end, tmp
         return torch.nn.functional.one_hot(torch.full(hidden.shape[:-1], stop), len(tok)).float()
 
     monkeypatch.setattr(model.lm, "get_output_embeddings", lambda: head)
-    out = ev._generate(cfg, model, tok, processor, _sample([("user", "hi")]))
+    out = _generate(cfg, model, tok, processor, _sample([("user", "hi")]))
     assert out["token_ids"] == [stop] and out["text"] == ""

@@ -13,7 +13,7 @@ import pytest
 
 from omnicore.cli import EXAMPLES, UsageError, build_parser, generate_out_dir, main
 from omnicore.config import ConfigError, TrainConfig, load_config, parse_overrides
-from omnicore.train.progress import PlainProgress
+from omnicore.progress import PlainProgress
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_CFG = ROOT / "examples" / "digits" / "config.yaml"
@@ -55,7 +55,7 @@ def test_null_override_removes_a_key():
     base = load_config(DIGITS_CFG)
     assert base.model.decoders and base.data.eval  # the digits config has both
     assert load_config(DIGITS_CFG, ["--model.decoders", "{}"]).model.decoders.keys() == base.model.decoders.keys()  # merges
-    off = ["--train.sample_every", "0", "--train.eval_every", "0"]  # they need decoders and data.eval
+    off = ["--samples.every", "0", "--eval.every", "0"]  # they need decoders and data.eval
     gone = load_config(DIGITS_CFG, ["--model.decoders", "null", "--data.eval=null", *off])
     assert gone.model.decoders == {} and gone.data.eval is None
     one = load_config(DIGITS_CFG, ["--model.decoders.image", "null", *off])
@@ -74,7 +74,7 @@ def test_null_override_removes_a_key():
 
 
 def test_null_inside_a_yaml_mapping_override_is_removed_too():
-    cfg = load_config(DIGITS_CFG, ["--model.decoders", "{image: null}", "--train.sample_every", "0"])
+    cfg = load_config(DIGITS_CFG, ["--model.decoders", "{image: null}", "--samples.every", "0"])
     assert cfg.model.decoders == {}
     with pytest.raises(ConfigError, match="command line"):  # other errors in overrides still name the command line
         load_config(DIGITS_CFG, ["--train.max_steps", "-1"])

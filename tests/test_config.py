@@ -256,3 +256,59 @@ def test_removed_alias_names_the_one_spelling(tmp_path, key, value, new):
     with pytest.raises(ConfigError) as ei:
         load_config(write(tmp_path, "data: {train: t.jsonl}\n"), [f"--{key}", value])
     assert str(ei.value) == f"command line (--{key}): {key}: was removed; use {REMOVED_KEYS[key]}"
+
+
+MOVED = [
+    ("train.eval_every", "5", "eval.every"),
+    ("train.eval_max_samples", "8", "eval.max_samples"),
+    ("train.eval_task_samples", "4", "eval.task_samples"),
+    ("train.sample_every", "10", "samples.every"),
+    ("train.sample_prompts", "['Draw the digit 1.']", "samples.prompts"),
+]
+"""Every key that moved to the ``eval`` / ``samples`` sections, with a value it may take."""
+
+
+def test_every_moved_key_is_tested():
+    from omnicore.config import MOVED_KEYS
+
+    assert sorted(old for old, _, _ in MOVED) == sorted(f"{s}.{k}" for s, keys in MOVED_KEYS.items() for k in keys)
+    assert {old: new for old, _, new in MOVED} == {f"{s}.{k}": new for s, keys in MOVED_KEYS.items() for k, new in keys.items()}
+
+
+@pytest.mark.parametrize("old, value, new", MOVED)
+def test_moved_key_in_its_old_place_names_the_new_spelling(tmp_path, old, value, new):
+    """The old key is an error naming it and its new spelling, from the file and from the command
+    line alike, and from ``Config.model_validate`` itself; the value loads in its new place."""
+    from pydantic import ValidationError
+
+    section, name = old.split(".")
+    raw = {"data": {"train": "t.jsonl", "eval": "e.jsonl"}, section: {name: yaml.safe_load(value)}}
+    assert error_of(write(tmp_path, yaml.safe_dump(raw))) == f"{tmp_path / 'config.yaml'}: {old}: moved to {new}"
+    override = write(tmp_path, "data: {train: t.jsonl, eval: e.jsonl}\n", "plain.yaml")
+    assert error_of(override, [f"--{old}", value]) == f"command line (--{old}): {old}: moved to {new}"
+    with pytest.raises(ValidationError, match=f"{old} moved to {new}"):
+        Config.model_validate(raw)
+    # the new place: with what the eval and samples sections need beside it (every, prompts, decoders)
+    full = {
+        "data": {"train": "t.jsonl", "eval": "e.jsonl"},
+        "model": {"decoders": {"image": {"name": "movqgan"}}},
+        "eval": {"every": 1, "task_samples": 1},
+        "samples": {"every": 1, "prompts": ["Draw."]},
+    }
+    new_section, new_name = new.split(".")
+    full[new_section][new_name] = yaml.safe_load(value)
+    got = getattr(getattr(load_config(write(tmp_path, yaml.safe_dump(full), "new.yaml")), new_section), new_name)
+    assert got == yaml.safe_load(value)
+
+
+def test_several_moved_keys_give_one_line_each_and_other_keys_still_validate(tmp_path):
+    path = write(tmp_path, "data: {train: t.jsonl}\ntrain: {eval_every: 5, sample_every: 10, max_steps: 3}\n")
+    assert error_of(path).splitlines() == [
+        f"{path}: train.eval_every: moved to eval.every",
+        f"{path}: train.sample_every: moved to samples.every",
+    ]
+    typo = write(tmp_path, "data: {train: t.jsonl}\neval: {evry: 2}\nsamples: {prompt: [a]}\n", "typo.yaml")
+    assert error_of(typo).splitlines() == [
+        f"{typo}: eval.evry: unknown key; did you mean 'every'?",
+        f"{typo}: samples.prompt: unknown key; did you mean 'prompts'?",
+    ]

@@ -3,15 +3,13 @@ sample grids draw images only and write each prompt's clip as a WAV next to the 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import soundfile as sf
 from PIL import Image
 
 from omnicore.data.media import Audio
-from omnicore.evaluate import save_decoded
-from omnicore.train.samples import _write_clips, sample_cells
+from omnicore.eval.generate import save_decoded
+from omnicore.eval.samples import _write_clips, sample_cells
 
 
 def test_save_decoded_writes_wav_for_audio_and_png_for_images(tmp_path):
@@ -29,7 +27,6 @@ def test_save_decoded_writes_wav_for_audio_and_png_for_images(tmp_path):
 
 
 def test_sample_grid_skips_audio_and_clips_are_written(tmp_path):
-    cfg = SimpleNamespace(train=SimpleNamespace(sample_prompts=["Say 1.", "Draw 2.", "Say 3."]))
     clip = Audio(np.full(800, 0.25, np.float32), 16000)
     img = Image.new("RGB", (8, 8), "white")
     answers = [
@@ -37,7 +34,7 @@ def test_sample_grid_skips_audio_and_clips_are_written(tmp_path):
         {"text": "", "images": {"image": [img], "audio": []}},
         {"text": "", "images": {}},
     ]
-    images, labels = sample_cells(cfg, ["audio", "image"], answers)
+    images, labels = sample_cells(["Say 1.", "Draw 2.", "Say 3."], ["audio", "image"], answers)
     assert images == [None, img, None]
     assert labels == ["Say 1.", "Draw 2. [image]", "Say 3."]
     paths = _write_clips(tmp_path, ["step-00000020", "final"], ["audio", "image"], answers)

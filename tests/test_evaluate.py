@@ -11,8 +11,8 @@ from conftest import tiny_config_dict
 
 from omnicore.config import Config
 from omnicore.data.jsonl import Message, Part, Sample
-from omnicore.evaluate import generate
 from omnicore.model.build import build_omni_model
+from omnicore.model.generation import generate
 
 
 @pytest.fixture(scope="module")
@@ -85,15 +85,16 @@ def test_image_generation_equals_teacher_forced_argmax(built, digits_jsonl, tmp_
 
 def test_eval_accuracy_counts_exact_matches(built, digits_jsonl, tmp_path, monkeypatch):
     """``evaluate`` scores generated answers by exact match per task; compare with a manual count."""
-    import omnicore.evaluate as ev
+    import omnicore.eval.loading
     from omnicore.data.jsonl import read_jsonl
+    from omnicore.eval.scoring import evaluate
 
     model, tok, processor = built
     cfg = Config.model_validate(
         tiny_config_dict(str(digits_jsonl / "train.jsonl"), eval=str(digits_jsonl / "eval.jsonl"), output_dir=str(tmp_path / "run"))
     )
-    monkeypatch.setattr(ev, "load_trained", lambda *a, **k: (model, tok, processor))
-    result = ev.evaluate(cfg, limit=8, progress=False)
+    monkeypatch.setattr(omnicore.eval.loading, "load_trained", lambda *a, **k: (model, tok, processor))
+    result = evaluate(cfg, limit=8, progress=False)
     samples = read_jsonl(digits_jsonl / "eval.jsonl")[:8]
     want: dict[str, list[int]] = {}
     for s in samples:
@@ -109,13 +110,14 @@ def test_eval_accuracy_counts_exact_matches(built, digits_jsonl, tmp_path, monke
 def test_generate_cli_labels_the_text_and_saves_images(built, tmp_path, monkeypatch):
     """``omnicore generate`` prints the text labelled and quoted (an image prompt's stray text is not
     read as an answer), then one ``saved PATH`` line per image, equal to :func:`generate`'s."""
-    import omnicore.evaluate as ev
+    import omnicore.eval.loading
+    from omnicore.eval.generate import generate_cli
 
     model, tok, processor = built
     cfg = Config.model_validate(tiny_config_dict("unused.jsonl"))
-    monkeypatch.setattr(ev, "load_trained", lambda *a, **k: (model, tok, processor))
+    monkeypatch.setattr(omnicore.eval.loading, "load_trained", lambda *a, **k: (model, tok, processor))
     lines = list(
-        ev.generate_cli(cfg, prompts=["Draw the digit 7."], image=None, audio=None, out_dir=str(tmp_path), checkpoint=None, export=None)
+        generate_cli(cfg, prompts=["Draw the digit 7."], image=None, audio=None, out_dir=str(tmp_path), checkpoint=None, export=None)
     )
     want = generate(model, tok, _prompt(processor, [Part("text", "Draw the digit 7.")]), max_new_tokens=cfg.generate.max_new_tokens)
     assert lines[0] == f"text: {want['text']!r}"
@@ -191,16 +193,17 @@ def test_eval_reports_the_loss_of_every_task_as_each_task_alone(built, tasks_fil
     about once, naming the task and the field."""
     import logging
 
-    import omnicore.evaluate as ev
+    import omnicore.eval.loading
+    from omnicore.eval.scoring import evaluate
 
     model, tok, processor = built
     need = _answer_tokens(processor, SEQUENCE[0][0])
     d = tiny_config_dict(str(tasks_file), eval=str(tasks_file), output_dir=str(tmp_path / "run"))
     d["generate"] = {"max_new_tokens": need - 1}
     cfg = Config.model_validate(d)
-    monkeypatch.setattr(ev, "load_trained", lambda *a, **k: (model, tok, processor))
-    with caplog.at_level(logging.WARNING, logger="omnicore.evaluate"):
-        result = ev.evaluate(cfg, limit=2, progress=False)  # generation for the first two text answers only
+    monkeypatch.setattr(omnicore.eval.loading, "load_trained", lambda *a, **k: (model, tok, processor))
+    with caplog.at_level(logging.WARNING, logger="omnicore.eval.scoring"):
+        result = evaluate(cfg, limit=2, progress=False)  # generation for the first two text answers only
     ref = _task_reference(model, processor, tasks_file)
     assert sorted(result["tasks"]) == ["audio_to_text", "digit_sequence", "image_to_text", "text_to_image"]
     for task, (loss, targets, samples) in ref.items():
@@ -222,7 +225,7 @@ def test_eval_reports_the_loss_of_every_task_as_each_task_alone(built, tasks_fil
 
 def test_rows_packed_by_task_hold_one_task_in_file_order(built, tasks_file):
     from omnicore.data.jsonl import read_jsonl
-    from omnicore.train.validate import eval_rows
+    from omnicore.eval.heldout import eval_rows
 
     _, _, processor = built
     task = {s.where: s.meta["task"] for s in read_jsonl(tasks_file)}
@@ -237,23 +240,23 @@ def test_rows_packed_by_task_hold_one_task_in_file_order(built, tasks_file):
 def test_multi_token_answers_score_by_exact_match_after_strip(built, tasks_file, monkeypatch):
     """Scoring only (a stub generator): ``" 3 7 1 ...\\n"`` matches ``"3 7 1 ..."``; a doubled inner
     space or a cut answer does not."""
-    import omnicore.evaluate as ev
+    import omnicore.eval.scoring as scoring
     from omnicore.data.jsonl import read_jsonl
 
     model, tok, processor = built
     samples = [s for s in read_jsonl(tasks_file) if s.meta["task"] == "digit_sequence"]
     replies = {s.where: reply for s, (_, reply) in zip(samples, SEQUENCE)}
-    monkeypatch.setattr(ev, "generate_batch", lambda m, t, prompts, **k: [{"text": replies[p.where]} for p in prompts])
+    monkeypatch.setattr(scoring, "generate_batch", lambda m, t, prompts, **k: [{"text": replies[p.where]} for p in prompts])
     cfg = Config.model_validate(tiny_config_dict(str(tasks_file)))
-    summary, rows = ev.score_samples(cfg, model, tok, processor, samples, progress=False)
+    summary, rows = scoring.score_samples(cfg, model, tok, processor, samples, progress=False)
     assert [r["correct"] for r in rows] == [True, False, False]
     assert [r["expected"] for r in rows] == [a for a, _ in SEQUENCE]
     assert summary["tasks"]["digit_sequence"] == {"correct": 1, "total": 3, "accuracy": pytest.approx(1 / 3)}
 
 
 def test_short_answer_warning_names_task_and_field_only_when_too_short(built, tasks_file):
-    import omnicore.evaluate as ev
     from omnicore.data.jsonl import read_jsonl
+    from omnicore.eval.scoring import short_answer_warnings
 
     _, _, processor = built
     samples = [s for s in read_jsonl(tasks_file) if s.meta["task"] in ("digit_sequence", "image_to_text")]
@@ -262,7 +265,7 @@ def test_short_answer_warning_names_task_and_field_only_when_too_short(built, ta
     cfg = Config.model_validate(tiny_config_dict(str(tasks_file)))
     for limit, want in ((longest, []), (second, [1, longest]), (second - 1, [2, longest])):
         cfg.generate.max_new_tokens = limit
-        got = ev.short_answer_warnings(cfg, processor, samples)
+        got = short_answer_warnings(cfg, processor, samples)
         if not want:
             assert got == []
             continue
@@ -272,7 +275,7 @@ def test_short_answer_warning_names_task_and_field_only_when_too_short(built, ta
 
 
 def test_task_line_prints_accuracy_for_text_tasks_and_loss_for_all():
-    from omnicore.evaluate import task_line
+    from omnicore.eval.scoring import task_line
 
     text = {"accuracy": 0.95, "correct": 95, "total": 100, "loss": 0.12345, "loss_targets": 300, "loss_samples": 100}
     speech = {"loss": 2.31, "loss_targets": 10000, "loss_samples": 100}

@@ -115,14 +115,15 @@ def test_eval_json_rows_limit_and_batch_size(built, digits_jsonl, tmp_path, monk
     """``evaluate`` with ``--limit 7`` and batches of 3 writes one ``eval.json`` row per sample with
     the answer of one-at-a-time generation, the expected answer and whether they match; the summary
     counts them."""
-    import omnicore.evaluate as ev
+    import omnicore.eval.loading
+    from omnicore.eval.scoring import evaluate
 
     model, tok, processor = built
     d = tiny_config_dict(str(digits_jsonl / "train.jsonl"), eval=str(digits_jsonl / "eval.jsonl"), output_dir=str(tmp_path / "run"))
     d["generate"] = {"batch_size": 3, "max_new_tokens": 3}
     cfg = Config.model_validate(d)
-    monkeypatch.setattr(ev, "load_trained", lambda *a, **k: (model, tok, processor))
-    result = ev.evaluate(cfg, limit=7, progress=False)
+    monkeypatch.setattr(omnicore.eval.loading, "load_trained", lambda *a, **k: (model, tok, processor))
+    result = evaluate(cfg, limit=7, progress=False)
     saved = json.loads((tmp_path / "run" / "eval.json").read_text())
     samples = read_jsonl(digits_jsonl / "eval.jsonl")[:7]
     assert result["eval_json"] == str(tmp_path / "run" / "eval.json") and result["batch_size"] == 3
@@ -141,16 +142,17 @@ def test_eval_json_rows_limit_and_batch_size(built, digits_jsonl, tmp_path, monk
 def test_generate_cli_prompts_and_samples(built, tmp_path, monkeypatch):
     """Two prompts x two samples: four labelled answers, prompt-major, answer ``k`` drawn with seed
     ``run.seed + k``; several samples with greedy decoding are refused."""
-    import omnicore.evaluate as ev
+    import omnicore.eval.loading
+    from omnicore.eval.generate import generate_cli
 
     model, tok, processor = built
     d = tiny_config_dict("unused.jsonl", decoders=False)
     d["generate"] = {"temperature": 1.0, "max_new_tokens": 5, "batch_size": 3}
     cfg = Config.model_validate(d)
-    monkeypatch.setattr(ev, "load_trained", lambda *a, **k: (model, tok, processor))
+    monkeypatch.setattr(omnicore.eval.loading, "load_trained", lambda *a, **k: (model, tok, processor))
     texts = ["What is 2?", "Say a digit."]
     lines = list(
-        ev.generate_cli(cfg, prompts=texts, image=None, audio=None, out_dir=str(tmp_path), checkpoint=None, export=None, num_samples=2)
+        generate_cli(cfg, prompts=texts, image=None, audio=None, out_dir=str(tmp_path), checkpoint=None, export=None, num_samples=2)
     )
     from omnicore.data.jsonl import Message, Part, Sample
 
@@ -163,7 +165,7 @@ def test_generate_cli_prompts_and_samples(built, tmp_path, monkeypatch):
     greedy = cfg.model_copy(update={"generate": cfg.generate.model_copy(update={"temperature": 0.0})})
     with pytest.raises(ConfigError, match="--num-samples 2"):
         list(
-            ev.generate_cli(
+            generate_cli(
                 greedy, prompts=texts, image=None, audio=None, out_dir=str(tmp_path), checkpoint=None, export=None, num_samples=2
             )
         )
@@ -185,7 +187,7 @@ def test_cli_flags_become_config_overrides():
 def test_plain_progress_lines():
     """Outside a terminal, eval progress is training's plain-line helper counting samples: the first
     batch, then a line once 30 s have passed since the previous one, and the end."""
-    from omnicore.train.progress import PlainProgress
+    from omnicore.progress import PlainProgress
 
     now, out = [0.0], io.StringIO()
     bar = PlainProgress(100, desc="eval", count="{n}/{total} samples", stream=out, clock=lambda: now[0])

@@ -31,7 +31,7 @@ def _cfg(d: dict, source: Path, **model) -> Config:
 def stage1(digits_jsonl, tmp_path_factory):
     """Stage 1: the tiny omni model (image and audio encoders, image decoder) trained 2 steps,
     checkpointed every step and exported; returns (work folder, config dict, final weights)."""
-    from omnicore.evaluate import load_trained
+    from omnicore.eval.loading import load_trained
     from omnicore.train.loop import train
 
     work = tmp_path_factory.mktemp("stages")
@@ -104,7 +104,7 @@ def test_data_position_is_fresh(stage1):
 
 
 def test_resume_continues_stage2_not_stage1(stage1):
-    from omnicore.evaluate import load_trained
+    from omnicore.eval.loading import load_trained
     from omnicore.train.loop import train
 
     work, d, final = stage1

@@ -23,6 +23,17 @@ def test_omnicore_has_no_cycles_and_no_upward_imports():
     assert check.upward(g) == []
 
 
+def test_eval_and_train_depend_one_way():
+    """``train`` asks ``eval`` (validator, sampler); nothing under ``eval`` imports ``train``, and the
+    layers say so (eval below train), so an import back is reported as upward."""
+    g = check.graph()
+    evals = [m for m in g if m == "omnicore.eval" or m.startswith("omnicore.eval.")]
+    assert len(evals) >= 5
+    assert [(a, b) for a in evals for b in g[a] if b.startswith("omnicore.train")] == []
+    assert {"omnicore.eval.validate", "omnicore.eval.samples"} <= g["omnicore.train.loop"]
+    assert check.layer_of("omnicore.eval.heldout") < check.layer_of("omnicore.train.loop")
+
+
 def test_every_module_is_in_a_layer():
     for module in check.graph():
         check.layer_of(module)  # raises KeyError naming the module otherwise

@@ -138,13 +138,15 @@ def test_phase_logs_its_duration_and_says_when_it_is_slow(caplog):
     assert caplog.records == []  # no "done" line for a phase that raised
 
 
-def _text_run(tmp_path: Path, **train) -> Path:
+def _text_run(tmp_path: Path, eval_every: int = 0, **train) -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     rows = [{"messages": [{"role": "user", "content": f"count to {i}"}, {"role": "assistant", "content": "1 2 3"[: 1 + i % 5]}]}
             for i in range(16)]  # fmt: skip
     (tmp_path / "text.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     d = tiny_config_dict("text.jsonl", decoders=False, output_dir=str(tmp_path / "run"), **train)
     d["model"]["encoders"] = {}
+    if eval_every:
+        d["eval"] = {"every": eval_every}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(d))
     return path
@@ -185,10 +187,10 @@ def test_a_missing_eval_file_is_found_before_the_build(clean_logging, tmp_path, 
     lines = capsys.readouterr().err.splitlines()
     assert not any("building the model" in x for x in lines), lines  # stopped before the (slow) build
     assert lines[-1] == (
-        f"error: {path}: data.eval: 'held-out.jsonl' (resolved to {tmp_path / 'held-out.jsonl'}) is not a file; train.eval_every "
-        "reads it for validation: fix the path (relative to the config file's folder) or set train.eval_every: 0"
+        f"error: {path}: data.eval: 'held-out.jsonl' (resolved to {tmp_path / 'held-out.jsonl'}) is not a file; eval.every "
+        "reads it for validation: fix the path (relative to the config file's folder) or set eval.every: 0"
     )
-    cfg = load_config(path, ["--data.eval", "held-out.jsonl", "--train.eval_every", "0"])
+    cfg = load_config(path, ["--data.eval", "held-out.jsonl", "--eval.every", "0"])
     caplog.set_level(logging.WARNING, logger="omnicore")
     caplog.clear()
     check_eval_file(cfg)  # not read by training: a warning, for `omnicore eval` later

@@ -184,7 +184,7 @@ def test_adapter_export_loads_with_peft_with_the_trained_logits(trained, tmp_pat
     assert max_rel_diff(base_logits, want) > 1e-4  # the adapters matter: without them the logits differ
     assert "PeftModel.from_pretrained" in (out / "omnicore.yaml").read_text()
     # omnicore's own loader (eval, generate) puts the adapter back too
-    from omnicore.evaluate import load_trained
+    from omnicore.eval.loading import load_trained
 
     reloaded, _, _ = load_trained(trained["cfg"], export=str(out))
     assert max_rel_diff(_lm_logits(reloaded.lm, ids), want) <= 1e-5
@@ -247,7 +247,7 @@ def test_training_run_with_lora_freezes_the_foundation_and_exports_the_merged_mo
     from transformers import AutoModelForCausalLM
 
     from omnicore.config import Config
-    from omnicore.evaluate import load_trained
+    from omnicore.eval.loading import load_trained
     from omnicore.model.build import build_omni_model
     from omnicore.train.loop import train
 

@@ -121,7 +121,7 @@ def test_export_loads_with_transformers_and_matches_checkpoint(one_process_run, 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from omnicore.config import Config
-    from omnicore.evaluate import load_trained
+    from omnicore.eval.loading import load_trained
 
     run1, cfg = one_process_run
     trained, tok, _ = load_trained(Config.model_validate(cfg), checkpoint=str(run1 / "checkpoints" / f"step-{STEPS:08d}"))
@@ -139,7 +139,7 @@ def test_export_loads_with_transformers_and_matches_checkpoint(one_process_run, 
     fresh, _ = build_omni_model(Config.model_validate(cfg))
     assert not torch.allclose(fresh.lm(input_ids=ids).logits, want)
     # encoders and decoders reload from the export too, with identical weights
-    from omnicore.evaluate import model_config_from_export
+    from omnicore.eval.loading import model_config_from_export
 
     mcfg = model_config_from_export(run1 / "export")
     reloaded, _ = build_omni_model(Config.model_validate(dict(cfg, model=mcfg.model_dump())))

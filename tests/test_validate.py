@@ -1,4 +1,4 @@
-"""Validation during training (``train.eval_every``): the held-out loss equals ``omnicore eval``'s
+"""Validation during training (``eval.every``): the held-out loss equals ``omnicore eval``'s
 loss on the same checkpoint (1 and 2 processes), equals a sample-by-sample reference, leaves no
 gradient and the model in train mode, and is off by default."""
 
@@ -20,11 +20,12 @@ from omnicore.testing.distributed import run_distributed
 STEPS = 4
 
 
-def _cfg(digits_jsonl: Path, out: Path, eval_file: Path | None = None, **train) -> Config:
+def _cfg(digits_jsonl: Path, out: Path, eval_file: Path | None = None, eval_every: int = 0) -> Config:
     d = tiny_config_dict(
         str(digits_jsonl / "train.jsonl"), eval=str(eval_file or digits_jsonl / "eval.jsonl"), output_dir=str(out), max_steps=STEPS
     )
-    d["train"].update(save_every=2, **train)
+    d["train"].update(save_every=2)
+    d["eval"] = {"every": eval_every}
     cfg = Config.model_validate(d)
     cfg.source = str(out.parent / "config.yaml")
     return cfg
@@ -36,7 +37,8 @@ def _val_rows(out: Path) -> dict[int, dict]:
 
 
 def _eval_loss(cfg: Config, step: int) -> dict:
-    from omnicore.evaluate import heldout_loss_of, load_trained
+    from omnicore.eval.heldout import heldout_loss_of
+    from omnicore.eval.loading import load_trained
 
     model, _, processor = load_trained(cfg, checkpoint=str(Path(cfg.run.output_dir) / "checkpoints" / f"step-{step:08d}"))
     return heldout_loss_of(cfg, model, processor)
@@ -109,13 +111,14 @@ def test_validation_loss_equals_eval_loss_one_process(one_process, digits_jsonl)
 
 def test_eval_loss_equals_sample_by_sample_reference(one_process, val_file):
     """``omnicore eval``'s loss (packed rows, the cross-entropy kernel) against one sample at a time
-    from the whole logits; ``train.eval_max_samples`` caps both."""
-    from omnicore.evaluate import heldout_loss_of, load_trained
+    from the whole logits; ``eval.max_samples`` caps both."""
+    from omnicore.eval.heldout import heldout_loss_of
+    from omnicore.eval.loading import load_trained
 
     cfg, _ = one_process
     model, _, processor = load_trained(cfg, checkpoint=str(Path(cfg.run.output_dir) / "checkpoints" / f"step-{STEPS:08d}"))
     for cap in (None, 4):
-        c = cfg.model_copy(update={"train": cfg.train.model_copy(update={"eval_max_samples": cap})})
+        c = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"max_samples": cap})})
         got = heldout_loss_of(c, model, processor)
         ref = _reference(model, processor, val_file, cap)
         assert set(got) - {"loss_targets"} == set(ref)
@@ -124,8 +127,8 @@ def test_eval_loss_equals_sample_by_sample_reference(one_process, val_file):
 
 
 def test_validation_leaves_train_mode_and_no_gradients(one_process, val_file):
-    from omnicore.evaluate import load_trained
-    from omnicore.train.validate import heldout_loss
+    from omnicore.eval.heldout import heldout_loss
+    from omnicore.eval.loading import load_trained
 
     cfg, _ = one_process
     model, _, processor = load_trained(cfg)
@@ -143,8 +146,8 @@ def test_validation_leaves_train_mode_and_no_gradients(one_process, val_file):
 
 def test_eval_rows_shard_in_file_order_and_pack_within_budget(one_process, val_file):
     """Sample ``j`` goes to group ``j % n``; rows keep file order and stay within the budget."""
-    from omnicore.evaluate import load_trained
-    from omnicore.train.validate import eval_rows
+    from omnicore.eval.heldout import eval_rows
+    from omnicore.eval.loading import load_trained
 
     cfg, _ = one_process
     _, _, processor = load_trained(cfg)
@@ -164,7 +167,7 @@ def test_eval_every_zero_logs_no_validation_and_validation_leaves_training_alone
     from omnicore.train.loop import train
 
     cfg = _cfg(digits_jsonl, tmp_path / "run", val_file)
-    assert cfg.train.eval_every == 0
+    assert cfg.eval.every == 0
     history = train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
@@ -178,8 +181,8 @@ def test_eval_every_needs_data_eval(digits_jsonl, tmp_path):
     from omnicore.config import ConfigError, load_config
 
     path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(tiny_config_dict(str(digits_jsonl / "train.jsonl"), eval_every=2)))
-    with pytest.raises(ConfigError, match=r"cfg.yaml: train: eval_every needs data.eval"):
+    path.write_text(yaml.safe_dump({**tiny_config_dict(str(digits_jsonl / "train.jsonl")), "eval": {"every": 2}}))
+    with pytest.raises(ConfigError, match=r"cfg.yaml: eval: eval.every needs data.eval"):
         load_config(path)
 
 

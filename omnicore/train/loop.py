@@ -55,6 +55,8 @@ from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError, read_jsonl
 from omnicore.data.packing import to_device
 from omnicore.data.pipeline import DataExhausted, DataPipeline, DataResumeError, DataWorkerError, merge_states
+from omnicore.eval.samples import Sampler
+from omnicore.eval.validate import Validator
 from omnicore.logs import Phase
 from omnicore.model.trainable import apply_freeze
 from omnicore.parallel.parallelize import build_strategies, data_split, parallelize
@@ -64,9 +66,7 @@ from omnicore.train.loggers import check_loggers, start_loggers
 from omnicore.train.metrics import FlopsModel, flops_model, padding_waste, peak_memory_mib, peak_tflops
 from omnicore.train.optim import NonFiniteError, build_optimizer, clip_grad_norm_, nonfinite_message, use_implementation, warmup_cosine
 from omnicore.train.run import Run
-from omnicore.train.samples import check_generation, sample_if_due, task_accuracy
 from omnicore.train.signals import SIGNALS, GracefulStop, Interrupted, signal_flags, signal_from_flags
-from omnicore.train.validate import validate_if_due
 
 logger = logging.getLogger(__name__)
 
@@ -259,12 +259,12 @@ def _open_data(cfg: Config, registry: Registry, tokenizer: Any, rope: Any = None
 
 
 def check_eval_file(cfg: Config) -> None:
-    """``data.eval`` must exist before the build when validation reads it (``train.eval_every``), not
+    """``data.eval`` must exist before the build when validation reads it (``eval.every``), not
     only at the first validation; when training does not read it, a missing file is a warning (for
     ``omnicore eval`` later).
 
     Raises:
-        ConfigError: ``train.eval_every`` is set and the file is missing; the message names the
+        ConfigError: ``eval.every`` is set and the file is missing; the message names the
             field, the path as configured and as resolved (relative to the config file's folder).
     """
     from omnicore.config import ConfigError
@@ -275,10 +275,10 @@ def check_eval_file(cfg: Config) -> None:
     if path.is_file():
         return
     where = f"{cfg.data.eval!r}" + (f" (resolved to {path})" if str(path) != cfg.data.eval else "")
-    if cfg.train.eval_every:
+    if cfg.eval.every:
         raise ConfigError(
-            f"{cfg.source or 'config'}: data.eval: {where} is not a file; train.eval_every reads it for validation: fix the path "
-            "(relative to the config file's folder) or set train.eval_every: 0"
+            f"{cfg.source or 'config'}: data.eval: {where} is not a file; eval.every reads it for validation: fix the path "
+            "(relative to the config file's folder) or set eval.every: 0"
         )
     logger.warning("data.eval: %s is not a file; training does not read it, but `omnicore eval` will", where)
 
@@ -374,7 +374,7 @@ def _open_outputs(cfg: Config, state: ParallelState, out_dir: Path, resume: bool
             metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh metrics file
     bar = None
     if state.is_main and cfg.train.progress:  # tqdm on a terminal, plain lines in a log file
-        from omnicore.train.progress import progress_bar
+        from omnicore.progress import progress_bar
 
         bar = progress_bar(cfg.train.max_steps, start)
     return metrics_path, bar
@@ -722,6 +722,27 @@ def train(
     return run.history
 
 
+def build_validator(run: Run) -> Validator:
+    """The run's :class:`~omnicore.eval.validate.Validator` (its loggers started: rows go to them).
+
+    Raises:
+        ConfigError: as the validator does (task accuracy under sequence parallelism).
+    """
+    return Validator(run.cfg, tokenizer=run.tokenizer, processor=run.processor, state=run.state, data_rank=run.data_rank,
+                     data_size=run.data_size, replicas=run.replicas, autocast=run.autocast, log_row=run.loggers.log_metrics,
+                     log=run.log)  # fmt: skip
+
+
+def build_sampler(run: Run) -> Sampler:
+    """The run's :class:`~omnicore.eval.samples.Sampler` (its loggers started: images go to them).
+
+    Raises:
+        ConfigError, SampleError: as the sampler does (sequence parallelism, a prompt that cannot encode).
+    """
+    return Sampler(run.cfg, tokenizer=run.tokenizer, processor=run.processor, state=run.state, out_dir=run.out_dir,
+                   replicas=run.replicas, log_images=run.loggers.log_images, log=run.log)  # fmt: skip
+
+
 def _discover(cfg: Config) -> Registry:
     """:func:`registry_for`, timed: loading the plugins imports their hook modules."""
     with Phase(logger, "loading the plugins") as ph:
@@ -748,7 +769,8 @@ def _loop(run: Run) -> None:
     from omnicore.checkpoint.export import export_model
 
     cfg = run.cfg
-    check_generation(run)  # train.sample_every / eval_task_samples can run here (prompts encode; no sp)
+    # refused here, before step 1: generation under sequence parallelism, a prompt that cannot encode
+    validator, sampler = build_validator(run), build_sampler(run)
     # ---- the loop ------------------------------------------------------------------------
     out_of_data = False
     for step in range(run.start, cfg.train.max_steps):
@@ -756,13 +778,17 @@ def _loop(run: Run) -> None:
         if row is None:  # a source with on_exhausted: stop ran out on some rank
             out_of_data = True
             _out_of_data(run, step)
-            sample_if_due(run, step, final=True)  # train.sample_every: samples/final.png (every rank)
+            if sampler.due(step, final=True):  # samples/final.png (every rank)
+                sampler.run(run.model, step, final=True)
             break
         run.history.append(row)
         log_step(run, row)
-        validate_if_due(run, step + 1, task_accuracy)  # train.eval_every: held-out loss (+ accuracy), a "split": "val" row (every rank)
-        sample_if_due(run, step + 1)  # train.sample_every: samples/step-N.png, final.png at the end (every rank)
-        if not _after_step(run, step + 1):
+        done = step + 1
+        if validator.due(done):  # held-out loss (+ accuracy): a "split": "val" row (every rank)
+            validator.run(run.model, done)
+        if sampler.due(done):  # samples/step-N.png, final.png at the end (every rank)
+            sampler.run(run.model, done)
+        if not _after_step(run, done):
             break
     # ---- wrap-up: throughput summary, then export of a finished run ------------------------
     if run.bar is not None:

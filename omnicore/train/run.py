@@ -70,7 +70,7 @@ class Run:
     start: int = 0
     """Steps already done when this process began (a resumed run's checkpoint step)."""
     bar: Any = None
-    """Rank 0 with ``train.progress``: a tqdm bar, or plain lines when stderr is no terminal (:mod:`omnicore.train.progress`)."""
+    """Rank 0 with ``train.progress``: a tqdm bar, or plain lines when stderr is no terminal (:mod:`omnicore.progress`)."""
     history: list[dict[str, Any]] = field(default_factory=list)
     """The metrics rows of this process's steps, in order (what :func:`omnicore.train.loop.train` returns)."""
     skipped_steps: int = 0

@@ -1,4 +1,4 @@
-"""The held-out loss: during training (``train.eval_every``) and in ``omnicore eval``.
+"""The held-out loss: during training (``eval.every``) and in ``omnicore eval``.
 
 Definition (the training loss's, on ``data.eval``): the sum of the per-target cross-entropies over
 every target of the held-out samples (text tokens and decoder codes), divided by the global target
@@ -6,7 +6,7 @@ count; ``val_loss/text`` and ``val_loss/decoder.<m>`` divide each part's sum by 
 as ``loss/text`` and ``loss/decoder.<m>`` do in the training rows. A part without targets in the
 held-out set is left out.
 
-The samples: ``data.eval`` in file order (no shuffle), the first ``train.eval_max_samples`` when
+The samples: ``data.eval`` in file order (no shuffle), the first ``eval.max_samples`` when
 set. Sample ``j`` belongs to data group ``j % data_size`` (the data-parallel groups of
 :func:`omnicore.parallel.parallelize.data_split`; ranks of one sequence-parallel group read the same
 samples), which packs its samples in order into rows of at most ``data.max_tokens`` tokens (next
@@ -32,19 +32,13 @@ parallelism slices it), so the all-reduced sums and counts are exact global tota
 The model runs under ``torch.no_grad`` in eval mode and every submodule is put back in its previous
 mode after (a frozen part may train in eval mode); no parameter gets a gradient.
 
-The validation figures are a row of their own, handed to the run's loggers (``run.loggers``) with
-split ``val`` after the training row of the same step; in ``metrics.jsonl`` (the ``jsonl`` logger): ``{"step": N, "split": "val", "val_loss": ..., "val_loss/text": ...,
-"val_loss/decoder.image": ..., "val_targets": ..., "val_samples": ..., "val_skipped": ...,
-"val_time_s": ...}``. Training rows carry no ``split`` key. With ``train.eval_task_samples`` the
-row also holds the exact-match accuracy of generated answers, ``val_acc``, ``val_acc/<task>`` and
-``val_acc_samples`` (:func:`omnicore.train.samples.task_accuracy`); ``val_time_s`` includes it.
+During training these figures are the ``split: val`` row of :class:`omnicore.eval.validate.Validator`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +46,7 @@ from typing import Any
 
 import torch
 
+from omnicore.config import Config
 from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError, decode_line, parse_line
 from omnicore.data.packing import collate, to_device
@@ -99,7 +94,7 @@ def eval_rows(
         max_tokens: the row budget (``data.max_tokens``).
         shard, num_shards: this data group and the number of groups; sample ``j`` goes to group
             ``j % num_shards``.
-        max_samples: only the first N samples of the file (``train.eval_max_samples``).
+        max_samples: only the first N samples of the file (``eval.max_samples``).
         on_error: ``raise`` or ``skip`` (``data.on_error``); skipped samples' messages go to ``skipped``.
         by_task: pack each task's samples into rows of their own (:func:`task_of`); a row is
             yielded when full, the last row of each task at the end (in order of the tasks' first
@@ -311,56 +306,57 @@ def _forward_rows(
 
 
 def _totals(state: ParallelState, tally: _Tally, tasks: list[str], skipped: int, data_size: int) -> dict[str, Any]:
-    """All-reduce the per-part and per-task sums and counts (and the sample counts) into the result
-    row; ``tasks`` (the same list on every rank) are those to report."""
+    """All-reduce the per-part and per-task sums and counts (and the sample counts), by name in one
+    collective, into the result row; ``tasks`` (the same list on every rank) are those to report."""
     replicas = state.world_size // max(data_size, 1)  # ranks that read the same rows count their samples alike
     parts = tally.parts
-    per_task = [x for t in tasks for x in tally.tasks.get(t, [0.0, 0.0, 0.0])]
-    local = [tally.sums.get(k, 0.0) for k in parts] + [tally.counts.get(k, 0.0) for k in parts]
-    total = state.all_reduce_sums(local + [tally.samples, skipped] + per_task)
-    n = len(parts)
-    part_sums, part_counts = dict(zip(parts, total[:n])), dict(zip(parts, total[n : 2 * n]))
+    local = {f"loss_sum/{k}": tally.sums.get(k, 0.0) for k in parts}
+    local.update({f"targets/{k}": tally.counts.get(k, 0.0) for k in parts})
+    local.update(samples=float(tally.samples), skipped=float(skipped))
+    for t in tasks:
+        loss_sum, targets, samples = tally.tasks.get(t, [0.0, 0.0, 0.0])
+        local.update({f"task/{t}/loss_sum": loss_sum, f"task/{t}/targets": targets, f"task/{t}/samples": samples})
+    total = state.all_reduce_named(local)
+    part_sums = {k: total[f"loss_sum/{k}"] for k in parts}
+    part_counts = {k: total[f"targets/{k}"] for k in parts}
     n_all = sum(part_counts.values())
     out: dict[str, Any] = {"val_loss": sum(part_sums.values()) / n_all if n_all else math.nan}
     out.update({f"val_loss/{k}": part_sums[k] / part_counts[k] for k in parts if part_counts[k]})
-    out.update(val_targets=int(round(n_all)), val_samples=int(round(total[2 * n] / replicas)))
-    out["val_skipped"] = int(round(total[2 * n + 1] / replicas))
-    for i, t in enumerate(tasks):
-        loss_sum, targets, samples = total[2 * n + 2 + 3 * i : 2 * n + 5 + 3 * i]
+    out.update(val_targets=int(round(n_all)), val_samples=int(round(total["samples"] / replicas)))
+    out["val_skipped"] = int(round(total["skipped"] / replicas))
+    for t in tasks:
+        targets = total[f"task/{t}/targets"]
         if targets:
-            out[f"val_loss/task/{t}"] = loss_sum / targets
+            out[f"val_loss/task/{t}"] = total[f"task/{t}/loss_sum"] / targets
         out[f"val_targets/task/{t}"] = int(round(targets))
-        out[f"val_samples/task/{t}"] = int(round(samples / replicas))
+        out[f"val_samples/task/{t}"] = int(round(total[f"task/{t}/samples"] / replicas))
     return out
 
 
-def validate_if_due(run: Any, done: int, task_metrics: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any] | None:
-    """After step ``done`` (1-based) of a :class:`~omnicore.train.loop.Run`: every
-    ``train.eval_every`` steps and at ``train.max_steps``, the held-out loss on every rank (a
-    collective: every rank calls this after every step), handed on rank 0 to the run's loggers with
-    split ``val`` (``metrics.jsonl`` gets it with ``"split": "val"``) and logged as one line.
-    With ``train.eval_task_samples``, ``task_metrics(run)`` (every rank; the training loop passes
-    :func:`omnicore.train.samples.task_accuracy`) adds its figures (``val_acc``, ...) to the row.
-    Returns the row (with ``"split": "val"``), or None when not due."""
-    cfg = run.cfg
-    every = cfg.train.eval_every
-    if not every or not (done % every == 0 or done == cfg.train.max_steps):
-        return None
-    t0 = time.perf_counter()
-    figures = heldout_loss(
-        run.model, run.processor, cfg.resolve_path(cfg.data.eval), cfg.data.max_tokens, state=run.state,
-        data_rank=run.data_rank, data_size=run.data_size, max_samples=cfg.train.eval_max_samples,
-        on_error=cfg.data.on_error, autocast=run.autocast, device=run.state.device,
-    )  # fmt: skip
-    if task_metrics is not None and cfg.train.eval_task_samples:
-        figures.update(task_metrics(run))
-    row = {"step": done, **figures, "val_time_s": time.perf_counter() - t0}
-    if run.state.is_main:
-        run.loggers.log_metrics(done, row, "val")  # the jsonl logger writes it with "split": "val" after "step"
-        parts = ", ".join(f"{k[9:]} {v:.4f}" for k, v in figures.items() if k.startswith("val_loss/"))
-        line = f"step {done}: val_loss {figures['val_loss']:.4f} ({parts}; {figures['val_samples']} samples)"
-        if "val_acc" in figures:
-            tasks = ", ".join(f"{k[8:]} {v:.3f}" for k, v in figures.items() if k.startswith("val_acc/"))
-            line += f", accuracy {figures['val_acc']:.3f} ({tasks}; {figures['val_acc_samples']} samples)"
-        run.log(line)  # logged (above a tqdm bar on a terminal: omnicore.logs)
-    return {"step": done, "split": "val", **row}
+def heldout_loss_of(cfg: Config, model: Any, processor: ChatProcessor, *, by_task: bool = False) -> dict[str, Any]:
+    """The held-out loss of a loaded model on ``data.eval``, as validation during training computes
+    it (:func:`heldout_loss`: the same samples, ``eval.max_samples``
+    included, packing budget, autocast and normalisation), on one process; comparable with the
+    ``"split": "val"`` rows of ``metrics.jsonl``. Returns ``{"loss", "loss/text",
+    "loss/decoder.<m>"..., "loss_targets"}`` (a part without targets is left out); with
+    ``by_task`` (rows packed per task, same pass) also ``"tasks": {task: {"loss", "loss_targets",
+    "loss_samples"}}``, sorted by task: the loss per target of that task's samples alone (``"loss"``
+    left out for a task without targets).
+
+    Raises:
+        SampleError: a bad held-out sample (``FILE:LINE: ...``) when ``data.on_error`` is ``raise``.
+    """
+    device = next(model.parameters()).device
+    bf16 = cfg.train.mixed_precision == "bf16"
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    path = cfg.resolve_path(cfg.data.eval or "")
+    figures = heldout_loss(model, processor, path, cfg.data.max_tokens, max_samples=cfg.eval.max_samples,
+                           on_error=cfg.data.on_error, autocast=autocast, by_task=by_task)  # fmt: skip
+    out: dict[str, Any] = {k[4:]: v for k, v in figures.items() if k.startswith("val_loss") and not k.startswith("val_loss/task/")}
+    out["loss_targets"] = figures["val_targets"]
+    if by_task:
+        out["tasks"] = {}
+        for t in sorted(k[len("val_targets/task/") :] for k in figures if k.startswith("val_targets/task/")):
+            loss = {"loss": figures[f"val_loss/task/{t}"]} if f"val_loss/task/{t}" in figures else {}
+            out["tasks"][t] = {**loss, "loss_targets": figures[f"val_targets/task/{t}"], "loss_samples": figures[f"val_samples/task/{t}"]}
+    return out

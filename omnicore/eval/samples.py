@@ -1,8 +1,7 @@
-"""What the model generates while it trains: sample grids (``train.sample_every``) and the task
-accuracy of validation (``train.eval_task_samples``).
+"""Sample grids: what the model draws while it trains (``samples.every``), by :class:`Sampler`.
 
-**Sample grids.** Every ``train.sample_every`` steps and at the last step (also when a source with
-``on_exhausted: stop`` ends the run early), the model answers each prompt of ``train.sample_prompts``
+**Sample grids.** Every ``samples.every`` steps and at the last step (also when a source with
+``on_exhausted: stop`` ends the run early), the model answers each prompt of ``samples.prompts``
 (a user message of that text, as ``omnicore generate --prompt TEXT`` makes it) with the ``generate``
 section's ``max_new_tokens`` and sampling, prompt ``i`` drawing with seed ``run.seed + i``: the same
 answers as ``omnicore generate CONFIG --prompt P0 --prompt P1 ...`` on the same weights, and with
@@ -16,7 +15,7 @@ are named) and, at the last step, also to ``RUN_DIR/samples/final.png``; each de
 the loggers as ``log_images(step, "samples/<m>", images)``. Audio (a decoder whose ``decode`` returns
 an :class:`omnicore.data.media.Audio`) is left out of the grid and the loggers: prompt ``k``'s first
 clip of modality ``m`` is written as ``RUN_DIR/samples/step-NNNNNNNN-<m>-<k>.wav`` (and
-``final-<m>-<k>.wav`` at the last step; 16-bit PCM, :func:`omnicore.evaluate.save_decoded`). A grid
+``final-<m>-<k>.wav`` at the last step; 16-bit PCM, :func:`omnicore.eval.generate.save_decoded`). A grid
 or clip that cannot be written (a full disk) is a logged warning, never a failed run.
 
 The grid (:func:`sample_grid`): ``rows = ceil(K / 8)`` rows of ``cols = ceil(K / rows)`` cells for
@@ -32,19 +31,14 @@ it (the prompt, wrapped on words into at most two lines, cut with ``...`` when l
 
 (ten 32x32 digits: 5 x 2 cells of 96 x 96, so a 504 x 252 PNG).
 
-**Task accuracy.** With ``train.eval_task_samples K``, each validation (``train.eval_every``) also
-generates the answers of the first ``K`` samples of ``data.eval`` whose answer is text (those of
-``omnicore eval --limit K``, scored by the same code, :func:`omnicore.evaluate.score_samples`) and
-adds their exact-match accuracy to the val row: ``val_acc`` (all of them), ``val_acc/<task>`` (per
-sample ``task`` key, else ``default``) and ``val_acc_samples`` (how many were scored).
-
 **On several processes** every rank generates the same answers (same prompts, seeds and weights),
 so that every forward's collectives line up: FSDP2 (and HSDP) all-gather the root's parameters
 (embeddings, LM head, decoders: :meth:`FSDPModule.unshard`) for the time of the generation and every
 block's and encoder's parameters in its forward, as in training; expert parallelism's all-to-alls
 run on every rank alike. Only rank 0 writes files and calls the loggers. Generation does not run
 under sequence parallelism (``parallel.sp`` > 1: its attention splits each sequence over ranks),
-which :func:`check_generation` refuses before step 1.
+which building the :class:`Sampler` refuses before step 1 (as the validator refuses
+``eval.task_samples``: :func:`omnicore.eval.generate.check_no_sequence_parallelism`).
 
 The model runs under ``torch.no_grad`` in eval mode, and every submodule is put back in its
 previous mode after; generation draws from its own seeded generators, so the training that follows
@@ -53,19 +47,20 @@ previous mode after; generation draws from its own seeded generators, so the tra
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from omnicore.config import Config, ConfigError
+from omnicore.config import Config
+from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.media import Audio
-from omnicore.evaluate import answer_samples, generate_answers, save_decoded, score_samples, user_prompt
+from omnicore.eval.generate import check_no_sequence_parallelism, generate_answers, generating, save_decoded, user_prompt
+from omnicore.parallel.state import ParallelState
 
 logger = logging.getLogger(__name__)
 
@@ -146,110 +141,95 @@ def _wrap(draw: Any, font: Any, text: str, width: int) -> list[str]:
     return out
 
 
-@contextlib.contextmanager
-def generating(model: torch.nn.Module) -> Iterator[None]:
-    """Run generation on ``model`` (possibly FSDP2-sharded) inside: eval mode and ``torch.no_grad``,
-    the FSDP2 root's parameters all-gathered (a collective: every rank enters together) and
-    resharded after; every submodule's mode restored exactly on the way out."""
-    modes = [(m, m.training) for m in model.modules()]  # restored exactly: frozen parts may stay in eval mode
-    root = _fsdp_root(model)
-    model.eval()
-    try:
-        if root is not None:
-            root.unshard()  # embeddings, LM head and decoders are used outside the root's forward
-        with torch.no_grad():
-            yield
-    finally:
-        if root is not None:
-            root.reshard()
-        for m, training in modes:
-            m.training = training
-
-
-def _fsdp_root(model: torch.nn.Module) -> Any:
-    """``model`` when FSDP2 (``fully_shard``) wrapped it, else None."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch built without distributed
-        return None
-    return model if isinstance(model, FSDPModule) else None
-
-
-def check_generation(run: Any) -> None:
-    """Before step 1: generation during training (``train.sample_every``, ``train.eval_task_samples``)
-    must be able to run. Every rank raises alike.
-
-    Raises:
-        ConfigError: it is on under sequence parallelism (ranks share each sequence).
-        SampleError: a prompt of ``train.sample_prompts`` cannot be encoded (naming it).
-    """
-    t = run.cfg.train
-    if not (t.sample_every or t.eval_task_samples):
-        return
-    if run.replicas > 1:
-        raise ConfigError(
-            f"{run.cfg.source}: train.sample_every / train.eval_task_samples: generation during training does not run under sequence "
-            f"parallelism ({run.replicas} ranks share each sequence); set both to 0 and use `omnicore generate` / `omnicore eval` "
-            "on the checkpoints"
-        )
-    for i, text in enumerate(t.sample_prompts if t.sample_every else []):
-        run.processor.encode(user_prompt(text, where=f"train.sample_prompts[{i}]"), prompt_only=True)
-
-
-def draw_samples(cfg: Config, model: torch.nn.Module, tokenizer: Any, processor: Any) -> list[dict[str, Any]]:
-    """The answers to ``train.sample_prompts`` (module docstring), one ``{"text", "images",
-    "token_ids"}`` per prompt; every rank of a sharded model calls this together."""
-    where = "train.sample_prompts[{}]".format
-    encoded = [processor.encode(user_prompt(p, where=where(i)), prompt_only=True) for i, p in enumerate(cfg.train.sample_prompts)]
-    with generating(model):
-        return list(generate_answers(cfg, model, tokenizer, processor, encoded))
-
-
-def sample_cells(cfg: Config, modalities: list[str], answers: list[dict[str, Any]]) -> tuple[list[Any], list[str]]:
-    """The grid's cells from the answers: per prompt its first image (first modality in
-    ``modalities`` order that it produced; audio is not drawn) or None, and its label."""
+def sample_cells(prompts: list[str], modalities: list[str], answers: list[dict[str, Any]]) -> tuple[list[Any], list[str]]:
+    """The grid's cells from the answers to ``prompts``: per prompt its first image (first modality
+    in ``modalities`` order that it produced; audio is not drawn) or None, and its label."""
     images, labels = [], []
-    for prompt, out in zip(cfg.train.sample_prompts, answers):
+    for prompt, out in zip(prompts, answers):
         m = next((m for m in modalities if _pictures(out, m)), None)
         images.append(None if m is None else _pictures(out, m)[0])
         labels.append(prompt if m is None or len(modalities) == 1 else f"{prompt} [{m}]")
     return images, labels
 
 
-def sample_if_due(run: Any, done: int, *, final: bool = False) -> list[Path]:
-    """After step ``done`` of a :class:`~omnicore.train.loop.Run`: every ``train.sample_every`` steps,
-    at ``train.max_steps`` and when ``final`` (the run ends early), the sample grid of the module
-    docstring (a collective: every rank calls this after every step). Returns the files written
-    (rank 0; ``[]`` elsewhere or when not due)."""
-    cfg = run.cfg
-    every = cfg.train.sample_every
-    last = final or done == cfg.train.max_steps
-    if not every or done <= 0 or not (done % every == 0 or last):
-        return []
-    t0 = time.perf_counter()
-    modalities = list(run.processor.decoders)
-    answers = draw_samples(cfg, run.model, run.tokenizer, run.processor)
-    if not run.state.is_main:
-        return []
-    images, labels = sample_cells(cfg, modalities, answers)
-    folder = run.out_dir / "samples"
-    paths = [folder / f"step-{done:08d}.png"] + ([folder / "final.png"] if last else [])
-    try:
-        grid = sample_grid(images, labels)
-        folder.mkdir(parents=True, exist_ok=True)
-        for path in paths:
-            grid.save(path)
-    except OSError as exc:  # a picture is never worth a failed run
-        logger.warning("sample grid of step %d not written (%s: %s)", done, type(exc).__name__, exc)
-        paths = []
-    for m in modalities:
-        imgs = [_array(_pictures(o, m)[0]) for o in answers if _pictures(o, m)]
-        if imgs:
-            run.loggers.log_images(done, f"samples/{m}", imgs)
-    paths += _write_clips(folder, [f"step-{done:08d}"] + (["final"] if last else []), modalities, answers)
-    drawn = sum(im is not None for im in images)
-    run.log(f"step {done}: samples {drawn}/{len(images)} drawn, {time.perf_counter() - t0:.1f} s" + (f"; {paths[0]}" if paths else ""))
-    return paths
+class Sampler:
+    """The sample grids of a training run (module docstring), built once before step 1 and asked
+    after every step: ``if sampler.due(step): sampler.run(model, step)`` on every rank (generation is
+    a collective under FSDP2; only rank 0 writes files and calls ``log_images``).
+
+    Args:
+        cfg: the run's config (``samples.every``, ``samples.prompts``, ``train.max_steps``,
+            the ``generate`` section, ``run.seed``).
+        tokenizer, processor: the run's tokenizer and chat processor.
+        state: the parallel state (``is_main`` decides who writes).
+        out_dir: the run folder; grids and clips go to ``OUT_DIR/samples``.
+        replicas: ranks that read each micro-batch (> 1 under sequence parallelism).
+        log_images: the run's loggers' ``log_images(step, name, images)`` (rank 0).
+        log: status lines (``logger.info``).
+
+    Raises:
+        ConfigError: sampling is on under sequence parallelism.
+        SampleError: a prompt of ``samples.prompts`` cannot be encoded (naming it), before step 1.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        tokenizer: Any,
+        processor: ChatProcessor,
+        state: ParallelState,
+        out_dir: Path,
+        replicas: int,
+        log_images: Callable[[int, str, list[Any]], None],
+        log: Callable[..., None],
+    ) -> None:
+        self.cfg, self.tokenizer, self.processor, self.state = cfg, tokenizer, processor, state
+        self.every, self.prompts = cfg.samples.every, list(cfg.samples.prompts)
+        self.folder, self.log_images, self.log = out_dir / "samples", log_images, log
+        self.encoded: list[Encoded] = []
+        if self.every:
+            check_no_sequence_parallelism(cfg, replicas, "samples.every")
+            where = "samples.prompts[{}]".format
+            self.encoded = [processor.encode(user_prompt(p, where=where(i)), prompt_only=True) for i, p in enumerate(self.prompts)]
+
+    def due(self, step: int, *, final: bool = False) -> bool:
+        """Whether the grid is drawn after step ``step`` (1-based): every ``samples.every``
+        steps, at ``train.max_steps``, and when ``final`` (the data ran out: the run ends here)."""
+        last = final or step == self.cfg.train.max_steps
+        return bool(self.every) and step > 0 and (step % self.every == 0 or last)
+
+    def run(self, model: torch.nn.Module, step: int, *, final: bool = False) -> list[Path]:
+        """Draw the answers of the prompts with ``model`` and, on rank 0, write the grid (and at the
+        last step or when ``final``, ``final.png``), the audio clips, and hand the images to the
+        loggers; every rank calls this together. Returns the files written (rank 0; ``[]``
+        elsewhere)."""
+        t0 = time.perf_counter()
+        last = final or step == self.cfg.train.max_steps
+        modalities = list(self.processor.decoders)
+        with generating(model):
+            answers = list(generate_answers(self.cfg, model, self.tokenizer, self.processor, self.encoded))
+        if not self.state.is_main:
+            return []
+        images, labels = sample_cells(self.prompts, modalities, answers)
+        paths = [self.folder / f"step-{step:08d}.png"] + ([self.folder / "final.png"] if last else [])
+        try:
+            grid = sample_grid(images, labels)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            for path in paths:
+                grid.save(path)
+        except OSError as exc:  # a picture is never worth a failed run
+            logger.warning("sample grid of step %d not written (%s: %s)", step, type(exc).__name__, exc)
+            paths = []
+        for m in modalities:
+            imgs = [_array(_pictures(o, m)[0]) for o in answers if _pictures(o, m)]
+            if imgs:
+                self.log_images(step, f"samples/{m}", imgs)
+        paths += _write_clips(self.folder, [f"step-{step:08d}"] + (["final"] if last else []), modalities, answers)
+        drawn = sum(im is not None for im in images)
+        took = time.perf_counter() - t0
+        self.log(f"step {step}: samples {drawn}/{len(images)} drawn, {took:.1f} s" + (f"; {paths[0]}" if paths else ""))
+        return paths
 
 
 def _pictures(out: dict[str, Any], m: str) -> list[Any]:
@@ -278,18 +258,3 @@ def _array(image: Any) -> Any:
     import numpy as np
 
     return np.asarray(image.convert("RGB"), dtype=np.uint8)
-
-
-def task_accuracy(run: Any) -> dict[str, Any]:
-    """The task figures of a validation row (module docstring): ``val_acc``, ``val_acc/<task>``,
-    ``val_acc_samples``; every rank of a sharded model calls this together and gets the same."""
-    cfg = run.cfg
-    samples = answer_samples(cfg, cfg.train.eval_task_samples)
-    if not samples:
-        return {"val_acc_samples": 0}
-    with generating(run.model):
-        summary, _ = score_samples(cfg, run.model, run.tokenizer, run.processor, samples, progress=False)
-    out: dict[str, Any] = {"val_acc": summary["accuracy"]}
-    out.update({f"val_acc/{task}": t["accuracy"] for task, t in sorted(summary["tasks"].items())})
-    out["val_acc_samples"] = summary["total"]
-    return out

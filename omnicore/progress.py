@@ -1,10 +1,11 @@
-"""Training progress on rank 0: a tqdm bar on a terminal, plain lines in a log file.
+"""Progress on rank 0 (training steps, evaluated samples): a tqdm bar on a terminal, plain lines in a
+log file.
 
 tqdm redraws its bar with carriage returns; written to a file (``omnicore train ... 2> log``, a batch
 job's output) that becomes one line of hundreds of thousands of characters. When stderr is not a
 terminal, :class:`PlainProgress` logs one ordinary line instead at the first step, at the last,
-and whenever :data:`PLAIN_EVERY_S` seconds have passed since the previous line. ``omnicore eval``
-uses the same helper for its samples.
+and whenever :data:`PLAIN_EVERY_S` seconds have passed since the previous line. Training counts
+steps; ``omnicore eval`` counts samples.
 """
 
 from __future__ import annotations

@@ -1,0 +1,88 @@
+"""Loading a trained model for ``omnicore eval`` and ``omnicore generate``: from an export or a DCP
+checkpoint, on ``run.device`` (:func:`eval_device`)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnicore.config import Config, ModelConfig
+from omnicore.data.chat import ChatProcessor
+from omnicore.logs import Phase
+
+logger = logging.getLogger(__name__)
+
+
+def model_config_from_export(export_dir: str | Path) -> ModelConfig:
+    """The ``model:`` section written by an export, with its relative checkpoint paths made absolute."""
+    import yaml
+
+    export_dir = Path(export_dir).resolve()  # absolute: component paths must not depend on the config's folder
+    path = export_dir / "omnicore.yaml"
+    if not path.is_file():
+        from omnicore.checkpoint.dcp import CheckpointError
+
+        raise CheckpointError(f"{export_dir} is not an omnicore export (no omnicore.yaml)")
+    section = yaml.safe_load(path.read_text())["model"]
+    section["foundation"]["options"]["checkpoint"] = str(export_dir / section["foundation"]["options"]["checkpoint"])
+    for kind in ("encoders", "decoders"):
+        for comp in section.get(kind, {}).values():
+            comp["options"]["checkpoint"] = str(export_dir / comp["options"]["checkpoint"])
+    return ModelConfig.model_validate(section)
+
+
+def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None = None) -> tuple[Any, Any, ChatProcessor]:
+    """``(model, tokenizer, processor)`` in eval mode on CPU, from an export or a DCP checkpoint.
+
+    Without either argument, the latest checkpoint under ``run.output_dir`` is used.
+
+    Raises:
+        CheckpointError: if there is no such checkpoint or export.
+    """
+    from omnicore.checkpoint.dcp import latest_checkpoint, load_checkpoint
+    from omnicore.model.build import build_omni_model
+    from omnicore.model.lora import apply_lora, load_lora_adapter
+    from omnicore.parallel.state import ParallelState
+
+    if export is not None:
+        cfg = cfg.model_copy(update={"model": model_config_from_export(export)})
+        model, tokenizer = build_omni_model(cfg)
+        if (Path(export) / "foundation_lora").is_dir():  # model.lora.export: adapter
+            load_lora_adapter(model.lm, Path(export) / "foundation_lora")
+    else:
+        model, tokenizer = build_omni_model(cfg)
+        apply_lora(model, cfg.model.lora)  # a LoRA run's checkpoint holds the adapter layers
+        folder = Path(checkpoint) if checkpoint else latest_checkpoint(Path(cfg.run.output_dir) / "checkpoints")
+        load_checkpoint(folder, model, None, None, ParallelState(0, 1, 0, torch.device("cpu")))
+    model.eval()
+    processor = ChatProcessor.for_model(tokenizer, model, cfg.data)
+    return model, tokenizer, processor
+
+
+def load_on_device(cfg: Config, checkpoint: str | None, export: str | None) -> tuple[Any, Any, ChatProcessor]:
+    """:func:`load_trained`, then the model on :func:`eval_device`; one timed log line."""
+    with Phase(logger, "loading the trained model") as ph:
+        model, tokenizer, processor = load_trained(cfg, checkpoint, export)
+        device = eval_device(cfg)
+        model.to(device)
+        n = sum(p.numel() for p in model.parameters())
+        ph.detail = f"{n / 1e6:.2f} M parameters from {export or checkpoint or 'the latest checkpoint'}, on {device}"
+    return model, tokenizer, processor
+
+
+def eval_device(cfg: Config) -> torch.device:
+    """Where ``omnicore eval`` and ``generate`` run: ``run.device`` (``auto``: the GPU when torch
+    sees one, else the CPU).
+
+    Raises:
+        ConfigError: ``run.device: cuda`` on a machine where ``torch.cuda.is_available()`` is False.
+    """
+    from omnicore.config import ConfigError
+
+    want = cfg.run.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{cfg.source}: run.device: cuda, but torch sees no CUDA device here; use auto or cpu")
+    return torch.device("cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu")

@@ -1,0 +1,113 @@
+"""Validation during training: the held-out loss every ``eval.every`` steps, and the task accuracy
+of generated answers (``eval.task_samples``).
+
+:class:`Validator` is built once before step 1 from the config and the run's parts; the training
+loop asks it after every step: ``if validator.due(step): validator.run(model, step)``, on every rank
+(the held-out loss and generation are collectives).
+
+The figures (:func:`omnicore.eval.heldout.heldout_loss`, :func:`omnicore.eval.scoring.task_accuracy`)
+are a row of their own, handed to the run's loggers with split ``val`` after the training row of the
+same step; in ``metrics.jsonl`` (the ``jsonl`` logger): ``{"step": N, "split": "val", "val_loss":
+..., "val_loss/text": ..., "val_loss/decoder.image": ..., "val_targets": ..., "val_samples": ...,
+"val_skipped": ..., "val_time_s": ...}``. Training rows carry no ``split`` key. With
+``eval.task_samples K`` the row also holds the exact-match accuracy of the generated answers of
+the first ``K`` samples of ``data.eval`` with a text answer (those of ``omnicore eval --limit K``,
+scored by the same code): ``val_acc``, ``val_acc/<task>`` (per sample ``task`` key, else
+``default``) and ``val_acc_samples`` (how many were scored); ``val_time_s`` includes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from omnicore.config import Config
+from omnicore.data.chat import ChatProcessor
+from omnicore.eval.generate import check_no_sequence_parallelism
+from omnicore.eval.heldout import heldout_loss
+from omnicore.eval.scoring import task_accuracy
+from omnicore.parallel.state import ParallelState
+
+
+class Validator:
+    """The validation of a training run (module docstring).
+
+    Args:
+        cfg: the run's config (the ``eval`` section, ``train.max_steps``, ``data.eval``,
+            ``data.max_tokens``, ``data.on_error``; the ``generate`` section for the task accuracy).
+        tokenizer, processor: the run's tokenizer and chat processor.
+        state: the parallel state; every rank of it runs :meth:`run` together.
+        data_rank, data_size: this rank's data group and the number of groups (training's split,
+            :func:`omnicore.parallel.parallelize.data_split`).
+        replicas: ranks that read each micro-batch (> 1 under sequence parallelism).
+        autocast: the forward's autocast context factory (training's).
+        log_row: the run's loggers' ``log_metrics(step, row, split)`` (rank 0).
+        log: status lines (``logger.info``).
+
+    Raises:
+        ConfigError: ``eval.task_samples`` under sequence parallelism (generation cannot run).
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        tokenizer: Any,
+        processor: ChatProcessor,
+        state: ParallelState,
+        data_rank: int,
+        data_size: int,
+        replicas: int,
+        autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+        log_row: Callable[[int, dict[str, Any], str], None],
+        log: Callable[..., None],
+    ) -> None:
+        self.cfg, self.tokenizer, self.processor, self.state = cfg, tokenizer, processor, state
+        self.data_rank, self.data_size, self.autocast = data_rank, data_size, autocast
+        self.log_row, self.log = log_row, log
+        self.every, self.task_samples = cfg.eval.every, cfg.eval.task_samples
+        if self.every and self.task_samples:
+            check_no_sequence_parallelism(cfg, replicas, "eval.task_samples")
+
+    def due(self, step: int) -> bool:
+        """Whether validation runs after step ``step`` (1-based): every ``eval.every`` steps and
+        at ``train.max_steps``; never when ``eval.every`` is 0."""
+        return bool(self.every) and (step % self.every == 0 or step == self.cfg.train.max_steps)
+
+    def run(self, model: torch.nn.Module, step: int) -> dict[str, Any]:
+        """The held-out loss of ``model`` (and the task accuracy, when asked) after step ``step``,
+        the same on every rank; on rank 0 handed to the loggers with split ``val`` and logged as one
+        line. Every rank calls this together. Returns the row, with ``"split": "val"``.
+
+        Raises:
+            SampleError: a bad held-out sample under ``data.on_error: raise``, on every rank together.
+        """
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        figures = heldout_loss(
+            model, self.processor, cfg.resolve_path(cfg.data.eval or ""), cfg.data.max_tokens, state=self.state,
+            data_rank=self.data_rank, data_size=self.data_size, max_samples=cfg.eval.max_samples,
+            on_error=cfg.data.on_error, autocast=self.autocast, device=self.state.device,
+        )  # fmt: skip
+        if self.task_samples:
+            figures.update(task_accuracy(cfg, model, self.tokenizer, self.processor, self.task_samples))
+        row = {"step": step, **figures, "val_time_s": time.perf_counter() - t0}
+        if self.state.is_main:
+            self.log_row(step, row, "val")  # the jsonl logger writes it with "split": "val" after "step"
+            self.log(val_line(step, figures))  # logged (above a tqdm bar on a terminal: omnicore.logs)
+        return {"step": step, "split": "val", **row}
+
+
+def val_line(step: int, figures: dict[str, Any]) -> str:
+    """The log line of a validation, e.g. ``step 20: val_loss 1.2345 (text 1.1000, decoder.image
+    1.5000; 16 samples), accuracy 0.500 (constant 1.000, image_to_text 0.250; 10 samples)``."""
+    parts = ", ".join(f"{k[9:]} {v:.4f}" for k, v in figures.items() if k.startswith("val_loss/"))
+    line = f"step {step}: val_loss {figures['val_loss']:.4f} ({parts}; {figures['val_samples']} samples)"
+    if "val_acc" in figures:
+        tasks = ", ".join(f"{k[8:]} {v:.3f}" for k, v in figures.items() if k.startswith("val_acc/"))
+        line += f", accuracy {figures['val_acc']:.3f} ({tasks}; {figures['val_acc_samples']} samples)"
+    return line
