@@ -299,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train omni-modal models from plugins.",
         epilog="Each subcommand has its own help and example: omnicore SUBCOMMAND --help",
     )
+    from omnicore import CORE_API_VERSION, __version__  # the package itself: torch-free
+
+    p.add_argument("--version", action="version", version=f"omnicore {__version__} (core API {CORE_API_VERSION})")
     sub = p.add_subparsers(dest="command", required=True)
     _add_plugins(sub)
     sp = _subparser(sub, "train", "train from a YAML config", config=True)

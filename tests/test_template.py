@@ -75,7 +75,7 @@ def test_generated_files(generated):
     enc = dirs[0]
     pyproject = (enc / "pyproject.toml").read_text()
     assert '[project.entry-points.omnicore]\npatchconv = "omnicore_encoder_patchconv.plugin"' in pyproject
-    assert "omnicore-api >=1.2,<2" in pyproject
+    assert 'keywords = ["omnicore-api >=2.0,<3"]' in pyproject and 'dependencies = ["omnicore>=0.1,<0.2"]' in pyproject
     names = {
         p.relative_to(enc).as_posix() for p in enc.rglob("*") if p.is_file() and "egg-info" not in p.as_posix() and "build" not in p.parts
     }
@@ -95,7 +95,7 @@ def test_generated_files(generated):
     assert not (enc / "omnicore_encoder_patchconv" / "decoder.py").exists()
     assert (dirs[5] / "omnicore_kernel_tiny_kernel" / "kernel.py").is_file()
     assert (dirs[6] / "omnicore_logger_csvlog" / "logger.py").is_file()
-    assert "omnicore-api >=1.3,<2" in (dirs[6] / "pyproject.toml").read_text()  # loggers: core API 1.3
+    assert 'keywords = ["omnicore-api >=2.0,<3"]' in (dirs[6] / "pyproject.toml").read_text()  # one range for every kind
     assert "class TestPatchconvContract(EncoderContract):" in (enc / "tests" / "test_contract.py").read_text()
 
 
