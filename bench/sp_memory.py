@@ -119,6 +119,7 @@ def rank_trial(layout: str, length: int, samples: int, attention: str) -> dict:
     import torch
     import torch.distributed as dist
 
+    from omnicore.data.packing import MicroBatch
     from omnicore.model.build import build_omni_model
     from omnicore.parallel.parallelize import build_strategies, parallelize
     from omnicore.parallel.state import init_parallel_state
@@ -140,19 +141,13 @@ def rank_trial(layout: str, length: int, samples: int, attention: str) -> dict:
     for a, b in zip(bounds, bounds[1:]):
         labels[a : b - 1] = ids[a + 1 : b]
         pos.append(torch.arange(b - a))
-    batch = {
-        "input_ids": ids[None],
-        "labels": labels[None],
-        "position_ids": torch.cat(pos)[None],
-        "encoder_inputs": {},
-        "decoder_inputs": {},
-    }
+    batch = MicroBatch(ids[None], labels[None], torch.cat(pos)[None])
     n_targets = int((labels != -100).sum())
     gc.collect()
     dist.barrier()
     base = _rss_mib()
     t0 = time.perf_counter()
-    out = model(**batch)
+    out = model(batch)
     (out.loss_sum / n_targets).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)

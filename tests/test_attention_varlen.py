@@ -4,6 +4,7 @@ real digits model, and no ``[T, T]`` tensor anywhere in a packed forward."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -243,7 +244,7 @@ def test_packed_logits_and_grads_equal_sdpa_on_the_digits_model(digits_jsonl):
         assert len(tasks) == 3
         mb = collate(encs, proc.encoders, proc.decoders)
         assert len(mb.cu_seqlens) - 1 == len(encs)
-        out = model(**vars(mb), return_logits=True)
+        out = model(mb, return_logits=True)
         out.loss_sum.backward()
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
         results[attention] = (out.logits.detach(), out.loss_sum.detach(), grads)
@@ -318,7 +319,7 @@ def test_cu_seqlens_flow_from_collate_to_the_kernel(monkeypatch, digits_jsonl):
     assert mb.cu_seqlens.tolist() == [0, *torch.tensor([len(e) for e in encs]).cumsum(0).tolist()]
     assert mb.max_seqlen == max(len(e) for e in encs)
     with torch.no_grad():
-        fallback = model(**{**vars(mb), "cu_seqlens": None, "max_seqlen": None}).loss_sum  # recomputed once in forward
+        fallback = model(dataclasses.replace(mb, cu_seqlens=None, max_seqlen=None)).loss_sum  # recomputed once in forward
         real = attention_varlen.cu_seqlens_from_position_ids
 
         def fail(*a, **k):
@@ -326,11 +327,11 @@ def test_cu_seqlens_flow_from_collate_to_the_kernel(monkeypatch, digits_jsonl):
 
         monkeypatch.setattr(attention_varlen, "cu_seqlens_from_position_ids", fail)
         attention_varlen._cache.clear()
-        passed = model(**vars(mb)).loss_sum
+        passed = model(mb).loss_sum
         torch.testing.assert_close(passed, fallback, rtol=1e-6, atol=0)
         # one sample of the whole row: attention crosses samples, so the loss must differ
         whole = torch.tensor([0, mb.num_tokens], dtype=torch.int32)
         attention_varlen._cache.clear()
-        crossed = model(**{**vars(mb), "cu_seqlens": whole, "max_seqlen": mb.num_tokens}).loss_sum
+        crossed = model(dataclasses.replace(mb, cu_seqlens=whole, max_seqlen=mb.num_tokens)).loss_sum
     monkeypatch.setattr(attention_varlen, "cu_seqlens_from_position_ids", real)
     assert abs(float(crossed) - float(passed)) > 100 * 1e-6 * abs(float(passed))  # far beyond the rounding allowed above

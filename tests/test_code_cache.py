@@ -49,7 +49,7 @@ class _CountEncode:
 
 def _loss(model, mb):
     with torch.no_grad():
-        out = model(**vars(mb))
+        out = model(mb)
     return float(out.loss_sum), {m: float(v) for m, v in out.decoder_loss_sums.items()}
 
 

@@ -168,7 +168,7 @@ def _task_reference(model, processor, path: Path) -> dict[str, tuple[float, int,
     with torch.no_grad():
         for s in read_jsonl(path):
             mb = collate([processor.encode(s)], processor.encoders, processor.decoders)
-            out = model(**vars(mb), return_logits=True)
+            out = model(mb, return_logits=True)
             labels = mb.labels.view(-1)
             total = float(torch.nn.functional.cross_entropy(out.logits.view(-1, out.logits.shape[-1]), labels, reduction="sum"))
             count = int((labels != IGNORE_INDEX).sum())

@@ -24,6 +24,7 @@ import time
 import pytest
 import torch
 
+from omnicore.data.packing import MicroBatch
 from omnicore.testing.distributed import max_rel_diff, run_distributed
 
 B, L = 4, 8  # global batch: rows x tokens
@@ -103,7 +104,7 @@ def omni_loss(model, rows: torch.Tensor, n_global: int) -> torch.Tensor:
     labels = torch.full_like(rows, -100)
     labels[:, :-1] = rows[:, 1:]
     pos = torch.arange(L).repeat(rows.shape[0]).view(1, -1)
-    return model(rows.reshape(1, -1), labels.reshape(1, -1), pos).loss_sum / n_global
+    return model(MicroBatch(rows.reshape(1, -1), labels.reshape(1, -1), pos)).loss_sum / n_global
 
 
 def reference(packed: bool = False) -> dict:

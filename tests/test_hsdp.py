@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import TINY_LM
 
+from omnicore.data.packing import MicroBatch
 from omnicore.testing.distributed import max_rel_diff, run_distributed
 
 pytestmark = pytest.mark.multiprocess
@@ -86,7 +87,7 @@ def train_steps(parallel: dict, train: dict | None = None) -> dict:
         loss_sum = 0.0
         for b in mine:
             with autocast():
-                out = model(**b)
+                out = model(MicroBatch(**b))
             (out.loss_sum * state.world_size / n_global).backward()
             loss_sum += float(out.loss_sum.detach())
         losses.append(state.all_reduce_sum(loss_sum) / n_global)

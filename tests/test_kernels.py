@@ -19,6 +19,7 @@ import yaml
 from conftest import tiny_config_dict
 
 from omnicore.config import Config, ConfigError, load_config
+from omnicore.data.packing import MicroBatch
 from omnicore.kernels.cross_entropy import ChunkedCrossEntropy, TorchCrossEntropy
 from omnicore.kernels.rmsnorm import TorchRMSNorm, rms_norm_modules
 from omnicore.model.build import build_kernels
@@ -157,11 +158,11 @@ def test_omni_model_default_loss_is_bit_identical_to_before():
     model = _omni()
     ids, labels, pos = _omni_batch()
     with torch.no_grad():
-        out = model(ids, labels, pos)
+        out = model(MicroBatch(ids, labels, pos))
         hidden = model.lm.base_model(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
         logits = model.lm.get_output_embeddings()(hidden).float()
         before = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100, reduction="sum")
-        with_logits = model(ids, labels, pos, return_logits=True)
+        with_logits = model(MicroBatch(ids, labels, pos), return_logits=True)
     assert out.logits is None and with_logits.logits is not None and with_logits.logits.shape == (1, 23, 64)
     assert torch.equal(out.text_loss_sum, before) and torch.equal(with_logits.text_loss_sum, before)
 
@@ -176,7 +177,7 @@ def test_omni_model_chunked_matches_default_with_tied_embeddings(tied):
     ids, labels, pos = _omni_batch()
     outs = []
     for m in (base, chunked):
-        out = m(ids, labels, pos)
+        out = m(MicroBatch(ids, labels, pos))
         out.loss_sum.backward()
         outs.append((out.loss_sum.detach(), {n: p.grad for n, p in m.named_parameters()}))
     assert _rel(outs[1][0], outs[0][0]) <= 1e-6

@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import TINY_LM
 
+from omnicore.data.packing import MicroBatch
 from omnicore.testing.distributed import max_rel_diff, run_distributed
 
 MICRO = 2  # micro-batches per optimizer step (global)
@@ -81,7 +82,7 @@ def train_lora(parallel: dict, keep_model: bool = False, export_dir: str | None 
         n_global = state.all_reduce_sum(sum(int((b["labels"] != -100).sum()) for b in mine), dim="dp")
         loss_sum = 0.0
         for b in mine:
-            out = model(**b)
+            out = model(MicroBatch(**b))
             (out.loss_sum * state.world_size / n_global).backward()
             loss_sum += float(out.loss_sum.detach())
         losses.append(state.all_reduce_sum(loss_sum) / n_global)

@@ -57,7 +57,7 @@ def _mb(proc, encs):
 
 
 def _fwd(model, mb, **kw):
-    return model(**vars(mb), **kw)
+    return model(mb, **kw)
 
 
 # ---- packing isolation -----------------------------------------------------------------------

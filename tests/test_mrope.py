@@ -4,6 +4,7 @@ prompt at a time, and a checkpoint round trip of the text-only foundation."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ import pytest
 import torch
 from conftest import TINY_SIGLIP, tiny_config_dict
 
+from omnicore.data.packing import MicroBatch
 from omnicore.data.positions import RopeLayout, mrope_positions, next_position, rope_layout
 
 MROPE_LM = {
@@ -161,11 +163,11 @@ def test_packed_samples_give_the_logits_of_each_sample_alone(digits_jsonl, atten
     cu, _ = cu_seqlens_from_position_ids(mb.position_ids)
     assert cu.tolist() == mb.cu_seqlens.tolist() and len(cu) == len(samples) + 1
     with torch.no_grad():
-        packed = model(**vars(mb), return_logits=True).logits[0]
-        text_layout = model(**{**vars(mb), "rope_position_ids": None}, return_logits=True).logits[0]
+        packed = model(mb, return_logits=True).logits[0]
+        text_layout = model(dataclasses.replace(mb, rope_position_ids=None), return_logits=True).logits[0]
         at = 0
         for s in samples:
-            alone = model(**vars(collate([s], proc.encoders, proc.decoders)), return_logits=True).logits[0]
+            alone = model(collate([s], proc.encoders, proc.decoders), return_logits=True).logits[0]
             torch.testing.assert_close(packed[at : at + len(s)], alone, atol=1e-5, rtol=0)
             at += len(s)
     assert (packed - text_layout).abs().max() > 1e-3
@@ -200,7 +202,7 @@ def test_batched_generation_equals_one_at_a_time(digits_jsonl):
         ids = p.input_ids + gen[:-1]
         full = Encoded(ids, [-100] * len(ids), p.media, 0, p.where, rows)
         with torch.no_grad():
-            logits = model(**vars(collate([full], proc.encoders, {})), return_logits=True).logits[0]
+            logits = model(collate([full], proc.encoders, {}), return_logits=True).logits[0]
         assert logits[len(p) - 1 :].argmax(-1).tolist() == gen
 
 
@@ -272,9 +274,9 @@ def test_sequence_hook_must_pass_rope_positions_on():
     layout = rope_layout(lm.config)
     ids = torch.randint(0, 300, (1, 30), generator=torch.Generator().manual_seed(0))
     rope = torch.tensor(mrope_positions(30, [(3, (2, 2, 3))], layout)).unsqueeze(1)
-    batch = {"input_ids": ids, "labels": torch.full_like(ids, -100), "position_ids": torch.arange(30)[None], "rope_position_ids": rope}
+    batch = MicroBatch(ids, torch.full_like(ids, -100), torch.arange(30)[None], rope_position_ids=rope)
     with torch.no_grad():
-        whole = model(**batch, return_logits=True).logits[0]
+        whole = model(batch, return_logits=True).logits[0]
 
     def cut(seq, keys):
         return {**seq, **{k: seq[k][..., :16] for k in keys}, "inputs_embeds": seq["inputs_embeds"][:, :16]}
@@ -289,9 +291,9 @@ def test_sequence_hook_must_pass_rope_positions_on():
             ValueError,
             match=r"rope_position_ids .* do not match position_ids \(1, (30|16)\): an mRoPE foundation needs every sequence hook",
         ):
-            model(**batch)
+            model(batch)
         handle.remove()
     model.register_sequence_hook(lambda m, seq: cut(seq, ["position_ids", "labels", "rope_position_ids"]))
     with torch.no_grad():
-        part = model(**batch, return_logits=True).logits[0]
+        part = model(batch, return_logits=True).logits[0]
     torch.testing.assert_close(part, whole[:16], atol=1e-5, rtol=0)  # causal: the first 16 see only themselves

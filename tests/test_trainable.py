@@ -33,6 +33,7 @@ import yaml
 from conftest import TINY_LM
 
 from omnicore.config import Config, ConfigError, load_config
+from omnicore.data.packing import MicroBatch
 from omnicore.model.trainable import apply_freeze, lr_factors, match_depth
 from omnicore.testing.distributed import max_rel_diff, run_distributed
 
@@ -263,7 +264,7 @@ def _step(model, opt, sched, state, batches: list[dict[str, torch.Tensor]]) -> f
     n_global = state.all_reduce_sum(sum(int((b["labels"] != -100).sum()) for b in mine), dim="dp")
     loss_sum = 0.0
     for b in mine:
-        out = model(**b)
+        out = model(MicroBatch(**b))
         (out.loss_sum * state.world_size / n_global).backward()
         loss_sum += float(out.loss_sum.detach())
     opt.step()

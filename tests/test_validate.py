@@ -53,7 +53,7 @@ def _reference(model, processor, path: Path, max_samples: int | None = None) -> 
     with torch.no_grad():
         for s in read_jsonl(path)[:max_samples]:
             mb = collate([processor.encode(s)], processor.encoders, processor.decoders)
-            out = model(**vars(mb), return_logits=True)
+            out = model(mb, return_logits=True)
             labels = mb.labels.view(-1)
             ce = torch.nn.functional.cross_entropy(out.logits.view(-1, out.logits.shape[-1]), labels, reduction="sum")
             sums["text"] += float(ce)

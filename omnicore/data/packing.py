@@ -15,6 +15,7 @@ with ``grad_accum = G`` sees exactly the batches that ``G`` processes see togeth
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 from collections.abc import Iterator
@@ -29,11 +30,14 @@ class PackingError(ValueError):
 
 
 def map_tensors(obj: Any, fn: Any) -> Any:
-    """``obj`` with ``fn(t)`` in place of every tensor ``t`` in it: a tensor, or dicts and lists of
-    them nested any depth (a :class:`MicroBatch`'s ``vars()``, its ``encoder_inputs``); other values
-    (``decoder_keys``' tuples, ``wheres``) as they are."""
+    """``obj`` with ``fn(t)`` in place of every tensor ``t`` in it: a tensor, or dataclass instances
+    (a :class:`MicroBatch`: a new one, the original untouched), dicts and lists of them nested any
+    depth (a micro-batch's ``encoder_inputs``); other values (``decoder_keys``' tuples, ``wheres``)
+    as they are."""
     if hasattr(obj, "to") and hasattr(obj, "device"):  # a torch.Tensor, without importing torch here
         return fn(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj) if f.init})
     if isinstance(obj, dict):
         return {k: map_tensors(v, fn) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -151,31 +155,39 @@ PACKING_METHODS = ("first_fit", "ffd")
 
 @dataclass
 class MicroBatch:
-    """One packed row, ready for :class:`omnicore.model.omni.OmniModel`.
+    """One packed row, what :meth:`omnicore.model.omni.OmniModel.forward` takes (``model(mb)``).
 
-    Tensors: ``input_ids``, ``labels``, ``position_ids``: LongTensor ``[1, T]``; ``cu_seqlens``:
-    int32 ``[num_samples + 1]`` (the samples' boundaries, FlashAttention's varlen convention) and
-    ``max_seqlen`` (int, the longest sample): built here once and handed by the model to the
-    attention kernels. ``encoder_inputs`` / ``decoder_inputs``: modality -> collated
-    features of the media in this row, in order of appearance. ``n_targets``: text + code targets.
-    ``rope_position_ids``: LongTensor ``[3, 1, T]``, the samples' own multi-dimensional rotary
-    positions (:mod:`omnicore.data.positions`), each restarting at 0, for an mRoPE foundation; None
-    otherwise. ``position_ids`` stays the 1-D restarting row either way (sample boundaries).
-    ``decoder_keys``: modality -> ``(digest, num_codes)`` per decoder target, in the order of
-    ``decoder_inputs`` (:func:`features_digest`, None for a target it cannot hash; the model's
-    :class:`~omnicore.model.code_cache.CodeCache` reuses the codes of a target it has seen); empty
-    unless ``collate(..., decoder_keys=True)``.
+    :func:`collate` fills every field. A hand-built row (tests, benchmarks) needs only the first
+    three; the model computes ``cu_seqlens`` and ``max_seqlen`` from ``position_ids`` when they are
+    None.
+
+    Tensors: ``input_ids``, ``labels``, ``position_ids``: LongTensor ``[1, T]``; ``labels`` already
+    shifted (``labels[i]`` is the target at position ``i``), ``-100`` where not trained;
+    ``position_ids`` restart at 0 at each sample. ``cu_seqlens``: int32 ``[num_samples + 1]`` (the
+    samples' boundaries, FlashAttention's varlen convention) and ``max_seqlen`` (int, the longest
+    sample): built here once and handed by the model to the attention kernels.
+    ``encoder_inputs`` / ``decoder_inputs``: modality -> collated features of the media in this
+    row, in order of appearance. ``n_targets``: text + code targets, which the training loop
+    all-reduces before the forward to scale the loss (the model counts its own targets and does not
+    read it; None in a hand-built row). ``wheres``: ``FILE:LINE`` of the packed samples, for error
+    messages. ``rope_position_ids``: LongTensor ``[3, 1, T]``, the samples' own multi-dimensional
+    rotary positions (:mod:`omnicore.data.positions`), each restarting at 0, for an mRoPE
+    foundation; None otherwise. ``position_ids`` stays the 1-D restarting row either way (sample
+    boundaries). ``decoder_keys``: modality -> ``(digest, num_codes)`` per decoder target, in the
+    order of ``decoder_inputs`` (:func:`features_digest`, None for a target it cannot hash; the
+    model's :class:`~omnicore.model.code_cache.CodeCache` reuses the codes of a target it has seen);
+    empty unless ``collate(..., decoder_keys=True)``.
     """
 
     input_ids: Any
     labels: Any
     position_ids: Any
-    cu_seqlens: Any
-    max_seqlen: int
-    encoder_inputs: dict[str, Any]
-    decoder_inputs: dict[str, Any]
-    n_targets: int
-    wheres: list[str]
+    cu_seqlens: Any = None
+    max_seqlen: int | None = None
+    encoder_inputs: dict[str, Any] = field(default_factory=dict)
+    decoder_inputs: dict[str, Any] = field(default_factory=dict)
+    n_targets: int | None = None
+    wheres: list[str] = field(default_factory=list)
     rope_position_ids: Any = None
     decoder_keys: dict[str, list[tuple[str | None, int]]] = field(default_factory=dict)
 

@@ -300,7 +300,7 @@ def _forward_rows(
         task, row = item
         mb = collate(row, processor.encoders, processor.decoders, decoder_keys=getattr(model, "code_cache", None) is not None)
         with autocast():
-            out = model(**to_device(vars(mb), device))
+            out = model(to_device(mb, device))
         if counted:
             tally.add(out, task, len(row))
 

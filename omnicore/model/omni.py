@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnicore.data.chat import IGNORE_INDEX
+from omnicore.data.packing import MicroBatch
 from omnicore.data.positions import RopeLayout, rope_layout
 from omnicore.kernels.varlen import CU_SEQLENS_KWARGS, cu_seqlens_from_position_ids
 from omnicore.model.code_cache import CodeCache
@@ -178,48 +179,34 @@ class OmniModel(nn.Module):
 
     # ---- forward -----------------------------------------------------------------------------
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        labels: torch.Tensor,
-        position_ids: torch.Tensor,
-        encoder_inputs: dict[str, Any] | None = None,
-        decoder_inputs: dict[str, Any] | None = None,
-        wheres: list[str] | None = None,
-        return_logits: bool = False,
-        cu_seqlens: torch.Tensor | None = None,
-        max_seqlen: int | None = None,
-        n_targets: int | None = None,
-        rope_position_ids: torch.Tensor | None = None,
-        decoder_keys: dict[str, list[tuple[str | None, int]]] | None = None,
-    ) -> ModelOutput:
-        """Summed losses of one packed micro-batch (a :class:`~omnicore.data.packing.MicroBatch`'s
-        fields, as ``model(**vars(micro_batch))``).
+    def forward(self, batch: MicroBatch, *, return_logits: bool = False) -> ModelOutput:
+        """Summed losses of one packed micro-batch: ``model(mb)``, ``mb`` from
+        :func:`~omnicore.data.packing.collate` or built by hand (``input_ids``, ``labels`` and
+        ``position_ids`` alone will do), its tensors on the model's device.
+
+        ``cu_seqlens`` (None: computed from ``position_ids``) and ``max_seqlen`` reach the
+        foundation as transformers' varlen keyword arguments
+        (:data:`omnicore.kernels.varlen.CU_SEQLENS_KWARGS`), so varlen attention kernels never
+        rebuild them per layer. An mRoPE foundation (:attr:`rope`) gets ``[4, 1, T]`` positions:
+        ``position_ids`` first (the 1-D row that keeps packed samples apart, transformers' packed
+        Qwen2-VL convention), then ``rope_position_ids`` (None: ``position_ids`` on every axis).
+        ``decoder_keys`` feed :attr:`code_cache`. ``n_targets`` is the training loop's: the model
+        counts its own targets (:attr:`ModelOutput.n_targets`).
 
         Args:
-            input_ids, labels, position_ids: LongTensor ``[1, T]``; ``labels`` are already shifted
-                (``labels[i]`` is the target at position ``i``) with ``-100`` where not trained.
-            encoder_inputs / decoder_inputs: modality -> collated features.
-            wheres: ``FILE:LINE`` of the packed samples, for error messages.
+            batch: a :class:`~omnicore.data.packing.MicroBatch` (its fields' shapes are there).
             return_logits: also return the whole ``[1, T, V]`` fp32 logits (eval).
-            cu_seqlens: int32 ``[n+1]``, the packed samples' boundaries (from collate); None:
-                computed from ``position_ids``. Passed to the foundation as transformers'
-                varlen keyword arguments (:data:`omnicore.kernels.varlen.CU_SEQLENS_KWARGS`), so
-                varlen attention kernels never rebuild them per layer.
-            max_seqlen: the longest sample (int); None: computed from ``cu_seqlens``.
-            n_targets: ignored (the collated count; the model counts its own targets).
-            rope_position_ids: LongTensor ``[3, 1, T]``, the samples' 3-D rotary positions (mRoPE
-                foundations, :attr:`rope`); None: the text layout (``position_ids`` on every axis).
-                The foundation gets ``[4, 1, T]``: ``position_ids`` first (the 1-D row that keeps
-                packed samples apart, transformers' packed Qwen2-VL convention), then these.
-            decoder_keys: per decoder modality, ``(digest, num_codes)`` of each target, for
-                :attr:`code_cache` (from collate); None: every target is encoded.
+
+        Raises:
+            PlaceholderMismatch: see :meth:`embed`.
         """
+        input_ids, labels, position_ids = batch.input_ids, batch.labels, batch.position_ids
+        cu_seqlens, max_seqlen = batch.cu_seqlens, batch.max_seqlen
         if cu_seqlens is None:
             cu_seqlens, max_seqlen = cu_seqlens_from_position_ids(position_ids.detach().cpu())
         elif max_seqlen is None:
             max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        embeds, codes, dummy = self.embed(input_ids, encoder_inputs or {}, decoder_inputs or {}, wheres, decoder_keys)
+        embeds, codes, dummy = self.embed(input_ids, batch.encoder_inputs, batch.decoder_inputs, batch.wheres, batch.decoder_keys)
         seq: dict[str, Any] = {
             "inputs_embeds": embeds,
             "position_ids": position_ids,
@@ -230,7 +217,8 @@ class OmniModel(nn.Module):
             "foundation_kwargs": {},
         }
         if self.rope is not None:
-            seq["rope_position_ids"] = rope_position_ids if rope_position_ids is not None else position_ids.expand(3, -1, -1)
+            rope = batch.rope_position_ids
+            seq["rope_position_ids"] = rope if rope is not None else position_ids.expand(3, -1, -1)
         for hook in list(self._sequence_hooks.values()):
             seq = hook(self, seq)
         # No attention mask: transformers builds a block-diagonal causal mask from position_ids for

@@ -400,7 +400,7 @@ def forward_backward_step(run: Run, mb: Any, scale: float) -> Any:
     """Forward and backward of one collated micro-batch; returns the model's output (loss sums and
     target counts of this rank's part of it). ``scale`` is ``dp / N`` (module docstring)."""
     with run.autocast():
-        out = run.model(**to_device(vars(mb), run.state.device))
+        out = run.model(to_device(mb, run.state.device))
     (out.loss_sum * scale).backward()
     return out
 

@@ -82,6 +82,7 @@ def build(case: str):
     """``(model, batch, n_targets)`` for one case, deterministic."""
     from PIL import Image
 
+    from omnicore.data.packing import MicroBatch
     from omnicore.model.build import build_omni_model
 
     c = CASES[case]
@@ -120,15 +121,14 @@ def build(case: str):
         start += n
     labels[placeholder.roll(-1)] = -100
     labels[placeholder] = -100
-    batch = {
-        "input_ids": ids.unsqueeze(0),
-        "labels": labels.unsqueeze(0),
-        "position_ids": torch.cat(pos).unsqueeze(0),
-        "encoder_inputs": enc_inputs,
-        "decoder_inputs": dec_inputs,
-    }
-    if model.rope is not None:
-        batch["rope_position_ids"] = rope_rows(lengths, grids, model.rope)
+    batch = MicroBatch(
+        ids.unsqueeze(0),
+        labels.unsqueeze(0),
+        torch.cat(pos).unsqueeze(0),
+        encoder_inputs=enc_inputs,
+        decoder_inputs=dec_inputs,
+        rope_position_ids=rope_rows(lengths, grids, model.rope) if model.rope is not None else None,
+    )
     n_codes = int((ids == model.token_ids["decoder"].get("image", -1)).sum()) if c["target_at"] is not None else 0
     return model, batch, int((labels != -100).sum()) + n_codes
 
@@ -151,7 +151,7 @@ def rope_rows(lengths: list[int], grids: list[tuple[int, tuple[int, int, int]]],
 def loss_and_grads(model, batch, n_targets: int, scale: float = 1.0):
     """Forward and backward of ``loss_sum * scale / n_targets``; returns (loss sum, {name: grad})."""
     model.zero_grad(set_to_none=True)
-    out = model(**batch)
+    out = model(batch)
     (out.loss_sum * scale / n_targets).backward()
     grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
     return out.loss_sum.detach(), grads

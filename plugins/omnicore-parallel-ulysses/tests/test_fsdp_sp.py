@@ -50,7 +50,7 @@ def fsdp_sp_rank(case: str, parallel: dict, strategy: str = "ulysses") -> dict:
     # as the training loop does: global target count (each data group holds this row), loss scaled
     # by the world size (FSDP2 averages gradients over every rank)
     model.zero_grad(set_to_none=True)
-    out = model(**batch)
+    out = model(batch)
     (out.loss_sum * state.world_size / (n * data_size)).backward()
     grads = {k: _full(p.grad if p.grad is not None else torch.zeros_like(p)) for k, p in model.named_parameters()}
     total = out.loss_sum.detach().clone()

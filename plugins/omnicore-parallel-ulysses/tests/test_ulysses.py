@@ -11,6 +11,7 @@ gradient, per parameter (floored at 1e-3 of the model's largest gradient).
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -62,9 +63,9 @@ def _foundation_logits(model, batch) -> torch.Tensor | None:
     does, without Ulysses' keyword argument), positions ``[4, 1, T]``; None otherwise."""
     if model.rope is None:
         return None
-    pos = torch.cat([batch["position_ids"][None], batch["rope_position_ids"]])
+    pos = torch.cat([batch.position_ids[None], batch.rope_position_ids])
     with torch.no_grad():
-        return model.lm(input_ids=batch["input_ids"], position_ids=pos, use_cache=False).logits
+        return model.lm(input_ids=batch.input_ids, position_ids=pos, use_cache=False).logits
 
 
 def _record_inner(s, name: str) -> list:
@@ -173,10 +174,10 @@ def test_sp2_mrope_with_images_matches_one_process(tmp_path):
     names = ["mrope_images", "mrope_varlen"]
     for name in names:
         model, batch, n = cases.build(name)
-        rope, flat = batch["rope_position_ids"], batch["position_ids"]
+        rope, flat = batch.rope_position_ids, batch.position_ids
         assert rope.shape == (3, *flat.shape) and not torch.equal(rope[1], flat) and not torch.equal(rope[0], rope[2])
         _, want = cases.loss_and_grads(model, batch, n)
-        _, text_layout = cases.loss_and_grads(model, {**batch, "rope_position_ids": None}, n)
+        _, text_layout = cases.loss_and_grads(model, dataclasses.replace(batch, rope_position_ids=None), n)
         assert _grad_gap(text_layout, want) > 1e-2, name  # 100 times the tolerance of _compare
     report = _run(2, names, tmp_path)
     assert set(report) == {(n, s) for n in names for s in STRATEGIES}
