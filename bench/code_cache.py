@@ -77,15 +77,15 @@ def measure(kind: str, size: float, batch: int, batches: int) -> dict:
     assert dec.fixed_codes, f"{kind}: the shipped tokenizer should be frozen"
     model = OmniModel(torch.nn.Linear(1, 1), {}, {kind: dec}, {"encoder": {}, "decoder": {}, "decoder_start": {}})
     targets = _targets(kind, size, batch * batches)
-    feats = [dec.preprocess(t) for t in targets]
+    feats = [dec.processor.preprocess(t) for t in targets]
     t0 = time.perf_counter()
     digests = [features_digest(f) for f in feats]
     digest_ms = (time.perf_counter() - t0) / len(feats) * 1e3
     groups = []
     for b in range(batches):
         items = feats[b * batch : (b + 1) * batch]
-        keys = [(d, int(dec.num_tokens(f))) for d, f in zip(digests[b * batch : (b + 1) * batch], items)]
-        groups.append((dec.collate(items), keys))
+        keys = [(d, int(dec.processor.num_tokens(f))) for d, f in zip(digests[b * batch : (b + 1) * batch], items)]
+        groups.append((dec.processor.collate(items), keys))
 
     def per_target(cache):
         model.code_cache = cache

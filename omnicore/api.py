@@ -21,7 +21,8 @@ What is here, by topic:
 * **Decoders**: :class:`CodebookDecoder` (the base of a decoder over a discrete tokenizer: the LM
   adapter, freezing, saving).
 * **Data**: :data:`IGNORE_INDEX` (the label of positions that are not trained), :class:`Audio`,
-  :func:`load_audio`, :func:`load_image`, :func:`resample`, :class:`Video`, :func:`load_video`.
+  :func:`load_audio`, :func:`load_image`, :func:`resample`, :class:`Video`, :func:`load_video`,
+  :class:`MediaError` (what a processor raises on media it cannot read).
 * **Varlen (packed samples)**: :func:`cu_seqlens_from_position_ids`, :func:`plan_varlen`,
   :func:`mark_varlen`, :func:`is_varlen`, :data:`CU_SEQLENS_KWARGS`, :func:`varlen_from_kwargs`.
 * **Kernels**: :func:`cuda_and_package` (the build-time check of a GPU kernel), :func:`plain_weight`
@@ -65,6 +66,7 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.components import Violation as Violation
     from omnicore.data.chat import IGNORE_INDEX as IGNORE_INDEX
     from omnicore.data.media import Audio as Audio
+    from omnicore.data.media import MediaError as MediaError
     from omnicore.data.media import Video as Video
     from omnicore.data.media import load_audio as load_audio
     from omnicore.data.media import load_image as load_image
@@ -125,6 +127,7 @@ _EXPORTS: dict[str, str] = {
     # data
     "IGNORE_INDEX": "omnicore.data.chat",
     "Audio": "omnicore.data.media",
+    "MediaError": "omnicore.data.media",
     "load_audio": "omnicore.data.media",
     "load_image": "omnicore.data.media",
     "Video": "omnicore.data.media",

@@ -121,7 +121,7 @@ def test_image_sample_placeholders(env, digit_lines):
     pad = tok.convert_tokens_to_ids("<|image_pad|>")
     [(side, modality, feats)] = enc.media
     assert (side, modality) == ("encoder", "image")
-    n = model.encoders["image"].num_tokens(feats)
+    n = model.encoders["image"].processor.num_tokens(feats)
     assert n == (28 // 7) ** 2 == 16
     assert enc.input_ids.count(pad) == n
     # the placeholders form one contiguous run right after the user header
@@ -149,7 +149,7 @@ def test_audio_sample_placeholders_follow_whisper_formula(env, digit_lines):
     assert enc.input_ids.count(pad) == want
     [(side, modality, feats)] = enc.media
     assert (side, modality) == ("encoder", "audio")
-    assert model.encoders["audio"].num_tokens(feats) == want
+    assert model.encoders["audio"].processor.num_tokens(feats) == want
 
 
 def test_text_to_image_sample_has_start_and_codes(env, digit_lines):
@@ -160,7 +160,7 @@ def test_text_to_image_sample_has_start_and_codes(env, digit_lines):
     im_end = tok.convert_tokens_to_ids(IM_END)
     [(side, modality, feats)] = enc.media
     assert (side, modality) == ("decoder", "image")
-    n = model.decoders["image"].num_tokens(feats)
+    n = model.decoders["image"].processor.num_tokens(feats)
     assert n == (32 // 4) ** 2 == 64
     i = enc.input_ids.index(start)
     assert enc.input_ids.count(start) == 1 and enc.input_ids.count(out) == n

@@ -1,6 +1,6 @@
-"""The plugin-facing API: first-party plugins and the template import from omnicore only what
-``omnicore.api``, ``omnicore.components`` and ``omnicore.hookspecs`` export (and, in the template's
-tests, the testing kit). Everything else in omnicore is internal."""
+"""The plugin-facing API: first-party plugins, contrib packages and the template import from
+omnicore only ``omnicore.api`` (and, in their tests, the testing kit ``omnicore.testing``).
+Everything else in omnicore is internal."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLIC = {"omnicore", "omnicore.api", "omnicore.components", "omnicore.hookspecs"}
+PUBLIC = {"omnicore.api"}
 TESTING = {"omnicore.testing"}
 PLUGIN_DIRS = sorted(p for p in [*(ROOT / "plugins").iterdir(), *(ROOT / "contrib").iterdir()] if (p / "pyproject.toml").is_file())
 TEMPLATE = ROOT / "contrib" / "omnicore-plugin-template" / "template"
@@ -36,16 +36,17 @@ def violations(files: list[Path], allowed: set[str], root: Path = ROOT) -> list[
     bad = []
     for f in files:
         for line, module, names in omnicore_imports(f.read_text(), str(f)):
-            # "from omnicore import api" is the public module itself
-            mods = (
-                {f"omnicore.{n}" for n in names}
-                if module == "omnicore" and set(names) & {"api", "components", "hookspecs", "testing"}
-                else {module}
-            )
+            # "from omnicore import api" names the module omnicore.api itself
+            mods = {f"omnicore.{n}" for n in names} if module == "omnicore" and set(names) & {"api", "testing"} else {module}
             for m in mods:
                 if m not in allowed and not any(m.startswith(a + ".") for a in allowed & TESTING):
                     bad.append(f"{f.relative_to(root)}:{line}: imports {m}")
     return bad
+
+
+def plugin_test_files() -> list[Path]:
+    """Every .py file under the ``tests`` folder of every first-party plugin and contrib package."""
+    return sorted(f for d in PLUGIN_DIRS for f in d.rglob("*.py") if "tests" in f.relative_to(d).parts)
 
 
 def plugin_package_files() -> list[Path]:
@@ -74,6 +75,37 @@ def test_plugins_import_only_the_public_api():
     assert violations(plugin_package_files(), PUBLIC) == []
 
 
+def test_plugin_tests_import_only_the_public_api_and_the_testing_kit():
+    files = plugin_test_files()
+    assert len(files) >= 20
+    assert violations(files, PUBLIC | TESTING) == []
+
+
+def test_the_typing_block_declares_every_public_name_from_its_home():
+    """Type checkers read api.py's ``if TYPE_CHECKING:`` block (the lazy ``__getattr__`` is opaque
+    to them): it must import exactly the public names, each from the module ``_EXPORTS`` names, as
+    an explicit re-export (``X as X``)."""
+    import omnicore.api as api
+
+    tree = ast.parse((ROOT / "omnicore" / "api.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    declared = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom), ast.dump(node)
+        for alias in node.names:
+            assert alias.asname == alias.name, f"{alias.name} must be re-exported as 'X as X'"
+            declared[alias.name] = node.module
+    assert declared == api._EXPORTS
+    assert (ROOT / "omnicore" / "py.typed").is_file()
+
+
+def test_every_testing_kit_name_resolves():
+    import omnicore.testing as testing
+
+    for name in testing.__all__:
+        assert getattr(testing, name) is not None, name
+
+
 def test_template_imports_only_the_public_api_and_the_testing_kit():
     bad = []
     files = sorted(TEMPLATE.rglob("*.jinja"))
@@ -82,11 +114,7 @@ def test_template_imports_only_the_public_api_and_the_testing_kit():
         for m in _JINJA_IMPORT.finditer(f.read_text()):
             module = m.group(1) or m.group(3)
             names = [n.strip() for n in (m.group(2) or "").split(",")]
-            mods = (
-                {f"omnicore.{n}" for n in names}
-                if module == "omnicore" and set(names) & {"api", "components", "hookspecs", "testing"}
-                else {module}
-            )
+            mods = {f"omnicore.{n}" for n in names} if module == "omnicore" and set(names) & {"api", "testing"} else {module}
             for mod in mods:
                 if mod not in PUBLIC | TESTING:
                     bad.append(f"{f.relative_to(ROOT)}: imports {mod}")
@@ -101,6 +129,17 @@ def test_the_check_catches_a_private_import(tmp_path):
     assert [v.split(": ", 1)[1] for v in violations([f], PUBLIC, root=tmp_path)] == [
         "imports omnicore.parallel.fsdp",
         "imports omnicore.data.chat",
+    ]
+    g = tmp_path / "plugin.py"
+    g.write_text("from omnicore.components import ComponentSpec\nfrom omnicore.hookspecs import hookimpl\nfrom omnicore import testing\n")
+    assert [v.split(": ", 1)[1] for v in violations([g], PUBLIC, root=tmp_path)] == [
+        "imports omnicore.components",
+        "imports omnicore.hookspecs",
+        "imports omnicore.testing",
+    ]
+    assert [v.split(": ", 1)[1] for v in violations([g], PUBLIC | TESTING, root=tmp_path)] == [
+        "imports omnicore.components",
+        "imports omnicore.hookspecs",
     ]
     found = [(line, m) for line, m, _ in omnicore_imports(f.read_text(), str(f))]
     assert found == [(1, "omnicore.api"), (4, "omnicore.parallel.fsdp"), (5, "omnicore.data.chat")]

@@ -13,7 +13,18 @@ What is here:
       ``with`` block, with import caches invalidated and its modules forgotten afterwards;
     * :func:`isolated_registry`: a :class:`~omnicore.registry.Registry` built only from the given
       plugin objects (and optionally the built-ins), nothing from the installed entry points;
-    * the contract suites, one per component kind (see :mod:`omnicore.testing.contracts`).
+    * the contract suites, one per component kind (see :mod:`omnicore.testing.contracts`);
+    * the core's run path, for a plugin's integration tests (loaded on first use, like the
+      suites): :class:`Config` and :func:`train` (a run from a config, as ``omnicore train``
+      does), :func:`cli_main` (``omnicore ...`` in process), :func:`build_omni_model`,
+      :func:`init_parallel_state` and :func:`parallelize` (a model distributed as a run does),
+      the data path (:func:`read_jsonl`, :class:`SampleError`, :class:`ChatProcessor`,
+      :func:`encoder_token`, :func:`prepare_tokenizer`, :func:`collate`, :class:`MicroBatch`),
+      :func:`mrope_positions` and :func:`sdpa_varlen_attention_forward` (references to compare
+      a kernel or strategy with).
+
+A plugin's own code imports :mod:`omnicore.api` only; its tests may import this package too (the
+names here are versioned with the core API, so a plugin's tests need no internal module).
 """
 
 from __future__ import annotations
@@ -43,7 +54,41 @@ __all__ = [
     "ParallelStrategyContract",
     "LoggerContract",
     "sample_media",
+    "Config",
+    "train",
+    "cli_main",
+    "build_omni_model",
+    "init_parallel_state",
+    "parallelize",
+    "read_jsonl",
+    "SampleError",
+    "ChatProcessor",
+    "encoder_token",
+    "prepare_tokenizer",
+    "collate",
+    "MicroBatch",
+    "mrope_positions",
+    "sdpa_varlen_attention_forward",
 ]
+
+_RUN_PATH: dict[str, tuple[str, str]] = {
+    "Config": ("omnicore.config", "Config"),
+    "train": ("omnicore.train.loop", "train"),
+    "cli_main": ("omnicore.cli", "main"),
+    "build_omni_model": ("omnicore.model.build", "build_omni_model"),
+    "init_parallel_state": ("omnicore.parallel.state", "init_parallel_state"),
+    "parallelize": ("omnicore.parallel.parallelize", "parallelize"),
+    "read_jsonl": ("omnicore.data.jsonl", "read_jsonl"),
+    "SampleError": ("omnicore.data.jsonl", "SampleError"),
+    "ChatProcessor": ("omnicore.data.chat", "ChatProcessor"),
+    "encoder_token": ("omnicore.data.chat", "encoder_token"),
+    "prepare_tokenizer": ("omnicore.model.build", "prepare_tokenizer"),
+    "collate": ("omnicore.data.packing", "collate"),
+    "MicroBatch": ("omnicore.data.packing", "MicroBatch"),
+    "mrope_positions": ("omnicore.data.positions", "mrope_positions"),
+    "sdpa_varlen_attention_forward": ("omnicore.kernels.attention_varlen", "sdpa_varlen_attention_forward"),
+}
+"""The core's run path for integration tests: public name -> (home module, attribute)."""
 
 _CONTRACTS = {
     "EncoderContract",
@@ -61,6 +106,11 @@ def __getattr__(name: str) -> Any:  # PEP 562: the contract suites import torch,
         from omnicore.testing import contracts
 
         return getattr(contracts, name)
+    if name in _RUN_PATH:
+        import importlib
+
+        module, attr = _RUN_PATH[name]
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'omnicore.testing' has no attribute {name!r}")
 
 

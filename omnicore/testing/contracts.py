@@ -287,6 +287,22 @@ class ModuleComponentContract(ComponentContract):
         assert isinstance(proc, Processor) and not isinstance(proc, nn.Module)
         assert proc.modality in spec.modalities, f"spec.modalities {spec.modalities} lacks the processor's {proc.modality!r}"
 
+    def test_module_holds_its_processor(self):
+        """The built module's ``processor`` attribute is a :class:`Processor` that agrees with the one
+        built apart from the same options: the same features and token counts for every sample."""
+        module = self.build()
+        held = getattr(module, "processor", None)
+        assert isinstance(held, Processor), (
+            f"{self.kind}/{self.name}: the module must hold its data side as .processor (core API 2.0; got {type(held).__name__})"
+        )
+        proc = self.build_processor()
+        for i, media in enumerate(self.make_media(proc.modality)):
+            a, b = proc.preprocess(media), held.preprocess(media)
+            assert a.keys() == b.keys(), f"item {i}"
+            for k in a:
+                assert torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])), f"item {i}: feature {k!r} differs"
+            assert held.num_tokens(b) == proc.num_tokens(a), f"item {i}"
+
     def test_processor_is_picklable(self):
         """A pickle round trip of the processor (spawned data workers) gives equal features and token counts."""
         proc = self.build_processor()

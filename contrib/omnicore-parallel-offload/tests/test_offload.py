@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from omnicore.components import ParallelStrategy
+from omnicore.api import ParallelStrategy
 from omnicore.testing import ParallelStrategyContract
 from omnicore_parallel_offload.strategy import FSDP2Offload, OffloadStats, offload_block_activations
 

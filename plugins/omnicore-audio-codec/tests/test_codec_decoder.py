@@ -57,17 +57,17 @@ def test_num_tokens_equals_encode_length_over_a_grid(config, hop, n_q):
     lengths = [1, 2, hop - 1, hop, hop + 1, 2 * hop - 1, 2 * hop, 2 * hop + 1, 333, 1000, 1601, 4567]
     for n in lengths:
         want = math.ceil(n / hop) * n_q  # the formula, computed here on its own
-        assert d.num_tokens({"input_values": torch.zeros(n)}) == want, n
+        assert d.processor.num_tokens({"input_values": torch.zeros(n)}) == want, n
         assert d.encode({"input_values": _wave(n, seed=n)}).numel() == want, n
     # through preprocess: clips of several rates and lengths, several max_seconds
     for max_seconds in (0.05, 0.25, 0.37):
         d.processor.max_seconds = max_seconds
         d.processor.max_samples = round(max_seconds * d.sample_rate)
         for rate, seconds in ((8000, 0.03), (16000, 0.049), (22050, 0.01)):
-            f = d.preprocess(Audio(_wave(int(rate * seconds)).numpy(), rate))
+            f = d.processor.preprocess(Audio(_wave(int(rate * seconds)).numpy(), rate))
             n = f["input_values"].shape[0]
             assert n == round(max_seconds * d.sample_rate)
-            assert d.num_tokens(f) == math.ceil(n / hop) * n_q == d.encode(d.collate([f])).numel() == d.dummy_codes().numel()
+            assert d.processor.num_tokens(f) == math.ceil(n / hop) * n_q == d.encode(d.processor.collate([f])).numel() == d.dummy_codes().numel()
 
 
 def test_codes_are_the_libraries_rvq_codes_flattened_frame_by_frame(dec):
@@ -119,7 +119,7 @@ def test_ids_of_another_codebook_are_read_modulo_bins(dec):
 
 def test_encode_batch_keeps_items_apart(dec):
     a, b = _wave(700, seed=1), _wave(1600, seed=2)
-    batch = dec.collate([{"input_values": a}, {"input_values": b}])
+    batch = dec.processor.collate([{"input_values": a}, {"input_values": b}])
     assert batch["input_values"].shape == (2, 1600) and batch["num_samples"].tolist() == [700, 1600]
     codes = dec.encode(batch)
     ca, cb = dec.encode({"input_values": a}), dec.encode({"input_values": b})
@@ -127,17 +127,17 @@ def test_encode_batch_keeps_items_apart(dec):
 
 
 def test_preprocess_resamples_pads_and_refuses_long_clips(dec):
-    f = dec.preprocess(Audio(np.full(800, 0.5, np.float32), 8000))  # 0.1 s at 8 kHz
+    f = dec.processor.preprocess(Audio(np.full(800, 0.5, np.float32), 8000))  # 0.1 s at 8 kHz
     x = f["input_values"]
     assert x.shape == (4000,) and x.dtype == torch.float32
     assert abs(float(x[400:1200].mean()) - 0.5) < 1e-3 and float(x[1700:].abs().max()) == 0.0
     with pytest.raises(ValueError, match=r"0\.300 s is longer than max_seconds=0\.25 s"):
-        dec.preprocess(Audio(np.zeros(2400, np.float32), 8000))
+        dec.processor.preprocess(Audio(np.zeros(2400, np.float32), 8000))
     crop = _dec(max_seconds=0.25, long_audio="crop")
-    y = crop.preprocess(Audio(np.linspace(-1, 1, 4800).astype(np.float32), 16000))["input_values"]
+    y = crop.processor.preprocess(Audio(np.linspace(-1, 1, 4800).astype(np.float32), 16000))["input_values"]
     assert y.shape == (4000,) and float(y[-1]) == pytest.approx(-1 + 2 * 3999 / 4799)
     with pytest.raises(TypeError, match="omnicore.api.Audio"):
-        dec.preprocess(np.zeros(10))
+        dec.processor.preprocess(np.zeros(10))
 
 
 def test_embed_head_dummy_codes_and_freezing(dec):
@@ -183,6 +183,7 @@ def test_config_checks():
         EncodecOptions(max_second=1.0)
 
 
+@pytest.mark.slow
 def test_save_pretrained_roundtrip_gives_identical_codes(tmp_path):
     d = _dec(max_seconds=0.25)
     with torch.no_grad():
@@ -240,8 +241,7 @@ def test_plugin_module_is_torch_free():
 
 
 def test_registry_builds_decoder():
-    from omnicore.components import Decoder
-    from omnicore.registry import Registry, RegistryError
+    from omnicore.api import Decoder, Registry, RegistryError
 
     reg = Registry.discover()
     row = [r for r in reg.components("decoder") if r.name == "encodec"]

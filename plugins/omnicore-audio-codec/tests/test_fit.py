@@ -25,6 +25,7 @@ def _takes(take: int, speakers: int = 2) -> list[Path]:
     return [RECORDINGS / f"{d}_{s}_{take}.wav" for s in names for d in range(0, 10, 3)]
 
 
+@pytest.mark.slow
 @needs_fsdd
 def test_fit_lowers_the_loss_on_spoken_digits():
     clips = [load_audio(f) for f in _takes(5)]  # 8 kHz WAVs, resampled to 16 kHz

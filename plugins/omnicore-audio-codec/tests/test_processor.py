@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnicore.api import Audio
-from omnicore.registry import Registry
+from omnicore.api import Audio, Registry
 from omnicore_audio_codec.decoder import build
 from omnicore_audio_codec.processor import CodecProcessor, build_processor
 
@@ -45,7 +44,7 @@ def test_processor_equals_the_modules_data_side():
     proc = Registry.discover().build_processor("decoder", "encodec", options)
     assert isinstance(proc, CodecProcessor)
     assert (proc.sample_rate, proc.hop_length, proc.num_quantizers, proc.max_samples) == (16000, 160, 2, 4000)
-    assert_processors_agree(proc, module)
+    assert_processors_agree(proc, module.processor)
     feats = [proc.preprocess(m) for m in clips()]
     assert [proc.num_tokens(f) for f in feats] == [50, 50]  # ceil(4000 / 160) * 2
     assert module.encode(proc.collate(feats)).shape == (100,)
@@ -66,7 +65,7 @@ def test_checkpoint_processor_reads_no_weights(tmp_path, given, want):
     (tmp_path / "ckpt" / "model.safetensors").unlink()
     proc = build_processor(options)
     assert proc.max_seconds == loaded.max_seconds == want  # the value saved with the adapter unless given
-    assert_processors_agree(proc, loaded)
+    assert_processors_agree(proc, loaded.processor)
 
 
 @pytest.mark.cli

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnicore.data.media import Audio
+from omnicore.api import Audio
 from omnicore_audio_whisper.encoder import WhisperEncoderOptions, build, num_tokens_for_frames
 
 TINY = {"d_model": 32, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "num_mel_bins": 80}
@@ -29,30 +29,30 @@ def test_default_policy_is_split():
 
 def test_long_clip_splits_into_windows_with_consistent_tokens(enc):
     clip = noise(6.2)  # 2.5 s + 2.5 s + 1.2 s at 16 kHz
-    feats = enc.preprocess(clip)
+    feats = enc.processor.preprocess(clip)
     assert tuple(feats["input_features"].shape) == (3, 80, 250)
     assert feats["valid_frames"].tolist() == [250, 250, 120]
     # each window is exactly the features of that slice as a clip of its own
     for w, (a, b) in enumerate([(0, 40000), (40000, 80000), (80000, 99200)]):
-        alone = enc.preprocess(Audio(clip.samples[a:b], 16000))
+        alone = enc.processor.preprocess(Audio(clip.samples[a:b], 16000))
         torch.testing.assert_close(feats["input_features"][w], alone["input_features"], rtol=0, atol=0)
     expected = 2 * num_tokens_for_frames(250, 5) + num_tokens_for_frames(120, 5)
     assert expected == 2 * 25 + 12
-    assert enc.num_tokens(feats) == expected
-    short = enc.preprocess(noise(1.0, seed=1))
-    batch = enc.collate([short, feats])
+    assert enc.processor.num_tokens(feats) == expected
+    short = enc.processor.preprocess(noise(1.0, seed=1))
+    batch = enc.processor.collate([short, feats])
     assert batch["valid_frames"].tolist() == [100, 250, 250, 120]
     with torch.no_grad():
         out = enc(batch)
-    assert tuple(out.shape) == (enc.num_tokens(short) + expected, 16)
+    assert tuple(out.shape) == (enc.processor.num_tokens(short) + expected, 16)
     # the clip's rows equal its windows encoded on their own, in order
     with torch.no_grad():
-        alone_rows = enc(enc.collate([feats]))
-    torch.testing.assert_close(out[enc.num_tokens(short) :], alone_rows, rtol=1e-5, atol=1e-6)
+        alone_rows = enc(enc.processor.collate([feats]))
+    torch.testing.assert_close(out[enc.processor.num_tokens(short) :], alone_rows, rtol=1e-5, atol=1e-6)
 
 
 def test_clip_of_exactly_one_window_is_not_split(enc):
-    feats = enc.preprocess(noise(2.5))
+    feats = enc.processor.preprocess(noise(2.5))
     assert tuple(feats["input_features"].shape) == (80, 250)
     assert int(feats["valid_frames"]) == 250
 
@@ -60,7 +60,7 @@ def test_clip_of_exactly_one_window_is_not_split(enc):
 def test_refuse_names_duration_and_limit():
     enc = build({"config": TINY, "chunk_seconds": 2.5, "pool": 5, "long_audio": "refuse"}, hidden_size=16)
     with pytest.raises(ValueError) as ei:
-        enc.preprocess(noise(6.2))
+        enc.processor.preprocess(noise(6.2))
     msg = str(ei.value)
     assert "6.20 s" in msg and "chunk_seconds=2.5 s" in msg and "long_audio: refuse" in msg
-    assert int(enc.preprocess(noise(2.0))["valid_frames"]) == 200  # within the window: accepted
+    assert int(enc.processor.preprocess(noise(2.0))["valid_frames"]) == 200  # within the window: accepted

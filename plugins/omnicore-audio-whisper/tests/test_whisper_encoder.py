@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from omnicore.data.media import Audio, resample
+from omnicore.api import Audio, resample
 from omnicore_audio_whisper.encoder import (
     WhisperAudioEncoder,
     WhisperEncoderOptions,
@@ -53,16 +53,16 @@ def test_num_tokens_formula_values(enc):
     assert enc.chunk_frames == 300 and enc.whisper.config.max_source_positions == 150
     cases = {1.0: 13, 0.5: 7, 0.01: 1, 0.0: 1, 2.0: 25, 3.0: 38, 5.0: 38 + 25}  # 5 s: a 3 s and a 2 s window
     for seconds, expected in cases.items():
-        feats = enc.preprocess(noise(seconds))
-        assert enc.num_tokens(feats) == expected, seconds
+        feats = enc.processor.preprocess(noise(seconds))
+        assert enc.processor.num_tokens(feats) == expected, seconds
     # Samples that do not fill a frame still count it (ceil), as the feature extractor's mask does.
-    assert int(enc.preprocess(Audio(np.zeros(161, np.float32), 16000))["valid_frames"]) == 2
+    assert int(enc.processor.preprocess(Audio(np.zeros(161, np.float32), 16000))["valid_frames"]) == 2
 
 
 def test_num_tokens_matches_encoder_convs_and_pooling(enc):
     """Independent count: run Whisper's own convolutions on the valid frames and pool the result."""
     for seconds in (0.07, 0.33, 1.0, 1.27, 2.5):
-        feats = enc.preprocess(noise(seconds, seed=3))
+        feats = enc.processor.preprocess(noise(seconds, seed=3))
         valid = int(feats["valid_frames"])
         # valid frames from the 16 kHz sample count (hop 160 samples = 10 ms)
         assert valid == math.ceil(round(seconds * 16000) / 160)
@@ -70,23 +70,23 @@ def test_num_tokens_matches_encoder_convs_and_pooling(enc):
             x = feats["input_features"][None, :, :valid]
             conv = enc.whisper.conv2(F.gelu(enc.whisper.conv1(x)))  # [1, d_model, positions]
             pooled = F.avg_pool1d(conv, kernel_size=enc.pool, stride=enc.pool, ceil_mode=True)
-        assert enc.num_tokens(feats) == pooled.shape[-1], seconds
+        assert enc.processor.num_tokens(feats) == pooled.shape[-1], seconds
         assert num_tokens_for_frames(valid, enc.pool) == pooled.shape[-1]
 
 
 def test_num_tokens_ignores_padding_content(enc):
-    a = enc.preprocess(noise(1.0, seed=1))
-    b = enc.preprocess(noise(1.0, seed=2))
+    a = enc.processor.preprocess(noise(1.0, seed=1))
+    b = enc.processor.preprocess(noise(1.0, seed=2))
     assert a["input_features"].shape == b["input_features"].shape == (80, 300)
-    assert enc.num_tokens(a) == enc.num_tokens(b) == 13
+    assert enc.processor.num_tokens(a) == enc.processor.num_tokens(b) == 13
 
 
 def test_forward_shape_mixed_lengths(enc):
     clips = [noise(1.0, seed=1), tone(440, 0.25, 16000), noise(3.0, seed=2), noise(0.0)]
-    items = [enc.preprocess(c) for c in clips]
-    ntok = [enc.num_tokens(it) for it in items]
+    items = [enc.processor.preprocess(c) for c in clips]
+    ntok = [enc.processor.num_tokens(it) for it in items]
     assert ntok == [13, 4, 38, 1]
-    batch = enc.collate(items)
+    batch = enc.processor.collate(items)
     assert batch["input_features"].shape == (4, 80, 300)
     assert batch["valid_frames"].tolist() == [100, 25, 300, 0]
     with torch.no_grad():
@@ -95,7 +95,7 @@ def test_forward_shape_mixed_lengths(enc):
     assert torch.isfinite(out).all()
     # Rows are each item's first num_tokens rows, in order: equal to encoding items one at a time.
     with torch.no_grad():
-        single = torch.cat([enc(enc.collate([it])) for it in items])
+        single = torch.cat([enc(enc.processor.collate([it])) for it in items])
     torch.testing.assert_close(out, single, rtol=1e-5, atol=1e-5)
     # And equal to a hand-written reference of the pipeline.
     with torch.no_grad():
@@ -108,7 +108,7 @@ def test_forward_shape_mixed_lengths(enc):
 def test_dummy_batch(enc):
     batch = enc.dummy_batch()
     assert batch["input_features"].shape == (1, 80, 300)
-    n = enc.num_tokens({"valid_frames": batch["valid_frames"][0]})
+    n = enc.processor.num_tokens({"valid_frames": batch["valid_frames"][0]})
     assert n == 7  # 0.5 s: 50 frames -> 25 positions -> 7 tokens
     out = enc(batch)
     assert out.shape == (n, H)
@@ -118,9 +118,9 @@ def test_dummy_batch(enc):
 def test_pool_option_changes_count():
     torch.manual_seed(0)
     model = build({"config": TINY, "pool": 1, "chunk_seconds": 2.0}, hidden_size=8)
-    feats = model.preprocess(noise(1.0))
-    assert model.num_tokens(feats) == 50
-    assert model(model.collate([feats])).shape == (50, 8)
+    feats = model.processor.preprocess(noise(1.0))
+    assert model.processor.num_tokens(feats) == 50
+    assert model(model.processor.collate([feats])).shape == (50, 8)
     assert model.whisper.config.max_source_positions == 100
 
 
@@ -139,8 +139,8 @@ def test_resampled_tone_keeps_its_frequency():
 
 
 def test_preprocess_8k_matches_16k_version_of_same_tone(enc):
-    f8 = enc.preprocess(tone(440.0, 1.0, 8000))
-    f16 = enc.preprocess(tone(440.0, 1.0, 16000))
+    f8 = enc.processor.preprocess(tone(440.0, 1.0, 8000))
+    f16 = enc.processor.preprocess(tone(440.0, 1.0, 16000))
     assert int(f8["valid_frames"]) == int(f16["valid_frames"]) == 100
     a, b = f8["input_features"], f16["input_features"]
     # Whisper's log-mel is scaled to about [-1, 1.5]; away from the clip's edges (where the resampler's
@@ -152,7 +152,7 @@ def test_preprocess_8k_matches_16k_version_of_same_tone(enc):
     # the tone's mel bin is the loudest in both
     assert a[:, interior].mean(1).argmax() == b[:, interior].mean(1).argmax()
     # and a different tone is clearly different
-    other = enc.preprocess(tone(1500.0, 1.0, 16000))["input_features"]
+    other = enc.processor.preprocess(tone(1500.0, 1.0, 16000))["input_features"]
     assert (other[:, interior] - b[:, interior]).abs().mean() > 10 * diff.mean()
 
 
@@ -178,8 +178,8 @@ def test_save_pretrained_roundtrip_identical(enc, tmp_path):
     loaded = build({"checkpoint": str(tmp_path), "pool": 2}, hidden_size=H)
     assert loaded.training
     loaded.eval()
-    batch = model.collate([model.preprocess(noise(1.3, seed=5)), model.preprocess(tone(300, 2.2, 22050))])
-    batch2 = loaded.collate([loaded.preprocess(noise(1.3, seed=5)), loaded.preprocess(tone(300, 2.2, 22050))])
+    batch = model.processor.collate([model.processor.preprocess(noise(1.3, seed=5)), model.processor.preprocess(tone(300, 2.2, 22050))])
+    batch2 = loaded.processor.collate([loaded.processor.preprocess(noise(1.3, seed=5)), loaded.processor.preprocess(tone(300, 2.2, 22050))])
     assert torch.equal(batch["input_features"], batch2["input_features"])
     with torch.no_grad():
         assert torch.equal(model(batch), loaded(batch2))
@@ -237,7 +237,7 @@ def test_load_published_style_checkpoint(tmp_path, cls_name, prefix):
     ref_cfg = WhisperConfig(**TINY, max_source_positions=150)
     ref = WhisperEncoder(ref_cfg).eval()
     ref.load_state_dict({k: (v[:150] if k == "embed_positions.weight" else v) for k, v in src.items()})
-    feats = model.collate([model.preprocess(noise(1.0, seed=4))])["input_features"]
+    feats = model.processor.collate([model.processor.preprocess(noise(1.0, seed=4))])["input_features"]
     model.eval()
     with torch.no_grad():
         assert torch.equal(model.whisper(input_features=feats).last_hidden_state, ref(input_features=feats).last_hidden_state)
@@ -338,7 +338,7 @@ def test_option_validation():
 def test_gradients_reach_projector_and_encoder():
     torch.manual_seed(0)
     model = build({"config": TINY}, hidden_size=H).train()
-    batch = model.collate([model.preprocess(noise(0.8, seed=7)), model.preprocess(tone(600, 1.7, 16000))])
+    batch = model.processor.collate([model.processor.preprocess(noise(0.8, seed=7)), model.processor.preprocess(tone(600, 1.7, 16000))])
     out = model(batch)
     assert out.shape == (10 + 22, H)
     (out**2).mean().backward()
@@ -370,7 +370,7 @@ def test_plugin_import_is_torch_free():
 
 
 def test_registry_builds_whisper():
-    from omnicore.registry import Registry
+    from omnicore.api import Registry
 
     reg = Registry.discover()
     spec = reg.resolve("encoder", "whisper")
@@ -379,10 +379,10 @@ def test_registry_builds_whisper():
     assert isinstance(model, WhisperAudioEncoder) and model.modality == "audio"
     with torch.no_grad():
         assert model(model.dummy_batch()).shape == (7, 32)
-    from omnicore.components import Encoder
+    from omnicore.api import Encoder
 
     assert isinstance(model, Encoder)
-    from omnicore.registry import RegistryError
+    from omnicore.api import RegistryError
 
     with pytest.raises(RegistryError, match="chunk_second"):
         reg.build("encoder", "whisper", {"chunk_second": 3}, hidden_size=32)

@@ -53,7 +53,7 @@ def _vq_and_pixels(model: Any, images: list, image_size: int | None) -> tuple[An
         vq = model
         size = image_size or int(vq.config.sample_size)
         prep = _D(vq, hidden_size=1, image_size=size, freeze_vq=False)  # only for preprocess
-    pixels = torch.stack([prep.preprocess(im)["pixel_values"] for im in images])
+    pixels = torch.stack([prep.processor.preprocess(im)["pixel_values"] for im in images])
     return vq, pixels
 
 
@@ -159,7 +159,7 @@ def reconstruction_mse(decoder: Any, images: list, batch_size: int = 256) -> flo
     """Mean squared error, in [-1, 1] pixel units, of encode -> codes -> decode over ``images``."""
     total, count = 0.0, 0
     for i in range(0, len(images), batch_size):
-        batch = decoder.collate([decoder.preprocess(im) for im in images[i : i + batch_size]])
+        batch = decoder.processor.collate([decoder.processor.preprocess(im) for im in images[i : i + batch_size]])
         codes = decoder.encode(batch).reshape(len(batch["pixel_values"]), -1)
         rec = decoder.decode_pixels(codes).clamp(-1, 1)
         total += float(((rec - batch["pixel_values"].to(rec)) ** 2).sum())

@@ -55,7 +55,7 @@ def dec():
 
 
 def _batch(dec, imgs):
-    return dec.collate([dec.preprocess(im) for im in imgs])
+    return dec.processor.collate([dec.processor.preprocess(im) for im in imgs])
 
 
 def test_uses_spatial_norm(dec):
@@ -78,12 +78,12 @@ def test_norm_type_is_forced_and_checked():
 
 
 def test_preprocess_and_num_tokens(dec):
-    f = dec.preprocess(Image.new("L", (28, 21), 255))
+    f = dec.processor.preprocess(Image.new("L", (28, 21), 255))
     pv = f["pixel_values"]
     assert pv.shape == (3, 16, 16) and pv.dtype == torch.float32
     assert torch.allclose(pv, torch.ones_like(pv))
-    assert dec.downsample_factor == 2 and dec.num_tokens(f) == 64 == dec.num_image_tokens
-    assert dec.preprocess(Image.new("RGB", (16, 16)))["pixel_values"].min() == -1
+    assert dec.downsample_factor == 2 and dec.processor.num_tokens(f) == 64 == dec.num_image_tokens
+    assert dec.processor.preprocess(Image.new("RGB", (16, 16)))["pixel_values"].min() == -1
 
 
 def test_encode_codes(dec):
@@ -272,15 +272,14 @@ def test_plugin_module_is_torch_free():
 
 
 def test_registry_builds_decoder():
-    from omnicore.components import Decoder
-    from omnicore.registry import Registry
+    from omnicore.api import Decoder, Registry
 
     reg = Registry.discover()
     row = [r for r in reg.components("decoder") if r.name == "movqgan"]
     assert row and row[0].status == "available" and row[0].provider == "omnicore-image-movqgan"
     d = reg.build("decoder", "movqgan", {"config": TINY, "image_size": 16}, hidden_size=32)
     assert isinstance(d, Decoder) and d.modality == "image" and d.hidden_size == 32
-    from omnicore.registry import RegistryError
+    from omnicore.api import RegistryError
 
     with pytest.raises(RegistryError, match="image_sise"):
         reg.build("decoder", "movqgan", {"image_sise": 16}, hidden_size=32)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from omnicore.registry import Registry
+from omnicore.api import Registry
 from omnicore_image_movqgan.decoder import build
 from omnicore_image_movqgan.processor import MoVQGANProcessor, build_processor
 
@@ -43,7 +43,7 @@ def test_processor_equals_the_modules_data_side():
     module = build(options, hidden_size=H).eval()
     proc = Registry.discover().build_processor("decoder", "movqgan", options)
     assert isinstance(proc, MoVQGANProcessor) and (proc.image_size, proc.downsample_factor) == (16, 2)
-    assert_processors_agree(proc, module)
+    assert_processors_agree(proc, module.processor)
     feats = [proc.preprocess(m) for m in images()]
     assert [proc.num_tokens(f) for f in feats] == [64, 64]  # (16 / 2) ** 2
     want = np.asarray(images()[0].resize((16, 16), Image.BICUBIC), dtype=np.float32) / 127.5 - 1.0
@@ -66,7 +66,7 @@ def test_checkpoint_processor_reads_no_weights(tmp_path, saved, given, want):
     (tmp_path / "ckpt" / "diffusion_pytorch_model.safetensors").unlink()
     proc = build_processor(options)
     assert proc.image_size == loaded.image_size == want  # the size saved with the adapter unless given
-    assert_processors_agree(proc, loaded)
+    assert_processors_agree(proc, loaded.processor)
 
 
 def test_checkpoint_processor_errors_name_the_file(tmp_path):

@@ -107,7 +107,7 @@ def test_merged_encoder_gives_fewer_tokens_and_round_trips(tmp_path):
     batch = {"pixel_values": torch.rand(3, 3, 32, 32) * 2 - 1}
     with torch.no_grad():
         out = enc(batch)
-    assert out.shape == (3 * 16, 32) and enc.num_tokens({"pixel_values": batch["pixel_values"][0]}) == 16
+    assert out.shape == (3 * 16, 32) and enc.processor.num_tokens({"pixel_values": batch["pixel_values"][0]}) == 16
     assert enc.processor.grid({"pixel_values": batch["pixel_values"][0]}) == (1, 4, 4)
     enc.save_pretrained(tmp_path / "enc")
     again = build({"checkpoint": str(tmp_path / "enc"), "merge": 2}, hidden_size=32).eval()

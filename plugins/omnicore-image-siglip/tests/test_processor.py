@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from omnicore.registry import Registry
+from omnicore.api import Registry
 from omnicore_image_siglip.encoder import SiglipImageEncoder, build
 from omnicore_image_siglip.processor import SiglipImageProcessor, build_processor
 
@@ -43,7 +43,7 @@ def test_processor_equals_the_modules_data_side():
     module = build({"config": TINY}, hidden_size=H).eval()
     proc = Registry.discover().build_processor("encoder", "siglip", {"config": TINY})
     assert isinstance(proc, SiglipImageProcessor) and proc.modality == "image"
-    assert_processors_agree(proc, module)
+    assert_processors_agree(proc, module.processor)
     feats = [proc.preprocess(m) for m in images()]
     # SigLIP's defaults: bicubic resize to 28x28, (x / 255 - 0.5) / 0.5; the grey image by hand
     grey = np.asarray(images()[1].convert("RGB").resize((28, 28), Image.BICUBIC), dtype=np.float64).transpose(2, 0, 1)
@@ -69,7 +69,7 @@ def test_checkpoint_processor_reads_no_weights(tmp_path):
         (tmp_path / "ckpt" / name).unlink()
     proc = build_processor({"checkpoint": str(tmp_path / "ckpt")})
     assert list(proc.image_processor.image_mean) == [0.25, 0.5, 0.75]
-    assert_processors_agree(proc, loaded)
+    assert_processors_agree(proc, loaded.processor)
 
 
 def test_checkpoint_processor_errors_name_the_folder(tmp_path):

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from safetensors import safe_open
 
-from omnicore.components import Encoder
+from omnicore.api import Encoder
 from omnicore_image_siglip.encoder import SiglipEncoderOptions, SiglipImageEncoder, build
 
 H = 32
@@ -35,22 +35,22 @@ def encoder() -> SiglipImageEncoder:
 
 
 def _batch(enc: SiglipImageEncoder) -> dict:
-    return enc.collate([enc.preprocess(im) for im in _images()])
+    return enc.processor.collate([enc.processor.preprocess(im) for im in _images()])
 
 
 def test_contract_and_output_shape(encoder):
     assert isinstance(encoder, Encoder)
     assert encoder.modality == "image"
-    feats = [encoder.preprocess(im) for im in _images()]
+    feats = [encoder.processor.preprocess(im) for im in _images()]
     for f in feats:
         assert f["pixel_values"].shape == (3, 28, 28) and f["pixel_values"].dtype == torch.float32
-    counts = [encoder.num_tokens(f) for f in feats]
+    counts = [encoder.processor.num_tokens(f) for f in feats]
     assert counts == [16, 16, 16]
-    out = encoder(encoder.collate(feats))
+    out = encoder(encoder.processor.collate(feats))
     assert out.shape == (sum(counts), H)
     assert torch.isfinite(out).all()
     # rows are in item order: encoding image 1 alone gives rows 16..31 of the batch output
-    alone = encoder(encoder.collate([feats[1]]))
+    alone = encoder(encoder.processor.collate([feats[1]]))
     torch.testing.assert_close(alone, out[16:32], rtol=1e-5, atol=1e-5)
 
 
@@ -58,9 +58,9 @@ def test_num_tokens_matches_tower_sequence_length():
     torch.manual_seed(0)
     for cfg in (TINY, dict(TINY, image_size=32, patch_size=5)):  # 16 tokens; floor(32/5)^2 = 36 tokens
         enc = build({"config": cfg}, hidden_size=H)
-        feats = enc.preprocess(_images()[1])
-        hidden = enc.tower(pixel_values=enc.collate([feats])["pixel_values"]).last_hidden_state
-        assert hidden.shape[1] == enc.num_tokens(feats) == (cfg["image_size"] // cfg["patch_size"]) ** 2
+        feats = enc.processor.preprocess(_images()[1])
+        hidden = enc.tower(pixel_values=enc.processor.collate([feats])["pixel_values"]).last_hidden_state
+        assert hidden.shape[1] == enc.processor.num_tokens(feats) == (cfg["image_size"] // cfg["patch_size"]) ** 2
 
 
 @pytest.mark.parametrize("image_size", [28, 40])
@@ -68,7 +68,7 @@ def test_preprocess_greyscale_matches_independent_computation(image_size):
     enc = build({"config": dict(TINY, image_size=image_size, patch_size=4)}, hidden_size=H)
     grey = np.random.default_rng(1).integers(0, 256, (28, 28), dtype=np.uint8)
     img = Image.fromarray(grey, "L")
-    got = enc.preprocess(img)["pixel_values"].numpy()
+    got = enc.processor.preprocess(img)["pixel_values"].numpy()
 
     rgb = img.convert("RGB").resize((image_size, image_size), resample=Image.Resampling.BICUBIC)
     x = np.asarray(rgb, dtype=np.float64).transpose(2, 0, 1) / 255.0
@@ -266,7 +266,7 @@ def test_plugin_module_is_torch_free():
 
 
 def test_registry_builds_siglip():
-    from omnicore.registry import Registry
+    from omnicore.api import Registry
 
     reg = Registry.discover()
     spec = reg.resolve("encoder", "siglip")
@@ -287,7 +287,7 @@ def test_checkpoint_preprocessor_config_is_used_but_size_follows_tower(tmp_path)
     )
     enc = build({"checkpoint": str(tmp_path)}, hidden_size=H)
     assert list(enc.image_processor.image_mean) == [0.25, 0.5, 0.75]
-    pv = enc.preprocess(Image.new("RGB", (50, 30), (255, 0, 51)))["pixel_values"]
+    pv = enc.processor.preprocess(Image.new("RGB", (50, 30), (255, 0, 51)))["pixel_values"]
     assert pv.shape == (3, 28, 28)
     want = torch.tensor([(1.0 - 0.25) / 0.5, (0.0 - 0.5) / 0.25, (0.2 - 0.75) / 0.125])
     torch.testing.assert_close(pv[:, 5, 5], want, rtol=0, atol=1e-5)

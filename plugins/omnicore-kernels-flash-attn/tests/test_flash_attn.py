@@ -19,7 +19,7 @@ def test_cu_seqlens_from_restarting_position_ids():
 
 
 def test_cu_seqlens_is_the_core_function_and_forward_is_marked_varlen():
-    from omnicore import api
+    import omnicore.api as api
 
     assert cu_seqlens_from_position_ids is api.cu_seqlens_from_position_ids  # one implementation, in core
     assert api.is_varlen(varlen_attention_forward)  # Ulysses hands it the global position_ids and cu_seqlens

@@ -15,6 +15,8 @@ import pytest
 
 from omnicore.testing import LoggerContract
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(autouse=True)
 def _local_store(monkeypatch):

@@ -72,10 +72,10 @@ def test_log_dir_option_and_bad_images(tmp_path):
     assert not (tmp_path / "run" / "tensorboard").exists()
 
 
+@pytest.mark.slow
 def test_training_run_event_files_hold_the_losses_of_metrics_jsonl(tmp_path):
     from omnicore.api import Registry
-    from omnicore.config import Config
-    from omnicore.train.loop import train
+    from omnicore.testing import Config, train
 
     lines = []
     for i in range(16):

@@ -99,6 +99,7 @@ def run_config(output_dir: Path) -> dict[str, Any]:
     return {u.key: json.loads(u.value_json) for u in run.config.update if u.key != "_wandb"}
 
 
+@pytest.mark.slow
 class TestWandbContract(LoggerContract):
     name = "wandb"
     options = {"mode": "offline"}  # whatever WANDB_API_KEY / WANDB_MODE this machine has
@@ -196,12 +197,13 @@ def test_a_run_of_the_users_own_code_stays_open(tmp_path):
     assert read_history(tmp_path / "user") == {("user", "x"): [(5, 2.0)]}
 
 
+@pytest.mark.slow
 def test_cli_training_run_history_holds_the_losses_of_metrics_jsonl(tmp_path, capfd):
     """``omnicore train`` with ``run.loggers: [jsonl, wandb, mlflow]`` (mlflow when its plugin is
     installed): W&B's history and MLflow's metric history hold exactly the losses of metrics.jsonl,
     and wandb printed nothing."""
     from omnicore.api import Registry
-    from omnicore.cli import main
+    from omnicore.testing import cli_main as main
 
     lines = []
     for i in range(16):

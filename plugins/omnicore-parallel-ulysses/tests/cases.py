@@ -66,7 +66,7 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def config(case: str):
-    from omnicore.config import Config
+    from omnicore.testing import Config
 
     c = CASES[case]
     model = {
@@ -82,8 +82,7 @@ def build(case: str):
     """``(model, batch, n_targets)`` for one case, deterministic."""
     from PIL import Image
 
-    from omnicore.data.packing import MicroBatch
-    from omnicore.model.build import build_omni_model
+    from omnicore.testing import MicroBatch, build_omni_model
 
     c = CASES[case]
     model, _ = build_omni_model(config(case))
@@ -102,15 +101,15 @@ def build(case: str):
         if at is None:
             continue
         comp = components["image"]
-        feats = comp.preprocess(img)
-        n = comp.num_tokens(feats)
+        feats = comp.processor.preprocess(img)
+        n = comp.processor.num_tokens(feats)
         starts = at if isinstance(at, list) else [at]
         for a in starts:
             ids[a : a + n] = model.token_ids[side]["image"]
             placeholder[a : a + n] = True
             if side == "encoder" and model.rope is not None:
                 grids.append((a, comp.processor.grid(feats)))
-        inputs["image"] = comp.collate([feats] * len(starts))
+        inputs["image"] = comp.processor.collate([feats] * len(starts))
     # labels shifted within each sample (as omnicore's data side does), none on placeholders or sample ends
     labels = torch.full_like(ids, -100)
     pos = []
@@ -136,7 +135,7 @@ def build(case: str):
 def rope_rows(lengths: list[int], grids: list[tuple[int, tuple[int, int, int]]], layout) -> torch.Tensor:
     """``[3, 1, T]``: each packed sample's own 3-D positions (restarting at 0), its images laid out
     by their grids (``grids``: row start and ``(t, h, w)``; an image lies inside one sample)."""
-    from omnicore.data.positions import mrope_positions
+    from omnicore.testing import mrope_positions
 
     rows: list[list[int]] = [[], [], []]
     start = 0

@@ -37,9 +37,8 @@ def fsdp_sp_rank(case: str, parallel: dict, strategy: str = "ulysses") -> dict:
     """One rank: ParallelState from ``parallel`` sizes, ``[ulysses, fsdp2]`` by parallelize()."""
     import torch.distributed as dist
 
-    from omnicore.parallel.fsdp import FSDP2
-    from omnicore.parallel.parallelize import parallelize
-    from omnicore.parallel.state import init_parallel_state
+    from omnicore.api import FSDP2
+    from omnicore.testing import init_parallel_state, parallelize
     from omnicore_parallel_ulysses.strategy import AsyncUlysses, Ulysses
 
     state = init_parallel_state("cpu", "gloo", parallel)

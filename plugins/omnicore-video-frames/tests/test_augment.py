@@ -72,7 +72,7 @@ def test_the_encoder_augments_in_training_mode_only():
     plain = build(OPTS, hidden_size=8)
     torch.manual_seed(0)
     aug = build({**OPTS, "augment": {"shift": 0.1, "reverse": True}}, hidden_size=8)
-    batch = aug.collate([aug.preprocess(Video(frames=_frames(n, n), fps=4.0)) for n in (4, 6)])
+    batch = aug.processor.collate([aug.processor.preprocess(Video(frames=_frames(n, n), fps=4.0)) for n in (4, 6)])
     with torch.no_grad():
         assert torch.equal(aug.eval()(batch), plain.eval()(batch))
         assert not torch.allclose(aug.train()(batch), plain.train()(batch))

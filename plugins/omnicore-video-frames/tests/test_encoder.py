@@ -25,7 +25,7 @@ def clips() -> list[Video]:
 
 def encode(enc, videos: list[Video]) -> torch.Tensor:
     with torch.no_grad():
-        return enc(enc.collate([enc.preprocess(v) for v in videos]))
+        return enc(enc.processor.collate([enc.processor.preprocess(v) for v in videos]))
 
 
 def test_tokens_follow_the_grid_in_time():
@@ -35,7 +35,7 @@ def test_tokens_follow_the_grid_in_time():
     enc = build(OPTS, hidden_size=H).eval()
     whole = clips()[0]
     halves = [Video(frames=whole.frames[i : i + 2], fps=4.0) for i in (0, 2)]
-    assert enc.grid(enc.preprocess(whole)) == (2, 2, 2)
+    assert enc.processor.grid(enc.processor.preprocess(whole)) == (2, 2, 2)
     out = encode(enc, [whole])
     torch.testing.assert_close(out, encode(enc, halves), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(out[:4], out[4:])
@@ -73,6 +73,7 @@ def test_projector_for_another_hidden_size_is_an_error(tmp_path):
         build({"checkpoint": str(tmp_path / "ckpt"), "frame_size": 16}, hidden_size=H + 1)
 
 
+@pytest.mark.slow
 def test_loads_the_vision_tower_of_a_full_qwen2_vl_folder(tmp_path):
     """A Qwen2VLForConditionalGeneration folder: its vision_config and model.visual.* tensors; the projector starts fresh."""
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
@@ -87,7 +88,7 @@ def test_loads_the_vision_tower_of_a_full_qwen2_vl_folder(tmp_path):
     assert enc.tower.state_dict().keys() == visual.keys()
     for k, v in visual.items():
         assert torch.equal(enc.tower.state_dict()[k], v), k
-    feats = enc.collate([enc.preprocess(v) for v in clips()])
+    feats = enc.processor.collate([enc.processor.preprocess(v) for v in clips()])
     with torch.no_grad():
         merged = full.model.visual(feats["pixel_values_videos"], grid_thw=feats["video_grid_thw"]).pooler_output
         torch.testing.assert_close(enc.eval()(feats), enc.projector(merged))
@@ -95,7 +96,7 @@ def test_loads_the_vision_tower_of_a_full_qwen2_vl_folder(tmp_path):
 
 def test_freeze_keeps_the_tower_and_trains_the_projector():
     enc = build(dict(OPTS, freeze=True), hidden_size=H).train()
-    out = enc(enc.collate([enc.preprocess(clips()[1])]))
+    out = enc(enc.processor.collate([enc.processor.preprocess(clips()[1])]))
     out.sum().backward()
     assert all(p.grad is None and not p.requires_grad for p in enc.tower.parameters())
     assert enc.projector.weight.grad is not None and enc.projector.weight.grad.abs().sum() > 0

@@ -10,11 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from omnicore.data.chat import ChatProcessor, encoder_token
-from omnicore.data.jsonl import SampleError, read_jsonl
-from omnicore.data.packing import collate
-from omnicore.model.build import prepare_tokenizer
-from omnicore.model.foundation import byte_tokenizer
+from omnicore.api import byte_tokenizer
+from omnicore.testing import ChatProcessor, SampleError, collate, encoder_token, prepare_tokenizer, read_jsonl
 from omnicore_video_frames.encoder import build
 
 H = 16

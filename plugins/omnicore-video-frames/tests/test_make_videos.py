@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnicore.api import load_video
-from omnicore.data.media import MediaError
+from omnicore.api import MediaError, load_video
 
 DIGITS = Path(__file__).resolve().parents[3] / "examples" / "digits"
 ARGS = ["--train", "6", "--eval", "4", "--frames", "7", "--fps", "5", "--seed", "3"]

@@ -63,6 +63,7 @@ def expected_tokens(n: int, r: float, f: float, max_frames: int, h: int, w: int,
     return math.ceil(m / 2) * (out_h // factor) * (out_w // factor)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("frame_size", [None, 16, (8, 24)])
 def test_num_tokens_grid_equals_encoder_rows(frame_size):
     """Over clip lengths (odd and even), source rates, sampling rates and frame sizes: num_tokens equals the
@@ -131,10 +132,10 @@ def test_processor_pickles_and_agrees_with_module():
     proc, module = build_processor(opts), build(opts, hidden_size=H)
     copied = pickle.loads(pickle.dumps(proc))
     for video in (clip(5, 20, 20, 6.0), clip(2, 9, 30, 1.0, seed=1)):
-        a, b, c = proc.preprocess(video), copied.preprocess(video), module.preprocess(video)
+        a, b, c = proc.preprocess(video), copied.preprocess(video), module.processor.preprocess(video)
         for k in a:
             assert torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]), k
-        assert proc.num_tokens(a) == copied.num_tokens(b) == module.num_tokens(c) and proc.grid(a) == module.grid(c)
+        assert proc.num_tokens(a) == copied.num_tokens(b) == module.processor.num_tokens(c) and proc.grid(a) == module.processor.grid(c)
 
 
 def test_bad_input_errors():
