@@ -27,8 +27,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-"$PY" -c 'import build, setuptools' 2>/dev/null \
-  || die "$PY lacks build or setuptools: run bash scripts/setup.sh (or $PY -m pip install build 'setuptools>=77')"
+# Every pyproject's build-system asks for setuptools>=77 (licence as an SPDX expression): checked once
+# here, so that each build may skip its own (-x: two fewer backend calls per build).
+"$PY" -c 'import build, setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' 2>/dev/null \
+  || die "$PY lacks build or setuptools>=77: run bash scripts/setup.sh (or $PY -m pip install build 'setuptools>=77')"
 
 PROJECTS=(.)
 for p in plugins/*/ contrib/*/; do
@@ -43,7 +45,7 @@ trap 'rm -rf "$LOGS"' EXIT
 
 # One build per project, JOBS at a time; each writes its output to LOGS/N.log and, when it worked, LOGS/N.ok.
 build_one() {
-  if "$PY" -m build --no-isolation --outdir "$OUT" "$2" >"$LOGS/$1.log" 2>&1; then touch "$LOGS/$1.ok"; fi
+  if "$PY" -m build --no-isolation --skip-dependency-check --outdir "$OUT" "$2" >"$LOGS/$1.log" 2>&1; then touch "$LOGS/$1.ok"; fi
 }
 for i in "${!PROJECTS[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
