@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a development environment in .venv: torch, omnicore and the first-party plugins (editable),
-# pytest, ruff (lint and format, run by the tests), build (scripts/build_dist.sh) and accelerate (the
+# pytest, ruff (lint and format, run by the tests), mypy (the type-checker test), build (scripts/build_dist.sh) and accelerate (the
 # bench extra). Safe to run again: it re-installs only when a pyproject, this script or the device
 # choice changed.
 #
@@ -146,7 +146,7 @@ install_packages() {
     fi
     editable+=(-e "$p")
   done
-  pip_install "torch==$TORCH" "${editable[@]}" "pytest>=8" "copier==9.19.1" "ruff==0.14.14" "build==1.6.1"
+  pip_install "torch==$TORCH" "${editable[@]}" "pytest>=8" "copier==9.19.1" "ruff==0.14.14" "mypy==1.19.1" "build==1.6.1"
 }
 
 # flash-attn builds against the installed torch: its build imports torch, packaging, psutil and ninja

@@ -135,6 +135,47 @@ def test_training_run_with_generated_encoder(generated, digits_jsonl):
     assert any(r.get("loss/decoder.image", 0) > 0 for r in rows), rows  # the generated decoder's head was trained
 
 
+MYPY_CONFIG = """[mypy]
+mypy_path = {root}
+follow_imports = silent
+[mypy-torch.*,transformers.*,numpy.*,safetensors.*,PIL.*,pydantic.*,pydantic_core.*,peft.*,accelerate.*,datasets.*,diffusers.*,soundfile.*,soxr.*,einops.*,tqdm.*,matplotlib.*,yaml.*,tokenizers.*,huggingface_hub.*,pytest.*,_pytest.*,pluggy.*]
+follow_imports = skip
+ignore_missing_imports = true
+"""
+
+PROBE = """from omnicore.api import CodebookDecoder, ComponentSpec, Encoder, Registry
+
+reveal_type(ComponentSpec)
+reveal_type(Registry.discover)
+reveal_type(CodebookDecoder.save_pretrained)
+reveal_type(Encoder.dummy_batch)
+ComponentSpec(kind="encoder", name="x", target="a:b")
+"""
+
+
+@pytest.mark.cli
+@pytest.mark.slow
+def test_a_type_checker_sees_the_api_types_in_generated_plugins(generated, tmp_path):
+    """mypy on the generated plugins of every kind and on a probe that uses the API: the names of
+    omnicore.api have their real types (the TYPE_CHECKING block and py.typed), not Any, and a call
+    that API 2.0 does not allow (``ComponentSpec(kind=...)``) is an error."""
+    pytest.importorskip("mypy", reason="the type-checker test needs mypy (scripts/setup.sh installs the test extra)")
+    work, env, dirs = generated
+    (tmp_path / "mypy.ini").write_text(MYPY_CONFIG.format(root=ROOT))
+    (tmp_path / "probe.py").write_text(PROBE)
+    packages = [str(next(p for p in d.iterdir() if (p / "__init__.py").is_file() and p.name.startswith("omnicore_"))) for d in dirs]
+    cmd = [sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"), "--no-incremental", "--cache-dir", os.devnull]
+    clean = subprocess.run([*cmd, *packages], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert clean.returncode == 0 and "Success" in clean.stdout, clean.stdout[-3000:] + clean.stderr[-2000:]
+    probe = subprocess.run([*cmd, str(tmp_path / "probe.py")], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    out = probe.stdout
+    assert 'Revealed type is "def (name: builtins.str, target: builtins.str,' in out, out
+    assert "-> omnicore.components.ComponentSpec" in out and "-> omnicore.registry.discovery.Registry" in out, out
+    assert "omnicore.model.codebook.CodebookDecoder" in out and "omnicore.components.Encoder" in out, out
+    assert 'Unexpected keyword argument "kind" for "ComponentSpec"' in out, out
+    assert 'Revealed type is "Any"' not in out, out
+
+
 def test_nothing_left_in_the_venv():
     from importlib import metadata
 
