@@ -125,8 +125,7 @@ def build_processors(cfg: Config, registry: Registry | None = None) -> tuple[dic
     key -> :class:`omnicore.components.Processor`, built from the components' options alone.
 
     Nothing of the model is imported or built: no foundation, no ``nn.Module``, no weights read
-    (:meth:`omnicore.registry.Registry.build_processor`; a plugin written for API 1.1 is the
-    exception, built whole with a warning). A relative ``checkpoint`` in a component's options is
+    (:meth:`omnicore.registry.Registry.build_processor`). A relative ``checkpoint`` in a component's options is
     taken relative to the config file, as :func:`build_omni_model` does. This is what data workers
     use.
 
