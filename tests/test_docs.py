@@ -1,16 +1,17 @@
-"""PLUGINS.md against the code: every hook spec and every contract member has its reference entry.
+"""PLUGINS.md against the imported code: every hook spec and every contract member has its reference entry.
 
-The reference is checked, not generated, so it can explain more than the docstrings; these tests
-fail as soon as the code and the page disagree:
+``scripts/gen_reference.py`` writes the reference from the sources, read with :mod:`ast`
+(``tests/test_reference.py`` checks that it is current); these tests check what it wrote against the
+modules as Python imports them, with :mod:`inspect`, a second way to read the same code:
 
-* each hook spec of :mod:`omnicore.hookspecs` has a heading ``#### `name(params) -> ret` `` under
-  ``### Hooks``, with the signature exactly as :func:`inspect.signature` gives it, and no heading
-  there names a hook that does not exist;
+* each hook spec of :mod:`omnicore.hookspecs` has a row ``| `name(params) -> ret` | `kind` |`` in the
+  table under ``### Hooks``, with the signature as :func:`inspect.signature` gives it and the kind
+  that ``HOOK_FOR_KIND`` gives, and no row there names a hook that does not exist;
 * each ``Protocol`` of :mod:`omnicore.components` (the required contract of each kind, its optional
   and per-op parts, and what the core hands a parallel strategy) has a ``#### `Name` `` section
-  under ``### Contracts`` that lists every method as ``name(params) -> ret`` (parameter names
-  without ``self``, the return annotation as written in the code) and every attribute or property
-  as ``name: type``; ``tests/test_contract_reads.py`` checks that the core reads nothing else;
+  under ``### Contracts`` that lists every method as ``name(params) -> ret`` (parameters as written,
+  with annotations and defaults, without ``self``) and every attribute or property as
+  ``name: type``; ``tests/test_contract_reads.py`` checks that the core reads nothing else;
 * every kind has its hook and its contract.
 """
 
@@ -59,12 +60,40 @@ def _protocols() -> dict[str, type]:
     return {n: c for n, c in vars(components).items() if inspect.isclass(c) and c is not Protocol and getattr(c, "_is_protocol", False)}
 
 
+def _annotation(a) -> str:
+    return a if isinstance(a, str) else inspect.formatannotation(a)
+
+
 def _signature(fn, *, drop_self: bool = False) -> str:
+    """``name(params) -> ret`` from :func:`inspect.signature`: each parameter as
+    ``name: annotation = default`` (``name=default`` without annotation), ``*args``, ``**kwargs``,
+    a bare ``*`` before keyword-only ones."""
     sig = inspect.signature(fn)
-    params = [p.name for p in sig.parameters.values() if not (drop_self and p.name == "self")]
-    ret = sig.return_annotation
-    ret = ret if isinstance(ret, str) else inspect.formatannotation(ret)
-    return f"{fn.__name__}({', '.join(params)}) -> {ret}"
+    params, star = [], False
+    for p in sig.parameters.values():
+        if drop_self and p.name == "self":
+            continue
+        if p.kind is p.KEYWORD_ONLY and not star:
+            params.append("*")
+        star = star or p.kind in (p.VAR_POSITIONAL, p.KEYWORD_ONLY)
+        text = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "") + p.name
+        if p.annotation is not p.empty:
+            text += f": {_annotation(p.annotation)}"
+        if p.default is not p.empty:
+            text += f" = {p.default!r}" if p.annotation is not p.empty else f"={p.default!r}"
+        params.append(text)
+    ret = "" if sig.return_annotation is sig.empty else f" -> {_annotation(sig.return_annotation)}"
+    return f"{fn.__name__}({', '.join(params)}){ret}"
+
+
+def _hook_rows() -> dict[str, list[str]]:
+    """Signature -> the other cells of each row of the hooks table (``| `sig` | `kind` | ... |``)."""
+    rows = {}
+    for line in _reference()["Hooks"].splitlines():
+        m = re.match(r"^\| `([^`]+)` \|(.*)\|$", line)
+        if m:
+            rows[m.group(1)] = [c.strip() for c in m.group(2).split(" | ")]
+    return rows
 
 
 def _contract_members(cls: type) -> tuple[list[str], list[str]]:
@@ -96,19 +125,22 @@ def test_found_what_to_check():
     in_contracts = {p.__name__ for protos in components.CONTRACTS.values() for p in protos}
     assert set(_protocols()) - in_contracts == {"ParallelModel", "ParallelStateView"}
     methods, attrs = _contract_members(components.Processor)
-    assert "preprocess(media) -> dict[str, Any]" in methods and attrs == ["modality: str"]
+    assert "preprocess(media: Any) -> dict[str, Any]" in methods and attrs == ["modality: str"]
+    assert _signature(components.ParallelStateView.fsdp_mesh, drop_self=True) == "fsdp_mesh(shard_dim: str = 'fsdp') -> Any"
+    assert _signature(components.ParallelStateView.submesh, drop_self=True) == "submesh(*dims: str) -> Any"
+    assert len(_hook_rows()) == 6
 
 
 @pytest.mark.parametrize("name", sorted(_hookspecs()))
 def test_every_hook_has_a_reference_entry_with_its_signature(name):
-    hooks = _sections(_reference()["Hooks"], 4)
-    want = f"`{_signature(_hookspecs()[name])}`"
-    assert want in hooks, f"PLUGINS.md, Reference > Hooks: add a heading '#### {want}' (headings there: {sorted(hooks)})"
-    assert hooks[want].strip(), f"PLUGINS.md: the entry {want} is empty"
+    rows = _hook_rows()
+    want = _signature(_hookspecs()[name])
+    assert want in rows, f"PLUGINS.md, Reference > Hooks: no row for `{want}` (rows: {sorted(rows)}); run python scripts/gen_reference.py"
+    assert all(rows[want]), f"PLUGINS.md: the row of {want} has an empty cell: {rows[want]}"
 
 
 def test_no_reference_entry_for_a_hook_that_does_not_exist():
-    documented = {re.match(r"`(\w+)\(", h).group(1) for h in _sections(_reference()["Hooks"], 4) if h.startswith("`")}
+    documented = {re.match(r"(\w+)\(", sig).group(1) for sig in _hook_rows()}
     assert documented <= set(_hookspecs()), (
         f"PLUGINS.md documents hooks not in omnicore/hookspecs.py: {sorted(documented - set(_hookspecs()))}"
     )
@@ -126,10 +158,10 @@ def test_every_contract_member_has_a_reference_entry(name):
 
 
 def test_each_kind_names_its_hook():
-    hooks = _reference()["Hooks"]
+    rows = _hook_rows()
     for kind, hook in hookspecs.HOOK_FOR_KIND.items():
-        body = _sections(hooks, 4)[f"`{_signature(_hookspecs()[hook])}`"]
-        assert f'kind="{kind}"' in body, f'PLUGINS.md: the entry of {hook} must say it registers kind="{kind}"'
+        cells = rows[_signature(_hookspecs()[hook])]
+        assert cells[0] == f"`{kind}`", f"PLUGINS.md: the row of {hook} must name the kind it registers, `{kind}`, not {cells[0]}"
 
 
 # ---- README.md and docs/: structure, links, commands and config keys ---------------------------
