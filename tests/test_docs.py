@@ -380,6 +380,7 @@ def test_every_docs_page_exists_and_is_linked_from_the_readme_and_the_index():
         if page.name != "index.md":
             assert page.name in index_links, f"docs/index.md does not list docs/{page.name}"
     assert "docs/index.md" in readme_links and "PLUGINS.md" in readme_links
+    assert "reference/config.md" in {Path(t.split("#")[0]).as_posix() for t in _links(ROOT / "docs" / "config.md")}
 
 
 @pytest.mark.parametrize("page", _doc_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
