@@ -144,6 +144,12 @@ class Processor(Protocol):
     from the same options, must agree with it exactly: the same features, the same
     :meth:`num_tokens` (the number of output embeddings, or of codes, of the module) and the same
     collated batch, which the module's ``forward`` (encoders) or ``encode`` (decoders) takes.
+
+    Optional: ``grid(features) -> tuple[int, int, int]``, the ``(t, h, w)`` layout of one item's
+    tokens as placed in the foundation (after any spatial merge; tokens in t, h, w raster order),
+    with ``t * h * w == num_tokens(features)``. Read only for an mRoPE foundation
+    (:mod:`omnicore.data.positions`); an encoder whose processor lacks it (audio) is laid out as
+    text. Decoders' grids are not used (their codes are laid out as text).
     """
 
     modality: str
@@ -166,12 +172,6 @@ class Processor(Protocol):
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         """Batch a list of per-item feature dicts (in order) for the module's ``forward``
         (encoder) or ``encode`` (decoder)."""
-
-    # Optional: ``grid(features) -> tuple[int, int, int]``, the ``(t, h, w)`` layout of one item's
-    # tokens as placed in the foundation (after any spatial merge; tokens in t, h, w raster order),
-    # with ``t * h * w == num_tokens(features)``. Read only for an mRoPE foundation
-    # (:mod:`omnicore.data.positions`); an encoder whose processor lacks it (audio) is laid out as
-    # text. Decoders' grids are not used (their codes are laid out as text).
 
 
 @runtime_checkable
@@ -453,7 +453,9 @@ class ParallelStateView(Protocol):
     the same sizes and no process groups)."""
 
     rank: int
+    """This process's global rank, ``0 <= rank < world_size``."""
     world_size: int
+    """The number of processes in the run (1 without a process group)."""
     mesh: Any
     """The ``DeviceMesh`` (dims ``dp_replicate, dp_shard, ep, sp``), None on one process."""
     mixed_precision: str
@@ -542,7 +544,7 @@ class Logger(Protocol):
         ``row`` maps names to ``float``, ``int``, ``bool``, ``str`` or ``None`` (a figure the
         device cannot give, such as MFU on CPU); a float may be NaN or inf (a skipped step).
         ``split`` is ``"train"`` for training rows and ``"val"`` for validation rows; a logger
-        keeps the splits apart (TensorBoard: tags ``train/loss``, ``val/loss``)."""
+        keeps the splits apart (TensorBoard: tags ``train/<name>`` and ``val/<name>``)."""
 
     def log_images(self, step: int, name: str, images: list[Any]) -> None:
         """Record images at step ``step`` under ``name`` (such as ``samples/image``): each a numpy
