@@ -22,7 +22,7 @@ def built(digits_jsonl):
     cfg = Config.model_validate(tiny_config_dict(str(digits_jsonl / "train.jsonl")))
     model, tok = build_omni_model(cfg)
     model.eval()
-    return model, tok, ChatProcessor(tok, dict(model.encoders), dict(model.decoders))
+    return model, tok, ChatProcessor.for_model(tok, model, cfg.data)  # the modules' processors, as eval and generate build it
 
 
 def _prompt(processor, parts):
