@@ -396,6 +396,39 @@ def test_links_resolve_to_files_and_headings(page):
     assert not bad, f"{page.relative_to(ROOT)}: broken links: {bad}"
 
 
+_REPO_PATH = re.compile(r"^(omnicore|tests|plugins|contrib|examples|bench|scripts|docs)/[\w./-]*$")
+
+
+def _repo_paths(path: Path) -> set[str]:
+    """Paths of this repository that a page names in `backticks` (``tests/test_x.py::test_y`` as its
+    file), without git-ignored outputs (``bench/results/``, the digits data) and placeholders
+    (``plugins/NAME/tests``)."""
+    ignored = [line.strip().rstrip("/") for line in (ROOT / ".gitignore").read_text().splitlines() if line.strip().endswith("/")]
+    out = set()
+    for span in re.findall(r"`([^`\n]+)`", _prose(path.read_text())):
+        for word in span.split():
+            word = word.split("::")[0].rstrip(",;:)")
+            if not _REPO_PATH.match(word) or any(part.isupper() for part in word.split("/")):
+                continue
+            parts = word.rstrip("/").split("/")
+            if any(word.rstrip("/") == ig or word.startswith(ig + "/") if "/" in ig else ig in parts for ig in ignored):
+                continue
+            out.add(word)
+    return out
+
+
+@pytest.mark.parametrize("page", _doc_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_repository_paths_named_in_the_docs_exist(page):
+    missing = sorted(p for p in _repo_paths(page) if not (ROOT / p).exists())
+    assert not missing, f"{page.relative_to(ROOT)} names files that are not in the repository: {missing}"
+
+
+def test_the_path_check_finds_paths():
+    paths = _repo_paths(ROOT / "docs" / "data.md")
+    assert {"tests/test_mrope.py", "bench/data_scale.py"} <= paths
+    assert not _repo_paths(ROOT / "bench" / "README.md") & {"bench/results/suite.json", "examples/digits/data/train.jsonl"}
+
+
 @pytest.mark.parametrize("page", _doc_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_config_keys_named_in_the_docs_exist(page):
     from omnicore.config import REMOVED_KEYS
@@ -491,6 +524,7 @@ def test_config_blocks_in_the_docs_validate(page):
         assert checked, f"{page.relative_to(ROOT)}: found no config block to check"
 
 
+@pytest.mark.slow
 def test_no_docstring_names_a_path_outside_the_repository():
     """Docstrings name files of this repository only: a path into a workspace (``../shared``, ``/tmp/``,
     ``/work/``) means nothing to a reader of the package."""
