@@ -200,6 +200,7 @@ def _foundation(attention: str):
     return lm
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["sdpa", IMPLEMENTATION])
 def test_no_square_tensor_in_a_packed_forward_and_backward(attention):
     """sdpa builds a ``[T, T]`` block-diagonal mask for a packed row (the positive control);
@@ -217,6 +218,7 @@ def test_no_square_tensor_in_a_packed_forward_and_backward(attention):
         assert not mode.hits, mode.hits[:3]
 
 
+@pytest.mark.slow
 def test_packed_logits_and_grads_equal_sdpa_on_the_digits_model(digits_jsonl):
     """The tiny omni-modal model on a packed row of real samples (image, audio and image-target):
     sdpa_varlen gives sdpa's logits, loss and every parameter gradient within 1e-5."""
@@ -256,6 +258,7 @@ def test_packed_logits_and_grads_equal_sdpa_on_the_digits_model(digits_jsonl):
         torch.testing.assert_close(gb[n], ga[n], atol=1e-5, rtol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
 
 
+@pytest.mark.slow
 def test_compiled_blocks_follow_new_position_ids():
     """torch.compile'd blocks (dynamo, eager backend) do not bake in one row's sample plan: the
     attention runs eagerly, so a second row with other sample lengths gives uncompiled values."""
@@ -271,6 +274,7 @@ def test_compiled_blocks_follow_new_position_ids():
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_generation_with_kv_cache_equals_sdpa(digits_jsonl):
     """``omnicore.model.generation.generate`` (prefill, then one query per step against the KV cache):
     greedy tokens with sdpa_varlen are sdpa's."""
@@ -296,6 +300,7 @@ def test_generation_with_kv_cache_equals_sdpa(digits_jsonl):
     assert got[IMPLEMENTATION] == got["sdpa"] and all(len(ids) > 1 for ids in got["sdpa"])
 
 
+@pytest.mark.slow
 def test_cu_seqlens_flow_from_collate_to_the_kernel(monkeypatch, digits_jsonl):
     """``cu_seqlens`` is built once, at collate, and reaches the varlen kernel through OmniModel's
     keyword arguments: with them the kernel never recomputes boundaries from ``position_ids`` (the

@@ -76,6 +76,7 @@ def test_samples_fit_the_budget_and_template_count(text_jsonl):
     assert len(enc) == nbytes + data.TEMPLATE_TOKENS
 
 
+@pytest.mark.slow
 def test_handwritten_loop_matches_omnicore(text_jsonl):
     """Same weights, rows, optimizer and loss: identical losses step by step."""
     r = overhead.measure(str(text_jsonl), max_tokens=256, steps=3, warmup=1, repeats=1, lm=TINY)
@@ -83,6 +84,7 @@ def test_handwritten_loop_matches_omnicore(text_jsonl):
     assert r["ratio"] > 0 and len(r["omnicore_step_ms"]) == len(r["handwritten_step_ms"]) == 2
 
 
+@pytest.mark.slow
 def test_trainer_runs_see_the_same_tokens(text_jsonl):
     pytest.importorskip("accelerate")
     from suite import hf_trainer
@@ -113,6 +115,7 @@ def test_startup_reuses_plugins_startup():
     assert r["omnicore_plugins_median_ms"] > r["python_c_pass_median_ms"]
 
 
+@pytest.mark.slow
 def test_data_scale_dataset_repeats_real_media_round_robin(tmp_path):
     import data_scale
 

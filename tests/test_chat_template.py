@@ -191,6 +191,7 @@ def test_exported_tokenizer_reloads_with_its_end_of_turn(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_training_from_a_folder_with_a_template_matches_a_reference_loss(tmp_path):
     """A foundation folder (save_pretrained of a tiny Qwen2 and a Qwen-style tokenizer) trains 2
     steps through ``omnicore.train.loop``. Every row is the same conversation, so the first step's

@@ -100,6 +100,7 @@ def test_contract_lists_are_the_protocols():
     assert contract_members("kernel") == {"op", "available", "activate", "linear_cross_entropy_sum"}
 
 
+@pytest.mark.slow
 def test_the_core_reads_only_contract_members(recording, digits_jsonl, tmp_path):
     from conftest import tiny_config_dict
 

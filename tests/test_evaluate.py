@@ -29,6 +29,7 @@ def _prompt(processor, parts):
     return processor.encode(Sample([Message("user", parts)], "t.jsonl", 1), prompt_only=True)
 
 
+@pytest.mark.slow
 def test_text_generation_matches_transformers_generate(built):
     """Our KV-cached greedy loop gives the token ids of transformers' own greedy ``generate``."""
     model, tok, processor = built
@@ -48,6 +49,7 @@ def test_text_generation_matches_transformers_generate(built):
     assert len(ours) == 12 or ours[-1] == tok.eos_token_id
 
 
+@pytest.mark.slow
 def test_image_generation_equals_teacher_forced_argmax(built, digits_jsonl, tmp_path):
     """Force the LM to open an image span; each generated code must be the argmax of the decoder
     head at the previous position when the whole sequence is run again without a cache."""
@@ -83,6 +85,7 @@ def test_image_generation_equals_teacher_forced_argmax(built, digits_jsonl, tmp_
     assert img.tobytes() == want.tobytes()
 
 
+@pytest.mark.slow
 def test_eval_accuracy_counts_exact_matches(built, digits_jsonl, tmp_path, monkeypatch):
     """``evaluate`` scores generated answers by exact match per task; compare with a manual count."""
     import omnicore.eval.loading
@@ -107,6 +110,7 @@ def test_eval_accuracy_counts_exact_matches(built, digits_jsonl, tmp_path, monke
         assert result["tasks"][task]["correct"] == sum(hits)
 
 
+@pytest.mark.slow
 def test_generate_cli_labels_the_text_and_saves_images(built, tmp_path, monkeypatch):
     """``omnicore generate`` prints the text labelled and quoted (an image prompt's stray text is not
     read as an answer), then one ``saved PATH`` line per image, equal to :func:`generate`'s."""
@@ -186,6 +190,7 @@ def _answer_tokens(processor, answer: str) -> int:
     )
 
 
+@pytest.mark.slow
 def test_eval_reports_the_loss_of_every_task_as_each_task_alone(built, tasks_file, tmp_path, monkeypatch, caplog):
     """``evaluate`` gives every task (media answers included) its loss per target over its own
     samples, equal to a sample-by-sample reference; text tasks keep their accuracy; the overall

@@ -222,6 +222,7 @@ def _check(result: dict, ref: dict, label: str = "") -> tuple[float, float]:
     return dl, dg
 
 
+@pytest.mark.slow
 def test_reference_routing_covers_the_edge_cases(ref):
     """The forced routing really leaves expert 3 without tokens in layer 0 and experts 2, 3 in
     layer 1 (zero gradients), while the other experts get gradients."""

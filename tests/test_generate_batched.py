@@ -39,6 +39,7 @@ def _same(a: dict, b: dict) -> bool:
     return a["token_ids"] == b["token_ids"] and a["text"] == b["text"] and images(a) == images(b)
 
 
+@pytest.mark.slow
 def test_batched_greedy_equals_one_at_a_time(built, prompts):
     """One left-padded batch gives, row by row, exactly the tokens, text and images of generating each
     prompt alone; with the image-start logit raised a little, some rows open an image (decoder codes
@@ -87,6 +88,7 @@ def test_sampling_is_reproducible_and_independent_of_the_batch(built, prompts):
     assert [o["token_ids"] for o in other] != [o["token_ids"] for o in first]
 
 
+@pytest.mark.slow
 def test_pick_top_k_and_top_p_keep_the_right_tokens():
     """Draw frequencies match the renormalised kept probabilities: top_k keeps the k largest, top_p the
     smallest set whose probability reaches p."""
@@ -139,6 +141,7 @@ def test_eval_json_rows_limit_and_batch_size(built, digits_jsonl, tmp_path, monk
     assert saved["summary"]["correct"] == sum(r["correct"] for r in saved["samples"])
 
 
+@pytest.mark.slow
 def test_generate_cli_prompts_and_samples(built, tmp_path, monkeypatch):
     """Two prompts x two samples: four labelled answers, prompt-major, answer ``k`` drawn with seed
     ``run.seed + k``; several samples with greedy decoding are refused."""

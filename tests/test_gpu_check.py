@@ -6,9 +6,12 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_gpu_check_cpu_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
     mod = importlib.util.module_from_spec(spec)

@@ -65,6 +65,7 @@ def _assert_same(got: dict, want: dict) -> None:
     assert not different, different[:5]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["export", "checkpoint"])
 def test_stage2_starts_from_stage1_weights_with_fresh_optimizer(stage1, form):
     from omnicore.model.build import build_omni_model
@@ -96,6 +97,7 @@ def test_stage2_starts_from_stage1_weights_with_fresh_optimizer(stage1, form):
         assert run.cfg.model.init_from is None
 
 
+@pytest.mark.slow
 def test_data_position_is_fresh(stage1):
     """The data pipeline starts where a run without init_from starts, not where stage 1 stopped."""
     run, _ = _state_of_setup(_stage2(stage1, "run2-data", "run1"))
@@ -103,6 +105,7 @@ def test_data_position_is_fresh(stage1):
     assert run.data.state_dict() == fresh.data.state_dict()
 
 
+@pytest.mark.slow
 def test_resume_continues_stage2_not_stage1(stage1):
     from omnicore.eval.loading import load_trained
     from omnicore.train.loop import train
@@ -119,6 +122,7 @@ def test_resume_continues_stage2_not_stage1(stage1):
     assert len(run.optimizer.state) > 0 and run.scheduler.last_epoch == 1
 
 
+@pytest.mark.slow
 def test_run_folder_resolves_to_export_else_newest_checkpoint(stage1, tmp_path):
     work, d, _ = stage1
     cfg = _stage2(stage1, "r", str(work / "run1"))
@@ -134,6 +138,7 @@ def test_run_folder_resolves_to_export_else_newest_checkpoint(stage1, tmp_path):
     assert (got.kind, got.folder.name) == ("checkpoint", f"step-{STEPS - 1:08d}")
 
 
+@pytest.mark.slow
 def test_bad_folders_are_named(stage1, tmp_path):
     with pytest.raises(CheckpointError, match=r"model.init_from: nowhere .*no such folder"):
         resolve_init_from(_stage2(stage1, "r", "nowhere"))
@@ -149,6 +154,7 @@ def test_bad_folders_are_named(stage1, tmp_path):
         resolve_init_from(_stage2(stage1, "r", str(bad)))
 
 
+@pytest.mark.slow
 def test_cli_reports_a_bad_init_from_in_one_line(stage1, tmp_path, capsys):
     import yaml
 
@@ -167,6 +173,7 @@ def test_cli_reports_a_bad_init_from_in_one_line(stage1, tmp_path, capsys):
                    "its export/ or a checkpoint (checkpoints/step-NNNNNNNN)"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_component_mismatch_with_the_export_is_named(stage1):
     work, d, _ = stage1
     export = work / "run1" / "export"
@@ -187,6 +194,7 @@ def test_component_mismatch_with_the_export_is_named(stage1):
     assert got.decoders["image"].options == {"checkpoint": str(export / "decoders" / "image"), "image_size": 32}
 
 
+@pytest.mark.slow
 def test_an_export_with_its_adapter_apart_is_refused(stage1, tmp_path):
     """model.lora.export: adapter leaves the trained adapter in foundation_lora/: starting from the
     folders alone would silently drop it."""
@@ -201,6 +209,7 @@ def test_an_export_with_its_adapter_apart_is_refused(stage1, tmp_path):
         apply_export(cfg, export)
 
 
+@pytest.mark.slow
 def test_checkpoint_that_does_not_fit_the_model_names_the_keys(stage1):
     """Checkpoint form, strict: stage 2 without the audio encoder meets stage 1's audio tensors."""
     cfg = _stage2(stage1, "r-strict", f"run1/checkpoints/step-{STEPS:08d}")
@@ -216,6 +225,7 @@ def test_peft_base_key():
     assert peft_base_key("lm.model.embed_tokens.weight") == "lm.model.embed_tokens.weight"
 
 
+@pytest.mark.slow
 def test_checkpoint_form_into_a_model_with_lora_adapters(stage1):
     """Stage 2 with model.lora from a stage-1 checkpoint without adapters: every base weight is
     stage 1's (matched through PEFT's base_layer names), the adapters keep their fresh init."""

@@ -430,6 +430,7 @@ def test_component_option_errors_are_one_line(tmp_path, monkeypatch):
         sys.modules.pop("inputs_opts_mod", None)
 
 
+@pytest.mark.slow
 def test_training_skips_an_over_long_sample_from_the_config(tmp_path):
     """Wired end to end: ``data.on_error: skip`` drops a sample longer than ``data.max_tokens`` and
     trains on the rest; ``raise`` stops with FILE:LINE, the length and the budget."""

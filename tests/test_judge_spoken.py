@@ -70,6 +70,7 @@ def test_judge_input_starts_before_the_onset_and_pads_with_the_floor():
     assert torch.all(x[:, : js.LEAD_FRAMES] == -1) and torch.all(x[:, 50 - onset :] == -1)
 
 
+@pytest.mark.slow
 def test_classifier_learns_spoken_digits_from_a_small_subset():
     """Takes 5-9 (300 clips), 12 epochs; held out: takes 0-1 (120 clips). Chance is 0.1; measured 0.358,
     0.65, 0.683 for seeds 0, 1, 2 (so small a fit varies a lot; the full fit reaches 0.99)."""

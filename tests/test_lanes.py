@@ -25,6 +25,7 @@ A test is marked when it, its class, or its module (``pytestmark = ...``) carrie
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,20 +80,26 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
-def _aliases(tree: ast.Module) -> dict[str, str]:
-    """Local name -> fully qualified name, from every import in the module (any depth)."""
-    out: dict[str, str] = {}
+def _imports_and_docstrings(tree: ast.Module) -> tuple[dict[str, str], set[int]]:
+    """One walk over the module: local name -> fully qualified name from every import (any depth),
+    and the ids of every docstring node (a docstring naming torchrun launches nothing)."""
+    aliases: dict[str, str] = {}
+    docstrings: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.asname:
-                    out[a.asname] = a.name
+                    aliases[a.asname] = a.name
                 else:
-                    out[a.name.split(".")[0]] = a.name.split(".")[0]
+                    aliases[a.name.split(".")[0]] = a.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for a in node.names:
-                out[a.asname or a.name] = f"{node.module}.{a.name}"
-    return out
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Module) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    return aliases, docstrings
 
 
 def _mark_names(expr: ast.AST) -> set[str]:
@@ -138,16 +145,19 @@ class _Node:
 _LAUNCHER = "launcher"  # a torchrun argv: multiprocess where the test runs it as written, at least cli in a helper
 
 
-def _scan(body: ast.AST, aliases: dict[str, str], label: str) -> _Node:
+def _merge(label: str, parts: list[_Node]) -> _Node:
+    """One node reaching everything that ``parts`` reach (a helper class: all its methods)."""
     node = _Node(label)
-    docstrings = {
-        id(n.body[0].value)
-        for n in ast.walk(body)
-        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Module)
-        and n.body
-        and isinstance(n.body[0], ast.Expr)
-        and isinstance(n.body[0].value, ast.Constant)
-    }
+    for part in parts:
+        for kind, why in part.signals.items():
+            node.signals.setdefault(kind, why)
+        node.names |= part.names
+        node.self_attrs |= part.self_attrs
+    return node
+
+
+def _scan(body: ast.AST, aliases: dict[str, str], label: str, docstrings: set[int]) -> _Node:
+    node = _Node(label)
     for n in ast.walk(body):
         if isinstance(n, ast.Attribute | ast.Name) and isinstance(n.ctx, ast.Load):
             name = _dotted(n)
@@ -188,16 +198,17 @@ class _Module:
     module_marks: set[str]
 
 
+@functools.cache  # conftest.py and imported test modules are read by many modules
 def _parse(source: str, name: str) -> _Module:
     tree = ast.parse(source, name)
-    aliases = _aliases(tree)
+    aliases, docs = _imports_and_docstrings(tree)
     defs: dict[str, _Node] = {}
     fixtures: dict[str, _Node] = {}
     tests: list[tuple[_Node, set[str], dict[str, _Node]]] = []
     module_marks: set[str] = set()
     for stmt in tree.body:
         if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
-            node = _scan(stmt, aliases, stmt.name)
+            node = _scan(stmt, aliases, stmt.name, docs)
             is_fixture, session = _is_fixture(stmt)
             if is_fixture:
                 if not session:
@@ -210,22 +221,25 @@ def _parse(source: str, name: str) -> _Module:
             class_marks = set().union(*(_mark_names(d) for d in stmt.decorator_list)) if stmt.decorator_list else set()
             methods: dict[str, _Node] = {}
             class_tests: list[_Node] = []
-            class_node = _scan(stmt, aliases, stmt.name)
+            parts = [_scan(d, aliases, stmt.name, docs) for d in stmt.decorator_list + stmt.bases + stmt.keywords]
             for item in stmt.body:
                 if isinstance(item, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in item.targets):
                     class_marks |= _mark_names(item.value)
-                elif isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                    node = _scan(item, aliases, f"{stmt.name}.{item.name}")
+                if not isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    parts.append(_scan(item, aliases, stmt.name, docs))
+                else:
+                    node = _scan(item, aliases, f"{stmt.name}.{item.name}", docs)
+                    parts.append(node)
                     is_fixture, session = _is_fixture(item)
                     if is_fixture:
                         if not session:
                             fixtures[item.name] = node
-                    elif item.name.startswith("test") and stmt.name.startswith("Test"):
+                    elif item.name.startswith("test") and (stmt.name.startswith("Test") or stmt.name.endswith("Contract")):
                         class_tests.append(node)
                     else:
                         methods[item.name] = node
             tests.extend((t, class_marks, methods) for t in class_tests)
-            defs[stmt.name] = class_node  # a helper class used by name: everything in it counts
+            defs[stmt.name] = _merge(stmt.name, parts)  # a helper class used by name: everything in it counts
         elif isinstance(stmt, ast.Assign | ast.AnnAssign):
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             names = [t.id for t in targets if isinstance(t, ast.Name)]
@@ -233,7 +247,7 @@ def _parse(source: str, name: str) -> _Module:
                 module_marks |= _mark_names(stmt.value)
             elif stmt.value is not None:
                 for n in names:
-                    defs[n] = _scan(stmt.value, aliases, n)
+                    defs[n] = _scan(stmt.value, aliases, n, docs)
                     defs[n].constant = True
     return _Module(aliases, defs, fixtures, tests, module_marks)
 
@@ -339,6 +353,7 @@ def _conftests(path: Path) -> tuple[str, ...]:
     return tuple(out)
 
 
+@functools.cache
 def _siblings(folder: Path) -> dict[str, str]:
     """Module name -> source of what a test module in ``folder`` imports by plain name: the modules
     beside it (pytest puts its folder on ``sys.path``), then tests/ (``pythonpath`` in pyproject.toml)."""
@@ -351,11 +366,22 @@ def test_every_process_starting_test_is_marked():
     """No test module in tests/, plugins/ or contrib/ starts a process from an unmarked test."""
     modules = _test_modules()
     assert len(modules) > 50, f"found only {len(modules)} test modules under {ROOT}"
-    siblings = {folder: _siblings(folder) for folder in {p.parent for p in modules}}
     problems = [
-        p for path in modules for p in unmarked(path.read_text(), str(path.relative_to(ROOT)), _conftests(path), siblings[path.parent])
+        p for path in modules for p in unmarked(path.read_text(), str(path.relative_to(ROOT)), _conftests(path), _siblings(path.parent))
     ]
     assert not problems, "tests that start processes need a marker (or `pytestmark = ...` for the whole module):\n" + "\n".join(problems)
+
+
+def test_contract_suites_mark_their_process_tests():
+    """The contract suites of omnicore.testing (classes named ``*Contract``, whose tests every plugin
+    inherits) mark their process-starting tests too, and the marker is registered for a plugin's
+    own suite by omnicore's pytest plugin."""
+    source = (ROOT / "omnicore" / "testing" / "contracts.py").read_text()
+    got = reached(source, "omnicore/testing/contracts.py")
+    hook = got["ComponentContract.test_hook_module_imports_without_torch"]
+    assert CLI in hook[0] and CLI in hook[1], hook
+    assert unmarked(source, "omnicore/testing/contracts.py") == []
+    assert 'addinivalue_line("markers", "cli:' in (ROOT / "omnicore" / "testing" / "pytest_plugin.py").read_text()
 
 
 def test_markers_are_registered_and_strict():

@@ -16,6 +16,7 @@ check = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(check)
 
 
+@pytest.mark.slow
 def test_omnicore_has_no_cycles_and_no_upward_imports():
     g = check.graph()
     assert len(g) > 40 and sum(len(d) for d in g.values()) > 60  # the real package, parsed
@@ -23,6 +24,7 @@ def test_omnicore_has_no_cycles_and_no_upward_imports():
     assert check.upward(g) == []
 
 
+@pytest.mark.slow
 def test_eval_and_train_depend_one_way():
     """``train`` asks ``eval`` (validator, sampler); nothing under ``eval`` imports ``train``, and the
     layers say so (eval below train), so an import back is reported as upward."""
@@ -34,6 +36,7 @@ def test_eval_and_train_depend_one_way():
     assert check.layer_of("omnicore.eval.heldout") < check.layer_of("omnicore.train.loop")
 
 
+@pytest.mark.slow
 def test_every_module_is_in_a_layer():
     for module in check.graph():
         check.layer_of(module)  # raises KeyError naming the module otherwise

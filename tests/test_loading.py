@@ -49,6 +49,7 @@ def saved(tmp_path_factory):
     return folder, _save_lm(folder)
 
 
+@pytest.mark.slow
 def test_loaded_by_name_from_the_local_hf_cache_offline(saved, tmp_path, monkeypatch):
     import huggingface_hub.constants as hub
 
@@ -100,6 +101,7 @@ def test_meta_build_then_fill_equals_from_pretrained_and_grows_rows_with_the_mea
     assert torch.equal(model.lm.model.rotary_emb.inv_freq, ref.model.rotary_emb.inv_freq)
 
 
+@pytest.mark.slow
 def test_tied_embeddings_stay_one_tensor(tmp_path):
     """A tied checkpoint has no lm_head.weight; the filled model shares one tensor, as from_pretrained's does."""
     from omnicore.model.build import build_omni_model

@@ -53,6 +53,7 @@ def _fresh_calls():
     logger_fakes.CALLS.clear()
 
 
+@pytest.mark.slow
 def test_default_jsonl_writes_the_rows_as_before(text_jsonl, tmp_path):
     cfg = _cfg(text_jsonl, tmp_path / "run", log_every=1)
     assert cfg.run.loggers == ["jsonl"]  # the default
@@ -64,6 +65,7 @@ def test_default_jsonl_writes_the_rows_as_before(text_jsonl, tmp_path):
     assert [r["step"] for r in history] == [1, 2, 3] and all(math.isfinite(r["loss"]) for r in history)
 
 
+@pytest.mark.slow
 def test_two_loggers_and_one_that_fails_mid_run(text_jsonl, tmp_path):
     cfg = _cfg(text_jsonl, tmp_path / "run", ["jsonl", "recording", "failing_log"], log_every=1)
     with warnings.catch_warnings(record=True) as caught:
@@ -88,6 +90,7 @@ def test_two_loggers_and_one_that_fails_mid_run(text_jsonl, tmp_path):
     assert len(_calls("recording", "close")) == 1
 
 
+@pytest.mark.slow
 def test_log_every_applies_to_every_logger(text_jsonl, tmp_path):
     loop.train(_cfg(text_jsonl, tmp_path / "run", ["recording"], log_every=2), registry=_registry())
     assert [step for step, _, _ in _calls("recording", "log_metrics")] == [2, 3]  # every 2nd step and the last

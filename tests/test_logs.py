@@ -164,6 +164,7 @@ PHASES = [
 ]
 
 
+@pytest.mark.slow
 def test_every_startup_phase_logs_one_timed_line(clean_logging, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("OMNICORE_LOG_LEVEL", raising=False)
     assert main(["train", str(_text_run(tmp_path, max_steps=1)), "--run.device", "cpu"]) == 0

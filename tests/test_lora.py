@@ -152,6 +152,7 @@ def _export(trained: dict, tmp_path, mode: str):
     return export_model(trained["model"], trained["tokenizer"], cfg, tmp_path / "export", trained["state"])
 
 
+@pytest.mark.slow
 def test_merged_export_loads_in_plain_transformers_with_the_trained_logits(trained, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -168,6 +169,7 @@ def test_merged_export_loads_in_plain_transformers_with_the_trained_logits(train
     assert "lora: null" in (out / "omnicore.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_adapter_export_loads_with_peft_with_the_trained_logits(trained, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -241,6 +243,7 @@ def test_meta_base_gets_real_cpu_adapters_initialised_the_peft_way():
     assert all(p.is_meta for p in planned.parameters())
 
 
+@pytest.mark.slow
 def test_training_run_with_lora_freezes_the_foundation_and_exports_the_merged_model(digits_jsonl, tmp_path):
     """The real loop (``train``): LoRA on the foundation, encoders and decoders training; the checkpoint loads
     back through ``load_trained`` with its adapters, and the merged export gives its logits."""
@@ -273,6 +276,7 @@ def test_training_run_with_lora_freezes_the_foundation_and_exports_the_merged_mo
     assert max_rel_diff(_lm_logits(hf, ids), _lm_logits(fresh.lm, ids)) > 1e-4  # the adapters trained
 
 
+@pytest.mark.slow
 def test_merged_export_keeps_tied_embeddings_tied(tmp_path):
     """A foundation with ``tie_word_embeddings``: the export gathers two tensors for one; the
     rebuilt model shares them again, and the merged folder gives the adapted model's logits."""

@@ -209,6 +209,7 @@ def _grads(module):
     return {n: p.grad for n, p in module.named_parameters() if p.requires_grad}
 
 
+@pytest.mark.slow
 def test_no_targets_gives_exact_zero_loss_and_finite_grads(sdpa):
     model, _, proc = sdpa
     mb = _mb(proc, [_text_only(proc), _text_only(proc)])
@@ -230,6 +231,7 @@ def test_no_targets_gives_exact_zero_loss_and_finite_grads(sdpa):
     model.zero_grad(set_to_none=True)
 
 
+@pytest.mark.slow
 def test_dummy_passes_give_every_component_param_a_zero_grad(sdpa):
     model, _, proc = sdpa
     mb = _mb(proc, [_text_only(proc)])

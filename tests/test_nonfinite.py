@@ -89,6 +89,7 @@ def _inject_nan_loss(monkeypatch, calls: set[int]) -> None:
     monkeypatch.setattr(OmniModel, "forward", forward)
 
 
+@pytest.mark.slow
 def test_lr_1e6_stops_at_the_first_nan_step_without_saving_or_exporting(text_cfg, tmp_path, watch):  # noqa: F811
     cfg = _config(text_cfg, tmp_path / "nan", lr=1e6, max_steps=4, save_every=1, export=True)
     with pytest.raises(NonFiniteError) as info:
@@ -120,6 +121,7 @@ def test_lr_1e6_stops_at_the_first_nan_step_without_saving_or_exporting(text_cfg
     assert [r["step"] for r in rows] == list(range(1, bad)) and all(math.isfinite(r["loss"]) for r in rows)
 
 
+@pytest.mark.slow
 def test_skip_leaves_weights_and_adamw_state_and_the_run_goes_on(text_cfg, tmp_path, watch, monkeypatch):  # noqa: F811
     plain = loop.train(_config(text_cfg, tmp_path / "plain", max_steps=4))
     _inject_nan_loss(monkeypatch, {2})  # grad_accum 1, one process: forward call 2 is step 2
@@ -139,6 +141,7 @@ def test_skip_leaves_weights_and_adamw_state_and_the_run_goes_on(text_cfg, tmp_p
     assert written[1]["loss"] is None and written[1]["skipped"] is True  # strict JSON: NaN written as null
 
 
+@pytest.mark.slow
 def test_skip_stops_after_max_skipped_steps_in_a_row(text_cfg, tmp_path, watch):  # noqa: F811
     cfg = _config(text_cfg, tmp_path / "many", lr=1e6, max_steps=8, on_nonfinite="skip", max_skipped_steps=2, save_every=1)
     with pytest.raises(NonFiniteError, match=r"non-finite training step 4: .*3 non-finite steps in a row; train.max_skipped_steps is 2"):
@@ -155,6 +158,7 @@ def test_skip_stops_after_max_skipped_steps_in_a_row(text_cfg, tmp_path, watch):
     assert (meta["skipped_steps"], meta["nonfinite_in_row"]) == (2, 2)
 
 
+@pytest.mark.slow
 def test_a_step_without_targets_leaves_weights_and_adamw_state(text_cfg, tmp_path, watch, monkeypatch):  # noqa: F811
     from omnicore.data import pipeline
 

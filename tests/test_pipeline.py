@@ -82,6 +82,7 @@ def test_shuffle_buffer_is_a_seeded_permutation():
     assert list(shuffle_buffer(iter(xs), 1, random.Random(1))) == xs
 
 
+@pytest.mark.slow
 def test_mixing_proportions_and_order(tmp_path, chat):
     """Three sources with weights 0.5 / 0.3 / 0.2: over 10k positions the shares are within 0.02 of
     the weights, and the same seed gives the same order twice (another seed another order)."""
@@ -137,6 +138,7 @@ def test_two_groups_equal_one_group_with_accumulation(tmp_path, chat):
     assert len(seen) == len(set(seen))  # no sample twice within the first epoch's share
 
 
+@pytest.mark.slow
 def test_workers_give_the_same_stream(tmp_path, chat):
     src = [SourceConfig(path=str(_write(tmp_path / "a.jsonl", 150, "a"))), SourceConfig(path=str(_write(tmp_path / "b.jsonl", 90, "b")))]
     base = _run(_pipeline(tmp_path, chat, src, accum=2), 8, chat)
@@ -144,6 +146,7 @@ def test_workers_give_the_same_stream(tmp_path, chat):
     assert _run(_pipeline(tmp_path, chat, src, accum=2, workers=3), 8, chat) == base
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_continues_exactly(tmp_path, chat, workers):
     """State after k steps, loaded into a fresh pipeline, gives the steps a straight run gives next,
@@ -234,6 +237,7 @@ def test_million_line_source_starts_without_reading_the_file(tmp_path, chat):
     assert pulled[-1] == f"{f}:{len(pulled)}"
 
 
+@pytest.mark.slow
 def test_a_dead_worker_ends_the_run_with_a_message(tmp_path, chat):
     """A worker killed (out of memory, say) stops the next steps with DataWorkerError naming the
     setting to change; never a hang."""
@@ -250,6 +254,7 @@ def test_a_dead_worker_ends_the_run_with_a_message(tmp_path, chat):
     pipe.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_uneven_shards_keep_bounded_queues(tmp_path, chat, workers):
     """grad_accum 2 over a file whose even rows are long and odd rows short: shard 0 uses 2x the

@@ -65,6 +65,7 @@ def test_plan_cli_hsdp_is_valid_and_prints_mesh_groups_and_memory(tmp_path):
     assert "ok: no violated constraints" in out
 
 
+@pytest.mark.slow
 def test_plan_memory_is_sharded_by_the_fsdp_dims(capsys, tmp_path):
     from omnicore.config import load_config
     from omnicore.parallel.plan import make_plan

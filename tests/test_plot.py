@@ -37,6 +37,7 @@ ROWS += [_train_row(5, 0.55), _train_row(6, 0.45)]  # resumed from step 4: steps
 ROWS += [{"step": 3, "split": "val", "loss": 1.5}]  # a validation row in the plain "split" form
 
 
+@pytest.mark.slow
 def test_curves_are_the_rows_values(tmp_path):
     run = _write(tmp_path / "run", ROWS)
     got = plot_run(run).panels
@@ -52,6 +53,7 @@ def test_curves_are_the_rows_values(tmp_path):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(900, 1100), (640, 480)])
 def test_png_has_the_asked_size_and_shows_lines(tmp_path, size):
     run = _write(tmp_path / "run", ROWS)
@@ -111,6 +113,7 @@ def test_rows_without_any_curve_are_an_error(tmp_path):
         plot_run(run)
 
 
+@pytest.mark.slow
 def test_training_ends_with_loss_png_and_plain_progress_lines(digits_jsonl, tmp_path, capsys, caplog):
     """A tiny finished run: loss.png holds metrics.jsonl's curves; with stderr not a terminal (pytest
     captures it) progress is plain log lines, the first and last step at least, with no carriage return."""

@@ -71,6 +71,7 @@ def test_there_are_plugins_to_check():
     assert len(plugin_package_files()) >= 20
 
 
+@pytest.mark.slow
 def test_plugins_import_only_the_public_api():
     assert violations(plugin_package_files(), PUBLIC) == []
 

@@ -72,6 +72,7 @@ def _names(problems: list[str]) -> list[str]:
     return [p.split(": ", 1)[1] for p in problems]
 
 
+@pytest.mark.slow
 def test_a_contract_member_added_without_regenerating_is_reported(tmp_path):
     src = _with_member(tmp_path, NEW_MEMBER)
     diffs, problems = gen.compare(src)

@@ -858,6 +858,7 @@ def test_entry_points_info_imports_nothing(site, monkeypatch):
     assert infos["siglip"].api == ">=2.0,<3"
 
 
+@pytest.mark.slow
 def test_check_import_reports_time_torch_and_crashes(tmp_path):
     from omnicore.registry import check_import
 

@@ -144,6 +144,7 @@ def _check_grid(grid_path: Path, reference: list[Image.Image | None]) -> int:
     return sum(r is not None for r in reference)
 
 
+@pytest.mark.slow
 def test_grid_cells_are_what_omnicore_generate_draws(one_process, tmp_path):
     cfg, _, _ = one_process
     folder = Path(cfg.run.output_dir) / "samples"
@@ -154,6 +155,7 @@ def test_grid_cells_are_what_omnicore_generate_draws(one_process, tmp_path):
     assert not np.array_equal(np.asarray(Image.open(folder / "step-00000020.png")), np.asarray(Image.open(folder / "final.png")))
 
 
+@pytest.mark.slow
 def test_images_reach_the_loggers(one_process, tmp_path):
     cfg, _, images = one_process
     assert [(step, name) for step, name, _ in images] == [(20, "samples/image"), (40, "samples/image")]
@@ -176,6 +178,7 @@ def _eval_accuracy(cfg: Config, step: int, out: Path) -> dict:
     return evaluate(c, checkpoint=str(ckpt), limit=K, progress=False)
 
 
+@pytest.mark.slow
 def test_val_accuracy_equals_omnicore_eval(one_process, tmp_path):
     cfg, _, _ = one_process
     val = _val_rows(Path(cfg.run.output_dir))
@@ -190,6 +193,7 @@ def test_val_accuracy_equals_omnicore_eval(one_process, tmp_path):
     assert val[40]["val_acc/constant"] > 0  # the learnt task scores: the figures are not all zero
 
 
+@pytest.mark.slow
 def test_generation_leaves_training_alone(one_process, data, tmp_path):
     """The same run without samples and task accuracy has the same training losses and val losses:
     generation changes no weight, data position or RNG state."""

@@ -101,6 +101,7 @@ def test_file_order_is_seeded_per_epoch_and_rows_keep_their_order(tmp_path: Path
     assert tuple(files(0, 2)) != orders[0] or tuple(files(1, 2)) != orders[1]
 
 
+@pytest.mark.slow
 def test_jsonl_records_are_lazy_on_a_million_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "big.jsonl"
     path.write_text("".join(f'{{"messages":[{{"role":"user","content":"{i}"}}]}}\n' for i in range(1_000_000)))
@@ -155,6 +156,7 @@ def _table_cfg(spec: str, **kw) -> SourceConfig:
     return SourceConfig(dataset=spec, columns={"image": "image", "response": "caption"}, prompt="Describe the image.", **kw)
 
 
+@pytest.mark.slow
 def test_parquet_image_bytes_and_text_make_chat_samples(tmp_path: Path) -> None:
     other = PIXELS[::-1].copy()
     _write_table(tmp_path / "t.parquet", [_png(PIXELS), _png(other)], ["first", "second"])
@@ -170,6 +172,7 @@ def test_parquet_image_bytes_and_text_make_chat_samples(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.asarray(load_image(s1.messages[0].parts[0].value)), other)
 
 
+@pytest.mark.slow
 def test_hf_image_feature_and_relative_paths_stay_undecoded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import datasets
     from PIL import Image

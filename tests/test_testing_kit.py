@@ -222,6 +222,7 @@ def test_encoder_suite_catches_bugs(toy_dist, tmp_path, bug, check, message):
             method(tmp_path) if "tmp_path" in method.__code__.co_varnames else method()
 
 
+@pytest.mark.slow
 def test_hook_module_check_catches_torch_import(fake_distribution):
     fake_distribution("omnicore-heavy", "1.0", {"heavy": "heavy_hook"}, {"heavy_hook": "import torch\n" + HOOK, "toy_encoder": TOY})
     suite = _suite("")

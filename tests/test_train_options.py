@@ -87,6 +87,7 @@ def _ac(mode, every=2):
     return ActivationCheckpointing({"mode": mode, "every": every}).apply(_model(), None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["full", "selective", "op"])
 def test_activation_checkpointing_same_numbers(mode):
     batch = _batch()
@@ -98,6 +99,7 @@ def test_activation_checkpointing_same_numbers(mode):
         assert torch.allclose(g, ref_grads[n], rtol=1e-5, atol=1e-7), n
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_saves_less_and_recomputes_what_the_policy_says():
     batch = _batch()
     # full keeps only block inputs; selective (every 2nd of 4 blocks) keeps half the blocks' activations
@@ -124,6 +126,7 @@ def test_checkpointing_is_skipped_in_eval_and_no_grad():
     assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_compile_blocks_same_numbers():
     # aot_eager traces forward and backward through dynamo and AOTAutograd without codegen (fast on CPU)
     batch = _batch()
@@ -190,6 +193,7 @@ def text_jsonl(digits_jsonl):
     return path
 
 
+@pytest.mark.slow
 def test_train_metrics_and_options(text_jsonl, text_cfg, tmp_path):
     base = _train(text_cfg, tmp_path, "base")
     for row in base:
@@ -212,6 +216,7 @@ def test_train_metrics_and_options(text_jsonl, text_cfg, tmp_path):
     assert max(diffs) > 1e-6  # ... but really computed in bf16
 
 
+@pytest.mark.slow
 def test_a_part_without_targets_is_left_out_of_the_row(text_jsonl, tmp_path):
     """Text-only data with an image decoder configured: no step has image targets, so no row carries
     loss/decoder.image (it used to read 0.0), and the text part is the whole loss."""
@@ -268,11 +273,13 @@ class TestActivationCheckpointingContract(ParallelStrategyContract):
     options = {"mode": "op"}
 
 
+@pytest.mark.slow
 class TestCompileContract(ParallelStrategyContract):
     name = "compile"
     options = {"backend": "eager"}  # dynamo capture without codegen: fast, and exact
 
 
+@pytest.mark.slow
 def test_bf16_trains_the_omni_modal_model(digits_jsonl, tmp_path):
     """bf16 with every encoder and decoder, including the dummy passes of modalities a micro-batch
     lacks (their feature extraction must not run under autocast): losses close to fp32."""

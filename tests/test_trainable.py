@@ -407,6 +407,7 @@ def test_plan_cli_reports_an_unmatched_freeze_as_one_error_line(tmp_path, capsys
     assert "did you mean 'lm.model.layers.0'" in err[0]
 
 
+@pytest.mark.slow
 def test_training_setup_freezes_and_groups_by_factor(tmp_path, caplog):
     """The real set-up (config -> model -> freeze -> strategies -> optimizer) and two training steps:
     the frozen layer keeps its values, the optimizer holds only the trainable parameters, and the

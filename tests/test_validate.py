@@ -94,6 +94,7 @@ def one_process(digits_jsonl, val_file, tmp_path_factory):
     return cfg, history
 
 
+@pytest.mark.slow
 def test_validation_loss_equals_eval_loss_one_process(one_process, digits_jsonl):
     cfg, history = one_process
     val = _val_rows(Path(cfg.run.output_dir))
@@ -109,6 +110,7 @@ def test_validation_loss_equals_eval_loss_one_process(one_process, digits_jsonl)
     assert val[4]["val_loss"] != pytest.approx(val[2]["val_loss"], rel=1e-3)  # the model changed in between
 
 
+@pytest.mark.slow
 def test_eval_loss_equals_sample_by_sample_reference(one_process, val_file):
     """``omnicore eval``'s loss (packed rows, the cross-entropy kernel) against one sample at a time
     from the whole logits; ``eval.max_samples`` caps both."""
@@ -126,6 +128,7 @@ def test_eval_loss_equals_sample_by_sample_reference(one_process, val_file):
             assert got[k] == pytest.approx(v, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_validation_leaves_train_mode_and_no_gradients(one_process, val_file):
     from omnicore.eval.heldout import heldout_loss
     from omnicore.eval.loading import load_trained
@@ -144,6 +147,7 @@ def test_validation_leaves_train_mode_and_no_gradients(one_process, val_file):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_eval_rows_shard_in_file_order_and_pack_within_budget(one_process, val_file):
     """Sample ``j`` goes to group ``j % n``; rows keep file order and stay within the budget."""
     from omnicore.eval.heldout import eval_rows
@@ -161,6 +165,7 @@ def test_eval_rows_shard_in_file_order_and_pack_within_budget(one_process, val_f
         assert len(rows) >= 2 and all(sum(len(e) for e in row) <= budget for row in rows)
 
 
+@pytest.mark.slow
 def test_eval_every_zero_logs_no_validation_and_validation_leaves_training_alone(one_process, digits_jsonl, val_file, tmp_path):
     """Off by default: no val rows; and the training losses of the run with validation every 2
     steps are those of this run without it (validation changes no weight, data position or RNG)."""

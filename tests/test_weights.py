@@ -73,6 +73,7 @@ def _copy_with(src, dst, change):
 # ---- load_hf_pretrained ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_vision_tower_from_full_siglip_checkpoint(full_siglip):
     from transformers import SiglipVisionModel
 
@@ -201,6 +202,7 @@ def test_folder_errors(full_siglip, tmp_path):
         load_hf_pretrained(nn.Linear, tmp_path)
 
 
+@pytest.mark.slow
 def test_library_logging_is_restored(full_siglip):
     import transformers.utils.logging as hf_logging
     from transformers import SiglipVisionModel
@@ -220,6 +222,7 @@ def test_meta_device_builds_shapes_without_reading_weights(full_siglip):
     assert {k: v.shape for k, v in meta.state_dict().items()} == {k: v.shape for k, v in real.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_diffusers_vqmodel(tmp_path):
     from diffusers import VQModel
 

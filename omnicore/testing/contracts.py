@@ -209,6 +209,7 @@ class ComponentContract:
             undocumented = [n for n, f in model.model_fields.items() if not f.description]
             assert not undocumented, f"{row.spec.options_model}: fields without a description: {undocumented}"
 
+    @pytest.mark.cli  # a fresh interpreter: the quick lane (`-m "not cli"`) leaves it out
     def test_hook_module_imports_without_torch(self):
         """The hook module imports in a fresh interpreter without pulling in torch/transformers/diffusers."""
         module = self._hook_module_name()

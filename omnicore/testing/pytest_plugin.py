@@ -61,6 +61,13 @@ def fake_distribution(tmp_path):
         yield make
 
 
+def pytest_configure(config) -> None:
+    """Register the marker that the contract suites put on their tests that start a process
+    (``cli``: the hook-module import check runs a fresh interpreter), so that a plugin's own suite
+    runs under ``--strict-markers`` and can leave them out with ``-m "not cli"``."""
+    config.addinivalue_line("markers", "cli: runs a subprocess (the omnicore command line, a script, pip or a venv)")
+
+
 def pytest_report_header(config) -> str | None:
     """One header line naming the omnicore that the contract suites test against."""
     from omnicore import __version__

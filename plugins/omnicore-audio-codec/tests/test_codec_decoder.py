@@ -50,6 +50,7 @@ def _wave(n: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy((0.25 * np.sin(2 * np.pi * 440 * t) + 0.05 * rng.standard_normal(n)).astype(np.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("config", "hop", "n_q"), [(TINY, 160, 2), (OTHER, 48, 3)])
 def test_num_tokens_equals_encode_length_over_a_grid(config, hop, n_q):
     d = _dec(config)
@@ -154,6 +155,7 @@ def test_embed_head_dummy_codes_and_freezing(dec):
     assert dummy.tolist() == [0, 16] * 25  # 0.25 s = 25 frames; entry 0 of each codebook
 
 
+@pytest.mark.slow
 def test_bandwidth_chooses_the_codebooks():
     bw2, bw4 = bandwidth_for(2, 16, 100), bandwidth_for(4, 16, 100)
     assert (bw2, bw4) == (pytest.approx(0.8), pytest.approx(1.6))  # n_q * log2(16) * 100 frames/s, in kbps
@@ -205,6 +207,7 @@ def test_save_pretrained_roundtrip_gives_identical_codes(tmp_path):
     assert build({"checkpoint": str(tmp_path / "ck"), "max_seconds": 0.5}, hidden_size=H).dummy_codes().numel() == 100
 
 
+@pytest.mark.slow
 def test_plain_transformers_folder_loads_with_a_fresh_adapter(tmp_path):
     from transformers import EncodecModel
 

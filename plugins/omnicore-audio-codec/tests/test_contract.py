@@ -6,9 +6,12 @@ with hop 160 at 16 kHz that is 120 frames x 2 codebooks = 240 codes per clip.
 
 from __future__ import annotations
 
+import pytest
+
 from omnicore.testing import DecoderContract
 
 
+@pytest.mark.slow
 class TestEncodecContract(DecoderContract):
     name = "encodec"
     options = {

@@ -43,6 +43,7 @@ def test_fit_lowers_the_loss_on_spoken_digits():
     assert set(figs) == {"mel_l1", "snr_db"} and math.isfinite(figs["mel_l1"])
 
 
+@pytest.mark.slow
 @needs_fsdd
 def test_fit_cli_writes_a_folder_that_loads(tmp_path, capsys):
     files = _takes(6, speakers=1)[:2]
@@ -97,6 +98,7 @@ def test_kmeans_codebooks_find_the_clusters_and_code_the_residuals():
     assert err(2) < 0.6 * err(1)
 
 
+@pytest.mark.slow
 def test_the_autoencoder_phase_leaves_the_codebooks_until_kmeans_starts_them(monkeypatch):
     """ae_steps: the first steps bypass the quantiser (codebooks untouched), then k-means starts
     them once, on the latents of kmeans_batches batches; ae_steps must leave a quantised step."""

@@ -56,6 +56,7 @@ def test_processor_pickles():
     assert_processors_agree(proc, pickle.loads(pickle.dumps(proc)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("given", "want"), [(None, 0.25), (0.5, 0.5)])
 def test_checkpoint_processor_reads_no_weights(tmp_path, given, want):
     torch.manual_seed(0)

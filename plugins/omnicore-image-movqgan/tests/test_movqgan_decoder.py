@@ -194,6 +194,7 @@ def test_old_adapter_files_are_not_silently_ignored(dec, tmp_path):
         build({"checkpoint": str(tmp_path)}, hidden_size=H)
 
 
+@pytest.mark.slow
 def test_fit_cli_folder_loads_with_its_image_size(tmp_path):
     for i, im in enumerate(_images(4, seed=5)):
         im.save(tmp_path / f"{i}.png")
@@ -225,6 +226,7 @@ def test_fit_cli_folder_loads_with_its_image_size(tmp_path):
     assert build({"checkpoint": str(tmp_path / "movq"), "image_size": 32}, hidden_size=8).image_size == 32
 
 
+@pytest.mark.slow
 def test_plain_diffusers_folder_loads(tmp_path):
     from diffusers import VQModel
 
@@ -254,6 +256,7 @@ def test_bad_checkpoint_folders(tmp_path):
         MoVQGANOptions(checkpiont="x")
 
 
+@pytest.mark.slow
 def test_fit_vq_lowers_reconstruction_loss():
     torch.manual_seed(0)
     d = build({"config": TINY, "image_size": 16}, hidden_size=8)

@@ -37,6 +37,7 @@ def assert_processors_agree(proc, other) -> None:
     assert torch.equal(proc.collate(feats)["pixel_values"], other.collate(feats)["pixel_values"])
 
 
+@pytest.mark.slow
 def test_processor_equals_the_modules_data_side():
     torch.manual_seed(0)
     options = {"config": TINY, "image_size": 16}

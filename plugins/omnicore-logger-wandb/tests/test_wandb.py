@@ -109,6 +109,7 @@ class TestWandbContract(LoggerContract):
         return read_history(Path(output_dir))
 
 
+@pytest.mark.slow
 def test_config_images_and_nan_are_in_the_run_folder(tmp_path):
     from PIL import Image
 
@@ -157,6 +158,7 @@ def test_listing_plugins_imports_neither_wandb_nor_mlflow(tmp_path):
     assert r.stdout.splitlines()[-1] == "['omnicore_logger_wandb', 'omnicore_logger_wandb.plugin']"  # the hook module, nothing heavy
 
 
+@pytest.mark.slow
 def test_dir_option_disabled_mode_and_bad_images(tmp_path):
     from omnicore.api import Registry
 
@@ -179,6 +181,7 @@ def test_dir_option_disabled_mode_and_bad_images(tmp_path):
     assert list((tmp_path / "run").rglob("*.wandb")) == []
 
 
+@pytest.mark.slow
 def test_a_run_of_the_users_own_code_stays_open(tmp_path):
     """close() waits for wandb-core (wandb.teardown) only when no other W&B run of the process is active."""
     import wandb
