@@ -88,8 +88,6 @@ def read_back(output_dir: Path, name: str) -> dict[tuple[str, str], list[tuple[i
 @hookimpl
 def omnicore_loggers() -> list[ComponentSpec]:
     return [
-        ComponentSpec(
-            name=cls.name, target=f"{__name__}:{cls.__name__}", description=f"test fake: {cls.__doc__.splitlines()[0]}"
-        )
+        ComponentSpec(name=cls.name, target=f"{__name__}:{cls.__name__}", description=f"test fake: {cls.__doc__.splitlines()[0]}")
         for cls in (RecordingLogger, FailingLogLogger, FailingStartLogger, WrongValuesLogger)
     ]

@@ -672,7 +672,9 @@ def test_a_plugin_written_for_api_1_is_one_incompatible_row_saying_what_to_chang
     assert [(r.kind, r.name, r.status, r.api) for r in rows] == [("-", "old", "incompatible", declared)]
     assert module not in sys.modules
     reason = rows[0].reason
-    assert reason.startswith(f"entry point 'old = {module}' of omnicore-old 0.4 requires omnicore API {declared}; omnicore 0.1.0 provides API 2.0; ")
+    assert reason.startswith(
+        f"entry point 'old = {module}' of omnicore-old 0.4 requires omnicore API {declared}; omnicore 0.1.0 provides API 2.0; "
+    )
     for change in ("omnicore.api only", "drop kind=", "processor='module:factory'", "apply(model, state)", "omnicore-api >=2.0,<3"):
         assert change in reason, change
 

@@ -68,7 +68,12 @@ def test_num_tokens_equals_encode_length_over_a_grid(config, hop, n_q):
             f = d.processor.preprocess(Audio(_wave(int(rate * seconds)).numpy(), rate))
             n = f["input_values"].shape[0]
             assert n == round(max_seconds * d.sample_rate)
-            assert d.processor.num_tokens(f) == math.ceil(n / hop) * n_q == d.encode(d.processor.collate([f])).numel() == d.dummy_codes().numel()
+            assert (
+                d.processor.num_tokens(f)
+                == math.ceil(n / hop) * n_q
+                == d.encode(d.processor.collate([f])).numel()
+                == d.dummy_codes().numel()
+            )
 
 
 def test_codes_are_the_libraries_rvq_codes_flattened_frame_by_frame(dec):

@@ -60,7 +60,9 @@ def test_encoder_masks_in_training_mode_only():
     plain = build({"config": TINY, "chunk_seconds": 1.0}, hidden_size=16)
     plain.load_state_dict(enc.state_dict())
     rng = np.random.default_rng(0)
-    batch = enc.processor.collate([enc.processor.preprocess(Audio(rng.standard_normal(n).astype(np.float32) * 0.1, 16000)) for n in (16000, 6000)])
+    batch = enc.processor.collate(
+        [enc.processor.preprocess(Audio(rng.standard_normal(n).astype(np.float32) * 0.1, 16000)) for n in (16000, 6000)]
+    )
     enc.eval(), plain.eval()
     with torch.no_grad():
         torch.testing.assert_close(enc(batch), plain(batch), rtol=0, atol=0)
