@@ -411,8 +411,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[
     try:
         from omnicore.checkpoint.dcp import CheckpointError
         from omnicore.data.jsonl import SampleError
+        from omnicore.data.loader import DataWorkerError
         from omnicore.data.packing import PackingError
-        from omnicore.data.pipeline import DataResumeError, DataWorkerError
+        from omnicore.data.state import DataResumeError
         from omnicore.parallel.mesh import MeshError
         from omnicore.parallel.parallelize import ParallelizeError
         from omnicore.train.optim import NonFiniteError

@@ -193,7 +193,7 @@ def _tensors(v) -> list:
 
 def test_pinning_a_keyed_micro_batch_pins_every_tensor_and_keeps_the_keys(built, drawn, monkeypatch):
     """data.pin_memory (CUDA) goes through every field, decoder_keys' lists of tuples included."""
-    from omnicore.data.pipeline import _pin
+    from omnicore.data.packing import pinned as pin_all
 
     _, _, proc = built
     mb = collate(drawn, proc.encoders, proc.decoders, decoder_keys=True)
@@ -205,7 +205,7 @@ def test_pinning_a_keyed_micro_batch_pins_every_tensor_and_keeps_the_keys(built,
         return pinned[-1]
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
-    out = _pin(mb)
+    out = pin_all(mb)
     assert out.decoder_keys == keys and len(keys["image"]) == 3
     assert n == 5  # input_ids, labels, position_ids, cu_seqlens and, nested, the decoder's pixel_values
     assert {id(t) for t in _tensors(vars(out))} == {id(t) for t in pinned}

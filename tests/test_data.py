@@ -12,10 +12,9 @@ import pytest
 import soundfile as sf
 import torch
 
-from omnicore.data.chat import IGNORE_INDEX, ChatProcessor, Encoded
+from omnicore.data.chat import IGNORE_INDEX, ChatProcessor, Encoded, module_processors
 from omnicore.data.jsonl import SampleError, parse_line, read_jsonl
-from omnicore.data.packing import PackedStream, PackingError, collate, pack_first_fit
-from omnicore.train.loop import load_samples
+from omnicore.data.packing import PackingError, collate, pack_first_fit, pack_rows, pack_window
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
@@ -31,7 +30,7 @@ def env(digits_jsonl):
 
     cfg = Config.model_validate(tiny_config_dict(str(digits_jsonl / "train.jsonl")))
     model, tok = build_omni_model(cfg)
-    proc = ChatProcessor(tok, dict(model.encoders), dict(model.decoders))
+    proc = ChatProcessor(tok, module_processors(model.encoders, "encoder"), module_processors(model.decoders, "decoder"))
     return model, tok, proc
 
 
@@ -239,26 +238,24 @@ def fake_samples():
     return [_fake(rng.randint(1, 12), f"f:{i + 1}") for i in range(40)]
 
 
-def _wheres(batches):
-    return [[s.where for s in mb] for mb in batches]
-
-
-def test_packed_stream_deterministic_and_epochs(fake_samples):
-    a = PackedStream(fake_samples, 16, seed=3)
-    b = PackedStream(fake_samples, 16, seed=3)
-    c = PackedStream(fake_samples, 16, seed=4)
-    assert a.epoch_bins(0) == b.epoch_bins(0) and a.epoch_bins(1) == b.epoch_bins(1)
-    assert a.epoch_bins(0) != c.epoch_bins(0)
-    assert a.epoch_bins(0) != a.epoch_bins(1)
-    for e in range(3):
-        bins = a.epoch_bins(e)
-        assert sorted(i for bn in bins for i in bn) == list(range(40))
-        assert all(sum(len(fake_samples[i]) for i in bn) <= 16 for bn in bins)
-    # epoch e shuffles with seed + e: seed 3's epoch 1 is seed 4's epoch 0
-    assert a.epoch_bins(1) == c.epoch_bins(0)
-    # without shuffle, file order
-    plain = PackedStream(fake_samples, 16, seed=3, shuffle=False)
-    assert plain.epoch_bins(0) == plain.epoch_bins(5) == pack_first_fit([len(s) for s in fake_samples], 16)
+def test_pack_rows_packs_window_by_window_as_training_does(fake_samples):
+    """pack_rows (training's packer over a finite stream): every sample once, each row within the
+    budget and inside one window of 16 samples, each window's rows those of the textbook first-fit
+    scan in stream order; a one-pass iterator gives the same rows."""
+    rows = list(pack_rows(fake_samples, 16, window=16))
+    index = {s.where: i for i, s in enumerate(fake_samples)}
+    assert sorted(index[s.where] for r in rows for s in r) == list(range(40))
+    assert all(sum(len(s) for s in r) <= 16 for r in rows)
+    assert all(len({index[s.where] // 16 for s in r}) == 1 for r in rows)
+    want = [
+        [fake_samples[w + j] for j in b]
+        for w in range(0, 40, 16)
+        for b in _first_fit_by_scan([len(s) for s in fake_samples[w : w + 16]], 16)
+    ]
+    assert rows == want
+    assert list(pack_rows(iter(fake_samples), 16, window=16)) == rows
+    # one window holding every sample: pack_window's rows, in order
+    assert list(pack_rows(fake_samples, 16, window=40)) == [[fake_samples[j] for j in b] for b in pack_window(fake_samples, 16)]
 
 
 def test_first_fit_decreasing_fills_rows_first_fit_leaves_open():
@@ -267,51 +264,62 @@ def test_first_fit_decreasing_fills_rows_first_fit_leaves_open():
     lengths = [4, 4, 4, 6, 6, 6]
     assert pack_first_fit(lengths, 10) == [[0, 1], [2, 3], [4], [5]]  # in order: 4 rows, 2 part-empty
     assert pack_first_fit_decreasing(lengths, 10) == [[3, 0], [4, 1], [5, 2]]  # longest first: 3 full rows
+    samples = [_fake(n, f"f:{i + 1}") for i, n in enumerate(lengths)]
+    assert [[s.where for s in r] for r in pack_rows(samples, 10, window=6, method="ffd")] == [
+        ["f:4", "f:1"],
+        ["f:5", "f:2"],
+        ["f:6", "f:3"],
+    ]
     # windows are packed apart: with a window of 3 the 4s and the 6s cannot pair
-    assert pack_first_fit_decreasing(lengths, 10, window=3) == [[0, 1], [2], [3], [4], [5]]
+    assert [len(r) for r in pack_rows(samples, 10, window=3, method="ffd")] == [2, 1, 1, 1, 1]
     with pytest.raises(PackingError, match="sample 1 has 11 tokens"):
         pack_first_fit_decreasing([3, 11], 10)
 
 
-def test_packed_stream_ffd_covers_every_sample_deterministically(fake_samples):
-    a = PackedStream(fake_samples, 16, seed=3, method="ffd", window=16)
-    b = PackedStream(fake_samples, 16, seed=3, method="ffd", window=16)
-    for e in range(2):
-        bins = a.epoch_bins(e)
-        assert bins == b.epoch_bins(e)
-        assert sorted(i for bn in bins for i in bn) == list(range(40))
-        assert all(sum(len(fake_samples[i]) for i in bn) <= 16 for bn in bins)
-    assert a.epoch_bins(0) != a.epoch_bins(1)
-    fill = lambda s: sum(len(x) for x in fake_samples) / (len(s.epoch_bins(0)) * 16)  # noqa: E731
-    assert fill(PackedStream(fake_samples, 16, seed=3, method="ffd", window=40)) >= fill(PackedStream(fake_samples, 16, seed=3))
+def test_ffd_rows_cover_every_sample_and_shuffle_deterministically(fake_samples):
+    """ffd (data.packing: ffd): every sample once within the budget, fuller rows than first_fit; the
+    training packer shuffles a window's ffd rows with its seeded rng (the same rows, reordered the
+    same way by the same seed); an unknown method names data.packing."""
+    rows = list(pack_rows(fake_samples, 16, window=40, method="ffd"))
+    assert sorted(s.where for r in rows for s in r) == sorted(s.where for s in fake_samples)
+    assert all(sum(len(s) for s in r) <= 16 for r in rows)
+    assert len(rows) <= len(list(pack_rows(fake_samples, 16, window=40)))
+    plain = pack_window(fake_samples, 16, "ffd")
+    a, b, c = (pack_window(fake_samples, 16, "ffd", random.Random(seed)) for seed in (3, 3, 4))
+    assert a == b and a != c and sorted(a) == sorted(plain) and a != plain
+    assert pack_window(fake_samples, 16, "first_fit", random.Random(3)) == pack_window(fake_samples, 16)  # never shuffled
     with pytest.raises(PackingError, match="data.packing: unknown method 'best'"):
-        PackedStream(fake_samples, 16, seed=3, method="best")
-
-
-def test_packed_stream_micro_batch_across_epoch_boundary(fake_samples):
-    s = PackedStream(fake_samples, 16, seed=0)
-    n0, n1 = len(s.epoch_bins(0)), len(s.epoch_bins(1))
-    assert _wheres([s.micro_batch(n0 - 1)]) == [[fake_samples[i].where for i in s.epoch_bins(0)[-1]]]
-    assert _wheres([s.micro_batch(n0)]) == [[fake_samples[i].where for i in s.epoch_bins(1)[0]]]
-    assert _wheres([s.micro_batch(n0 + n1 + 2)]) == [[fake_samples[i].where for i in s.epoch_bins(2)[2]]]
-    assert s.epoch_of(n0) == 1.0 and s.epoch_of(0) == 0.0
-    assert s.epoch_of(n0 + n1 // 2) == pytest.approx(1 + (n1 // 2) / n1)
-
-
-def test_iter_step_grad_accum_equals_data_parallel(fake_samples):
-    s = PackedStream(fake_samples, 16, seed=5)
-    total = len(s.epoch_bins(0)) + len(s.epoch_bins(1))
-    for step in range(total // 2 + 2):  # crosses the epoch boundary
-        accum = _wheres(s.iter_step(step, grad_accum=2, dp_rank=0, dp_size=1))
-        r0 = _wheres(s.iter_step(step, grad_accum=1, dp_rank=0, dp_size=2))
-        r1 = _wheres(s.iter_step(step, grad_accum=1, dp_rank=1, dp_size=2))
-        assert len(accum) == 2 and accum == r0 + r1
-        assert accum == _wheres([s.micro_batch(2 * step), s.micro_batch(2 * step + 1)])
-    # ga=2, dp=2: rank r takes micro-batches r and r + 2 of the step's 4
-    assert _wheres(s.iter_step(1, 2, 1, 2)) == _wheres([s.micro_batch(5), s.micro_batch(7)])
+        pack_window(fake_samples, 16, "best")
+    with pytest.raises(PackingError, match="data.packing: unknown method 'best'"):
+        next(pack_rows(fake_samples, 16, method="best"))
 
 
 # ---- bad input -------------------------------------------------------------------------------
+
+
+def train_samples(path: Path, proc: ChatProcessor, on_error: str = "raise") -> tuple[list[Encoded], list[str]]:
+    """What training reads from the JSONL file ``path``: its samples decoded as the data workers
+    decode them (the JSONL source, one shard in file order, :class:`ShardChunks`) and the messages
+    of the bad ones; with ``on_error="raise"`` the first bad one raises, as the packer does
+    (:meth:`ShardPacker.fill` under ``data.on_error: raise``)."""
+    import itertools
+
+    from omnicore.config import SourceConfig
+    from omnicore.data.loader import ShardChunks
+    from omnicore.data.sources import open_source
+    from omnicore.data.state import ShardPacker
+
+    src = open_source(SourceConfig(path=str(path), on_exhausted="stop"), path.parent)
+    chunks = ShardChunks([src], proc, [0], 1, chunk=16, opts={"seed": 0, "shuffle": False, "buffer": 1, "limit": None})
+    entries = []
+    for j in itertools.count():
+        chunk = chunks[(0, j)]
+        entries += chunk.entries
+        if chunk.end:
+            break
+    packer = ShardPacker(1, 0, window=len(entries), max_tokens=10**9, method="first_fit", seed=0, shuffle=False, on_error=on_error)
+    packer.fill(entries, ended=True)
+    return [e.sample for e in entries if e.sample is not None], [e.error for e in entries if e.error is not None]
 
 
 def _write(path: Path, lines: list) -> Path:
@@ -376,7 +384,7 @@ def test_bad_line_names_file_and_line(env, digit_lines, garbage, tmp_path, case)
     line, why = _bad_cases(digit_lines, garbage)[case]
     path = _write(tmp_path / "train.jsonl", [_text_line(), "", line, _text_line()])  # blank line 2 still counts
     with pytest.raises(SampleError) as info:
-        load_samples(path, proc, "raise")
+        train_samples(path, proc, "raise")
     msg = str(info.value)
     assert msg.startswith(f"{path}:3: "), msg
     assert why in msg
@@ -392,22 +400,22 @@ def test_image_part_without_image_encoder(env, digit_lines, garbage, tmp_path):
     with pytest.raises(
         SampleError, match=re.escape(f"{path}:3: ") + r"a image part on the encoder side needs a image encoder .*configured: audio"
     ):
-        load_samples(path, audio_only, "raise")
+        train_samples(path, audio_only, "raise")
     # an image in an assistant message needs an image decoder
     gen = {"messages": [{"role": "user", "content": "Draw"}, {"role": "assistant", "content": img_line["messages"][0]["content"][:1]}]}
     path2 = _write(tmp_path / "gen.jsonl", [gen])
     with pytest.raises(SampleError, match=re.escape(f"{path2}:1: ") + r".*image decoder.*configured: none"):
-        load_samples(path2, audio_only, "raise")
+        train_samples(path2, audio_only, "raise")
 
 
 def test_too_long_sample_packing_error_names_line(env, tmp_path):
     _, _, proc = env
     path = _write(tmp_path / "train.jsonl", [_text_line(), _text_line("x" * 600), _text_line()])
-    samples, errors = load_samples(path, proc, "raise")
+    samples, errors = train_samples(path, proc, "raise")
     assert errors == [] and [len(s) for s in samples][1] > 512
     with pytest.raises(PackingError, match=re.escape(f"{path}:2: sample has {len(samples[1])} tokens") + r".*max_tokens=512"):
-        PackedStream(samples, 512, seed=0)
-    PackedStream(samples[:1] + samples[2:], 512, seed=0)  # the others fit
+        pack_window(samples, 512)
+    assert pack_window(samples[:1] + samples[2:], 512) == [[0, 1]]  # the others fit, in one row
 
 
 def test_on_error_skip_counts_bad_lines(env, digit_lines, garbage, tmp_path):
@@ -425,7 +433,7 @@ def test_on_error_skip_counts_bad_lines(env, digit_lines, garbage, tmp_path):
         _text_line("a", "b"),  # 9 ok
     ]
     path = _write(tmp_path / "train.jsonl", lines)
-    samples, errors = load_samples(path, proc, "skip")
+    samples, errors = train_samples(path, proc, "skip")
     assert [s.where for s in samples] == [f"{path}:1", f"{path}:3", f"{path}:9"]
     assert len(errors) == 5
     assert sorted(int(re.match(re.escape(str(path)) + r":(\d+): ", e).group(1)) for e in errors) == [2, 4, 6, 7, 8]
@@ -433,7 +441,7 @@ def test_on_error_skip_counts_bad_lines(env, digit_lines, garbage, tmp_path):
     errs: list[str] = []
     assert len(read_jsonl(path, on_error="skip", errors=errs)) == 6 and len(errs) == 2
     with pytest.raises(SampleError, match=re.escape(f"{path}:2: ")):
-        load_samples(path, proc, "raise")
+        train_samples(path, proc, "raise")
 
 
 def _first_fit_by_scan(lengths: list[int], max_tokens: int) -> list[list[int]]:

@@ -281,7 +281,7 @@ class _CountingEncoder:
 
 
 def test_bomb_and_over_long_samples_are_counted_skips(tmp_path, tok):
-    from omnicore.train.loop import load_samples
+    from test_data import train_samples  # what training's data workers decode (tests/ is on pytest's pythonpath)
 
     (tmp_path / "bomb.png").write_bytes(_png_header(30000, 30000))
     Image.fromarray(_pattern()).save(tmp_path / "ok.png")
@@ -290,8 +290,8 @@ def test_bomb_and_over_long_samples_are_counted_skips(tmp_path, tok):
     path.write_text("\n".join([image % ("ok.png", "hi"), image % ("bomb.png", "hi"), image % ("ok.png", "x" * 60)]) + "\n")
     proc = ChatProcessor(tok, {"image": _CountingEncoder()}, {}, max_tokens=40)
     with pytest.raises(SampleError, match=rf"^{path}:2: image .*bomb\.png is too large to decode"):
-        load_samples(path, proc, "raise")
-    encoded, errors = load_samples(path, proc, "skip")
+        train_samples(path, proc, "raise")
+    encoded, errors = train_samples(path, proc, "skip")
     assert [e.where for e in encoded] == [f"{path}:1"]
     assert len(encoded[0]) == 1 + 5 + 2 + 2 + 1 + 1  # <s>user\n, 2 placeholders, "hi", <e>\n
     assert len(errors) == 2

@@ -1,4 +1,4 @@
-"""The streaming data pipeline (omnicore.data.pipeline): mixing, sharding, workers, windows, resume.
+"""The streaming data pipeline (omnicore.data.pipeline and its stages): mixing, sharding, workers, windows, resume.
 
 Text-only samples through the real ChatProcessor and byte tokenizer; the sources are JSONL files read
 by omnicore.data.sources, so everything below is what `omnicore train` reads.
@@ -16,16 +16,11 @@ import pytest
 from omnicore.config import DataConfig, SourceConfig
 from omnicore.data.chat import ChatProcessor
 from omnicore.data.jsonl import SampleError
-from omnicore.data.pipeline import (
-    DataExhausted,
-    DataPipeline,
-    DataResumeError,
-    DataWorkerError,
-    ShardReader,
-    merge_states,
-    shuffle_buffer,
-)
+from omnicore.data.loader import DataWorkerError
+from omnicore.data.pipeline import DataPipeline
+from omnicore.data.reading import DataExhausted, ShardReader, shuffle_buffer
 from omnicore.data.sources import open_source
+from omnicore.data.state import DataResumeError, merge_states
 
 
 @pytest.fixture(scope="module")

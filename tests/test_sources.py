@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from omnicore.data import sources
+from omnicore.data import jsonl
 from omnicore.data.jsonl import SampleError
 from omnicore.data.media import MediaError, load_audio, load_image
 from omnicore.data.sources import SourceConfig, open_source
@@ -112,7 +112,7 @@ def test_jsonl_records_are_lazy_on_a_million_lines(tmp_path: Path, monkeypatch: 
         opened.append(fh)
         return fh
 
-    monkeypatch.setattr(sources, "open", spy_open, raising=False)
+    monkeypatch.setattr(jsonl, "open", spy_open, raising=False)  # JSONL sources read through jsonl.jsonl_lines
     src = open_source(SourceConfig(path="big.jsonl"), tmp_path)
     gen = src.records(0, 1, 2, 0, False)  # held, so its file stays open to ask its position
     first = list(itertools.islice(gen, 5))

@@ -30,6 +30,7 @@ Digits samples
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import random
@@ -172,11 +173,11 @@ def digits_lengths(limit: int | None = None) -> tuple[list[int], int] | None:
         return None
     from omnicore.config import load_config
     from omnicore.data.chat import ChatProcessor
+    from omnicore.data.jsonl import iter_jsonl
     from omnicore.model.build import build_omni_model
-    from omnicore.train.loop import load_samples
 
     cfg = load_config(DIGITS_CONFIG)
     model, tokenizer = build_omni_model(cfg)
     processor = ChatProcessor(tokenizer, dict(model.encoders), dict(model.decoders), cfg.data.system_prompt)
-    encoded, _ = load_samples(cfg.resolve_path(cfg.data.train), processor, "raise", limit)
+    encoded = [processor.encode(s) for s in itertools.islice(iter_jsonl(cfg.resolve_path(cfg.data.train)), limit)]
     return [len(s) for s in encoded], cfg.data.max_tokens

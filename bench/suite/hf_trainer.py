@@ -162,12 +162,10 @@ def measure(train_path: str, *, max_tokens: int, repeats: int, warmup: int, seed
     """The four runs, interleaved ``repeats`` times; medians of real tokens/s and the ratios."""
     from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening
 
-    from omnicore.data.packing import PackedStream
-
     probe = overhead.config_dict(train_path, "unused", max_tokens=max_tokens, max_steps=1, lm=lm, seed=seed)
     samples, tokenizer = overhead.encode(probe)
     lengths = [len(s) for s in samples]
-    rows = len(PackedStream(samples, max_tokens, seed, shuffle=True).epoch_bins(0))
+    rows = waste.packing(lengths, max_tokens, seed)["rows"]  # one epoch's rows, as training's packer makes them
     attention = "sdpa_varlen" if varlen_available() else "sdpa"
     cfg = overhead.config_dict(train_path, "unused", max_tokens=max_tokens, max_steps=rows, lm=lm, seed=seed, attention=attention)
     cfg_sdpa = overhead.config_dict(train_path, "unused", max_tokens=max_tokens, max_steps=rows, lm=lm, seed=seed, attention="sdpa")

@@ -88,12 +88,13 @@ def encode(cfg_dict: dict[str, Any]) -> tuple[list[Any], Any]:
     """omnicore's encoded samples of ``data.train`` and the tokenizer (as ``train`` builds them)."""
     from omnicore.config import Config
     from omnicore.data.chat import ChatProcessor
+    from omnicore.data.jsonl import iter_jsonl
     from omnicore.model.build import build_omni_model
-    from omnicore.train.loop import load_samples
 
     cfg = Config.model_validate(cfg_dict)
     _, tokenizer = build_omni_model(cfg)
-    samples, _ = load_samples(Path(cfg.data.train), ChatProcessor(tokenizer, {}, {}), "raise")
+    chat = ChatProcessor(tokenizer, {}, {})
+    samples = [chat.encode(s) for s in iter_jsonl(Path(cfg.data.train))]
     return samples, tokenizer
 
 

@@ -5,8 +5,9 @@ Pad to longest (the Hugging Face ``Trainer`` with a padding collator): the sampl
 batch is computed as ``len(batch) x longest`` positions, of which ``sum(lengths)`` are real. Waste is
 ``1 - real / computed``.
 
-Packing (omnicore): the samples are packed first-fit into rows of at most ``max_tokens`` by
-omnicore's own :class:`~omnicore.data.packing.PackedStream` (same shuffle rule: seed + epoch). A
+Packing (omnicore): the samples, in a seeded random order, are packed into rows of at most
+``max_tokens`` by the packer training runs (:func:`omnicore.data.packing.pack_rows`: windows of
+``data.packing_window`` samples, each packed by ``pack_window`` as a data shard's windows are). A
 packed row is computed at its own length, so no computed position is padding (waste 0). The
 *budget fill* waste ``1 - real / (rows x max_tokens)`` is what padding every row to the fixed
 budget would waste; it measures how well the packer fills the budget.
@@ -54,22 +55,28 @@ def choose_batch_size(lengths: list[int], max_tokens: int, seed: int, largest: i
     return best
 
 
-def packing(lengths: list[int], max_tokens: int, seed: int, method: str = "first_fit", window: int = 4096) -> dict[str, Any]:
-    """omnicore's packing of one epoch (``PackedStream``, shuffled with ``seed``; ``method`` is
-    ``data.packing``: ``first_fit`` or ``ffd`` with ``window`` samples per window).
+def packing(lengths: list[int], max_tokens: int, seed: int, method: str = "first_fit", window: int | None = None) -> dict[str, Any]:
+    """omnicore's packing of one epoch as training packs a data shard: the samples in the order of
+    ``random.Random(seed)`` (standing for the shuffle buffer's), packed window by window by
+    :func:`omnicore.data.packing.pack_rows` (``method`` is ``data.packing``: ``first_fit`` or
+    ``ffd``; ``window`` is ``data.packing_window``, None: its default).
 
     Returns ``rows``, ``real`` (tokens), ``computed`` (= real: rows are not padded), ``waste`` (0.0)
     and ``budget_fill_waste`` = ``1 - real / (rows x max_tokens)``."""
-    from omnicore.data.packing import PackedStream
+    from omnicore.config import DataConfig
+    from omnicore.data.packing import pack_rows
 
-    class _Len:  # PackedStream only needs len() and .where of a sample
+    class _Len:  # the packer needs only len() and .where of a sample
         def __init__(self, n: int):
             self.n, self.where = n, ""
 
         def __len__(self) -> int:
             return self.n
 
-    bins = PackedStream([_Len(n) for n in lengths], max_tokens, seed, shuffle=True, method=method, window=window).epoch_bins(0)
+    window = window or DataConfig.model_fields["packing_window"].default
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    bins = list(pack_rows([_Len(lengths[i]) for i in order], max_tokens, window=window, method=method))
     real = sum(lengths)
     return {
         "max_tokens": max_tokens,

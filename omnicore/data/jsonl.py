@@ -17,6 +17,7 @@ are kept as metadata. Every error names the file and the 1-based line.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,8 +153,29 @@ def decode_line(raw: bytes, file: str, line: int) -> str:
         ) from exc
 
 
-def read_jsonl(path: str | Path, *, on_error: str = "raise", errors: list[str] | None = None) -> list[Sample]:
-    """Read every non-blank line of a JSONL file, UTF-8 with or without a byte-order mark.
+_BOM = b"\xef\xbb\xbf"
+
+
+def jsonl_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+    """``(line, raw bytes)`` of every non-blank line of a JSONL file, lazily, ``line`` 1-based with
+    blank lines counted (so ``FILE:LINE`` is what an editor shows). A line of ASCII whitespace, after
+    a byte-order mark on line 1, is blank. Training's JSONL sources
+    (:class:`omnicore.data.sources.JsonlSource`) and :func:`iter_jsonl` read files through this.
+
+    Raises:
+        SampleError: the file is missing.
+    """
+    if not Path(path).is_file():
+        raise SampleError(f"{path}: data file not found")
+    with open(path, "rb") as fh:
+        for line, raw in enumerate(fh, start=1):
+            if (raw.removeprefix(_BOM) if line == 1 else raw).strip():
+                yield line, raw
+
+
+def iter_jsonl(path: str | Path, *, on_error: str = "raise", errors: list[str] | None = None) -> Iterator[Sample]:
+    """The samples of a JSONL file, parsed line by line as they are read (the one JSONL iterator:
+    held-out sets and tools read through it; training parses the same lines in its data workers).
 
     Args:
         on_error: ``"raise"`` stops at the first bad line; ``"skip"`` drops it and appends the
@@ -163,20 +185,17 @@ def read_jsonl(path: str | Path, *, on_error: str = "raise", errors: list[str] |
         SampleError: if the file is missing, or for a bad line (malformed, or bytes that are not
             UTF-8) when ``on_error="raise"``.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise SampleError(f"{path}: data file not found")
-    samples = []
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                text = decode_line(raw, str(path), lineno)
-                if not text.strip():
-                    continue
-                samples.append(parse_line(text, str(path), lineno))
-            except SampleError as exc:
-                if on_error != "skip":
-                    raise
-                if errors is not None:
-                    errors.append(str(exc))
-    return samples
+    file = str(path)
+    for line, raw in jsonl_lines(path):
+        try:
+            yield parse_line(decode_line(raw, file, line), file, line)
+        except SampleError as exc:
+            if on_error != "skip":
+                raise
+            if errors is not None:
+                errors.append(str(exc))
+
+
+def read_jsonl(path: str | Path, *, on_error: str = "raise", errors: list[str] | None = None) -> list[Sample]:
+    """Every sample of a JSONL file as a list: :func:`iter_jsonl` (the same arguments and errors)."""
+    return list(iter_jsonl(path, on_error=on_error, errors=errors))

@@ -1,28 +1,30 @@
-"""Packing samples into token budgets, collation, and the deterministic micro-batch stream.
+"""Packing samples into token budgets, and collation into the micro-batch the model takes.
 
 A packed micro-batch is one row of at most ``max_tokens`` tokens holding whole samples back to back.
 ``position_ids`` restart at 0 at each sample; ``cu_seqlens`` marks sample boundaries. With no 2-D
 attention mask, transformers derives a block-diagonal causal mask from the restarting
 ``position_ids`` (``masking_utils.find_packed_sequence_indices``), so attention never crosses samples.
 
-The stream is a pure function of ``(seed, position)``: epoch ``e`` shuffles the samples with
-``seed + e``, packs them (``data.packing``: first-fit in that order, or first-fit decreasing per
-window with the rows shuffled after), and yields the packed micro-batches in order. A run that stops
-after ``k`` micro-batches resumes by skipping ``k``; with ``G = grad_accum * dp`` micro-batches per
-optimizer step, rank ``r`` takes micro-batches ``r, r + dp, ...`` of each step's ``G``, so one process
-with ``grad_accum = G`` sees exactly the batches that ``G`` processes see together.
+The packer is :func:`pack_window`: one window of samples into rows, first-fit in order or first-fit
+decreasing (``data.packing``). Training packs each data shard's stream window by window through it
+(:class:`omnicore.data.state.ShardPacker`, ``data.packing_window`` samples a window);
+:func:`pack_rows` does the same over a finite stream (held-out sets, benchmarks). :func:`collate`
+turns one row into a :class:`MicroBatch`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from omnicore.data.chat import Encoded
+
+S = TypeVar("S")
 
 
 class PackingError(ValueError):
@@ -49,6 +51,12 @@ def to_device(obj: Any, device: Any) -> Any:
     """``obj`` with every tensor in it moved to ``device`` (:func:`map_tensors`). Used by training,
     validation and generation alike."""
     return map_tensors(obj, lambda t: t.to(device))
+
+
+def pinned(obj: Any) -> Any:
+    """``obj`` with every tensor in it pinned (page-locked, for asynchronous copies to CUDA:
+    ``data.pin_memory``), nested ones included (:func:`map_tensors`)."""
+    return map_tensors(obj, lambda t: t.pin_memory())
 
 
 class FreeSpaceIndex:
@@ -124,15 +132,14 @@ def pack_first_fit(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return bins
 
 
-def pack_first_fit_decreasing(lengths: list[int], max_tokens: int, window: int = 4096) -> list[list[int]]:
-    """First-fit decreasing (Johnson 1973) in consecutive windows of ``window`` indices: within a
-    window, longest first, each into the first bin with room; a window's bins are closed before the
-    next window starts, so the cost is ``O(n x bins per window)`` however long the epoch is (the
-    "multipack" idea of packing samplers). Fills rows much closer to ``max_tokens`` than
+def pack_first_fit_decreasing(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """First-fit decreasing (Johnson 1973): longest first (equal lengths in the given order), each
+    into the first bin with room. Fills rows much closer to ``max_tokens`` than
     :func:`pack_first_fit` in random order, at the price of rows whose samples have similar lengths
-    (shuffle the returned bins to spread them).
+    (shuffle the returned bins to spread them). Its cost grows with the bins open at once, so the
+    caller packs bounded windows (:func:`pack_window`, the "multipack" idea of packing samplers).
 
-    Returns bins (lists of indices, longest sample first), window by window.
+    Returns bins (lists of indices, longest sample first), in order of creation.
 
     Raises:
         PackingError: if one length exceeds ``max_tokens``.
@@ -140,17 +147,76 @@ def pack_first_fit_decreasing(lengths: list[int], max_tokens: int, window: int =
     for i, n in enumerate(lengths):
         if n > max_tokens:
             raise PackingError(f"sample {i} has {n} tokens, more than the packing budget {max_tokens}")
-    bins: list[list[int]] = []
-    for start in range(0, len(lengths), window):
-        idx = sorted(range(start, min(start + window, len(lengths))), key=lambda i: -lengths[i])
-        local = pack_first_fit([lengths[i] for i in idx], max_tokens)
-        bins.extend([idx[j] for j in b] for b in local)
-    return bins
+    idx = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [[idx[j] for j in b] for b in pack_first_fit([lengths[i] for i in idx], max_tokens)]
 
 
 PACKING_METHODS = ("first_fit", "ffd")
-"""``data.packing`` choices: :func:`pack_first_fit` in the shuffled order, or
-:func:`pack_first_fit_decreasing` per window with the bins shuffled after."""
+"""``data.packing`` choices: :func:`pack_first_fit` in the stream's order, or
+:func:`pack_first_fit_decreasing` per window with the rows shuffled after."""
+
+
+def check_method(method: str) -> None:
+    """Check a ``data.packing`` value.
+
+    Raises:
+        PackingError: ``method`` is not one of :data:`PACKING_METHODS` (the message names the key).
+    """
+    if method not in PACKING_METHODS:
+        raise PackingError(f"data.packing: unknown method {method!r}; choose one of {', '.join(PACKING_METHODS)}")
+
+
+def pack_window(samples: Sequence[Any], max_tokens: int, method: str = "first_fit", rng: random.Random | None = None) -> list[list[int]]:
+    """The packer: one window of samples into rows of at most ``max_tokens`` tokens, every sample
+    in exactly one row. Training packs each window of a data shard with it, and so does
+    :func:`pack_rows`.
+
+    Args:
+        samples: the window, in stream order; each has ``len()`` (tokens) and ``where``
+            (``FILE:LINE``, for errors), as :class:`~omnicore.data.chat.Encoded` does.
+        method: ``first_fit`` (:func:`pack_first_fit` in the given order: rows in order of
+            opening) or ``ffd`` (:func:`pack_first_fit_decreasing` over the window).
+        rng: shuffles the rows of ``ffd`` (which opens the long samples' rows first), so that
+            they are spread over the stream; None: rows as packed. ``first_fit`` rows are never
+            shuffled: they already follow the stream's order.
+
+    Returns:
+        The rows as lists of indices into ``samples``; a pure function of the lengths, ``method``
+        and ``rng``'s state.
+
+    Raises:
+        PackingError: an unknown ``method``; a sample longer than ``max_tokens`` (``WHERE: sample
+            has N tokens, more than data.max_tokens=M``).
+    """
+    check_method(method)
+    lengths = [len(s) for s in samples]
+    for s, n in zip(samples, lengths):
+        if n > max_tokens:
+            raise PackingError(f"{s.where}: sample has {n} tokens, more than data.max_tokens={max_tokens}; raise data.max_tokens")
+    if method == "first_fit":
+        return pack_first_fit(lengths, max_tokens)
+    bins = pack_first_fit_decreasing(lengths, max_tokens)
+    if rng is not None:
+        rng.shuffle(bins)
+    return bins
+
+
+def pack_rows(samples: Iterable[S], max_tokens: int, *, window: int = 1024, method: str = "first_fit") -> Iterator[list[S]]:
+    """A finite stream of samples packed into rows as training packs a data shard: ``window``
+    samples at a time (``data.packing_window``; the last window may be shorter), each window by
+    :func:`pack_window` without the row shuffle, the rows yielded in order. Deterministic (a
+    function of the samples' order and lengths); holds one window of samples at a time.
+
+    Raises:
+        PackingError: as :func:`pack_window`; ``window < 1``.
+    """
+    check_method(method)
+    if window < 1:
+        raise PackingError(f"data.packing_window must be at least 1, got {window}")
+    it = iter(samples)
+    while chunk := list(itertools.islice(it, window)):
+        for row in pack_window(chunk, max_tokens, method):
+            yield [chunk[j] for j in row]
 
 
 @dataclass
@@ -293,76 +359,3 @@ def _rope_rows(samples: list[Encoded]) -> Any:
         for r, part in zip(rows, own, strict=True):
             r.extend(part)
     return torch.tensor(rows, dtype=torch.long).unsqueeze(1)
-
-
-class PackedStream:
-    """The deterministic stream of packed micro-batches over epochs (see the module docstring).
-
-    Args:
-        samples: encoded samples (the whole training set).
-        max_tokens: packing budget per micro-batch.
-        seed: base seed; epoch ``e`` shuffles with ``seed + e``.
-        shuffle: shuffle each epoch (otherwise file order).
-    """
-
-    def __init__(
-        self, samples: list[Encoded], max_tokens: int, seed: int, shuffle: bool = True, method: str = "first_fit", window: int = 4096
-    ):
-        if method not in PACKING_METHODS:
-            raise PackingError(f"data.packing: unknown method {method!r}; choose one of {', '.join(PACKING_METHODS)}")
-        if not samples:
-            raise PackingError("no training samples")
-        for s in samples:
-            if len(s) > max_tokens:
-                raise PackingError(f"{s.where}: sample has {len(s)} tokens, more than data.max_tokens={max_tokens}; raise data.max_tokens")
-        self.samples = samples
-        self.max_tokens = max_tokens
-        self.seed = seed
-        self.shuffle = shuffle
-        self.method = method
-        self.window = window
-        self._epochs: dict[int, list[list[int]]] = {}
-
-    def epoch_bins(self, epoch: int) -> list[list[int]]:
-        """Sample indices of every micro-batch of one epoch."""
-        if epoch not in self._epochs:
-            order = list(range(len(self.samples)))
-            rng = random.Random(self.seed + epoch)
-            if self.shuffle:
-                rng.shuffle(order)
-            lengths = [len(self.samples[i]) for i in order]
-            if self.method == "ffd":
-                bins = pack_first_fit_decreasing(lengths, self.max_tokens, self.window)
-                if self.shuffle:
-                    rng.shuffle(bins)  # FFD emits long-sample rows first; spread them over the epoch
-            else:
-                bins = pack_first_fit(lengths, self.max_tokens)
-            self._epochs[epoch] = [[order[j] for j in b] for b in bins]
-        return self._epochs[epoch]
-
-    def micro_batch(self, index: int) -> list[Encoded]:
-        """The samples of global micro-batch ``index`` (counting from the start of epoch 0)."""
-        epoch = 0
-        while True:
-            bins = self.epoch_bins(epoch)
-            if index < len(bins):
-                return [self.samples[i] for i in bins[index]]
-            index -= len(bins)
-            epoch += 1
-
-    def epoch_of(self, index: int) -> float:
-        """Fractional epoch reached after ``index`` micro-batches."""
-        epoch = 0
-        while True:
-            n = len(self.epoch_bins(epoch))
-            if index < n:
-                return epoch + index / n
-            index -= n
-            epoch += 1
-
-    def iter_step(self, step: int, grad_accum: int, dp_rank: int, dp_size: int) -> Iterator[list[Encoded]]:
-        """This rank's ``grad_accum`` micro-batches of optimizer step ``step`` (0-based)."""
-        per_step = grad_accum * dp_size
-        start = step * per_step
-        for k in range(grad_accum):
-            yield self.micro_batch(start + k * dp_size + dp_rank)

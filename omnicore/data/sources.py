@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from omnicore.config import SourceConfig
-from omnicore.data.jsonl import Message, Part, Sample, SampleError, decode_line, media_value, parse_line, parse_messages
+from omnicore.data.jsonl import Message, Part, Sample, SampleError, decode_line, jsonl_lines, media_value, parse_line, parse_messages
 
 __all__ = ["Record", "Source", "SourceConfig", "open_source"]
 
@@ -39,8 +39,6 @@ TABLE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".
 
 FORMAT_BUILDERS = {"parquet": "parquet", "arrow": "arrow", "jsonl": "json", "json": "json"}
 """``SourceConfig.format`` -> builder."""
-
-_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -114,10 +112,6 @@ def _check_shard(shard: int, num_shards: int) -> None:
         raise ValueError(f"shard {shard} of {num_shards}: need num_shards >= 1 and 0 <= shard < num_shards")
 
 
-def _blank(raw: bytes, line: int) -> bool:
-    return not (raw.removeprefix(_BOM) if line == 1 else raw).strip()
-
-
 class JsonlSource(Source):
     """Chat JSONL shards. A blank line is not a row (it takes no row index and yields no record) but
     counts as a line, so ``FILE:LINE`` is what an editor shows."""
@@ -138,13 +132,10 @@ class JsonlSource(Source):
         i = 0
         for k in order:
             file = self._units[k]
-            with open(file, "rb") as fh:
-                for line, raw in enumerate(fh, start=1):
-                    if _blank(raw, line):
-                        continue
-                    if i % num_shards == shard:
-                        yield Record(self.name, f"{file}:{line}", file=file, line=line, raw=raw)
-                    i += 1
+            for line, raw in jsonl_lines(file):
+                if i % num_shards == shard:
+                    yield Record(self.name, f"{file}:{line}", file=file, line=line, raw=raw)
+                i += 1
 
     def to_sample(self, record: Record) -> Sample:
         return parse_line(decode_line(record.raw, record.file, record.line), record.file, record.line)

@@ -51,10 +51,13 @@ from typing import Any
 import torch
 
 from omnicore.config import Config
-from omnicore.data.chat import ChatProcessor, Encoded
-from omnicore.data.jsonl import SampleError, read_jsonl
+from omnicore.data.chat import ChatProcessor
+from omnicore.data.jsonl import SampleError
+from omnicore.data.loader import DataWorkerError
 from omnicore.data.packing import to_device
-from omnicore.data.pipeline import DataExhausted, DataPipeline, DataResumeError, DataWorkerError, merge_states
+from omnicore.data.pipeline import DataPipeline
+from omnicore.data.reading import DataExhausted
+from omnicore.data.state import DataResumeError, merge_states
 from omnicore.eval.samples import Sampler
 from omnicore.eval.validate import Validator
 from omnicore.logs import Phase
@@ -314,7 +317,7 @@ def _resume_data(data: DataPipeline, meta: dict[str, Any], folder: Path) -> None
 
     Raises:
         DataResumeError: the checkpoint has no data position (written before the streaming pipeline),
-            or this run's layout cannot continue it (:func:`omnicore.data.pipeline.check_resume`).
+            or this run's layout cannot continue it (:func:`omnicore.data.state.check_resume`).
     """
     if "data" not in meta:
         raise DataResumeError(
@@ -811,26 +814,6 @@ def _loop(run: Run) -> None:
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-
-
-def load_samples(
-    path: Path, processor: ChatProcessor, on_error: str, max_samples: int | None = None, *, prompt_only: bool = False
-) -> tuple[list[Encoded], list[str]]:
-    """Read and encode a JSONL file. With ``on_error="skip"`` bad samples are dropped and their
-    messages returned; otherwise the first :class:`SampleError` propagates."""
-    errors: list[str] = []
-    samples = read_jsonl(path, on_error=on_error, errors=errors)
-    if max_samples is not None:
-        samples = samples[:max_samples]
-    encoded = []
-    for s in samples:
-        try:
-            encoded.append(processor.encode(s, prompt_only=prompt_only))
-        except SampleError as exc:
-            if on_error != "skip":
-                raise
-            errors.append(str(exc))
-    return encoded, errors
 
 
 def summarize(history: list[dict[str, Any]]) -> str:
