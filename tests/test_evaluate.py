@@ -228,18 +228,37 @@ def test_eval_reports_the_loss_of_every_task_as_each_task_alone(built, tasks_fil
     assert saved["tasks"]["text_to_image"]["loss_targets"] == ref["text_to_image"][1]
 
 
-def test_rows_packed_by_task_hold_one_task_in_file_order(built, tasks_file):
+def _first_fit(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices packed first-fit in the given order by a plain scan over the open rows (the packer
+    uses a segment tree): each into the first row with room, else a new row."""
+    rows: list[tuple[list[int], list[int]]] = []  # (indices, [tokens used])
+    for i, n in enumerate(lengths):
+        row = next((r for r in rows if r[1][0] + n <= budget), None)
+        if row is None:
+            rows.append(([i], [n]))
+        else:
+            row[0].append(i)
+            row[1][0] += n
+    return [r[0] for r in rows]
+
+
+def test_rows_packed_by_task_hold_one_task_packed_first_fit(built, tasks_file):
+    """With ``by_task`` each row holds one task's samples, and each task's rows are first-fit over
+    that task's samples in file order (training's packer), within the budget."""
     from omnicore.data.jsonl import read_jsonl
     from omnicore.eval.heldout import eval_rows
 
     _, _, processor = built
-    task = {s.where: s.meta["task"] for s in read_jsonl(tasks_file)}
-    rows = list(eval_rows(tasks_file, processor, 300, by_task=True))
-    assert all(len({task[e.where] for e in row}) == 1 for row in rows)
-    assert all(sum(len(e) for e in row) <= 300 for row in rows) and max(len(row) for row in rows) >= 3
+    samples = read_jsonl(tasks_file)
+    task = {s.where: s.meta["task"] for s in samples}
+    lengths = {s.where: len(processor.encode(s)) for s in samples}
+    rows = [[e.where for e in row] for row in eval_rows(tasks_file, processor, 300, by_task=True)]
+    assert all(len({task[w] for w in row}) == 1 for row in rows)
+    assert all(sum(lengths[w] for w in row) <= 300 for row in rows) and max(len(row) for row in rows) >= 3
     for t in set(task.values()):
-        assert [e.where for row in rows for e in row if task[e.where] == t] == [w for w in task if task[w] == t]
-    assert sorted(e.where for row in rows for e in row) == sorted(task)
+        mine = [w for w in task if task[w] == t]
+        assert [row for row in rows if task[row[0]] == t] == [[mine[i] for i in r] for r in _first_fit([lengths[w] for w in mine], 300)]
+    assert sorted(w for row in rows for w in row) == sorted(task)
 
 
 def test_multi_token_answers_score_by_exact_match_after_strip(built, tasks_file, monkeypatch):

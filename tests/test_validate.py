@@ -147,22 +147,49 @@ def test_validation_leaves_train_mode_and_no_gradients(one_process, val_file):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def _first_fit(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices packed first-fit in the given order by a plain scan over the open rows (the packer
+    uses a segment tree): each into the first row with room, else a new row."""
+    rows: list[tuple[list[int], list[int]]] = []  # (indices, [tokens used])
+    for i, n in enumerate(lengths):
+        row = next((r for r in rows if r[1][0] + n <= budget), None)
+        if row is None:
+            rows.append(([i], [n]))
+        else:
+            row[0].append(i)
+            row[1][0] += n
+    return [r[0] for r in rows]
+
+
 @pytest.mark.slow
-def test_eval_rows_shard_in_file_order_and_pack_within_budget(one_process, val_file):
-    """Sample ``j`` goes to group ``j % n``; rows keep file order and stay within the budget."""
+def test_eval_rows_shard_the_file_and_pack_as_training_packs(one_process, val_file):
+    """Sample ``j`` goes to group ``j % n``; each group's rows are first-fit over its samples in file
+    order (training's packer, ``data.packing: first_fit``), window by window, within the budget."""
+    from omnicore.data.jsonl import read_jsonl
     from omnicore.eval.heldout import eval_rows
     from omnicore.eval.loading import load_trained
 
     cfg, _ = one_process
     _, _, processor = load_trained(cfg)
     path = val_file
+    samples = read_jsonl(path)
+    lengths = {s.where: len(processor.encode(s)) for s in samples}
     whole = [e.where for row in eval_rows(path, processor, 512) for e in row]
-    assert [w.rsplit(":", 1)[1] for w in whole] == [str(i) for i in range(1, 17)]
+    assert sorted(whole) == sorted(lengths) and len(whole) == 16
     budget = 200
     for shard in (0, 1):
-        rows = list(eval_rows(path, processor, budget, shard=shard, num_shards=2, max_samples=7))
-        assert [e.where for row in rows for e in row] == whole[shard:7:2]
-        assert len(rows) >= 2 and all(sum(len(e) for e in row) <= budget for row in rows)
+        mine = [s.where for s in samples[:7]][shard::2]
+        for window in (1024, 2):
+            rows = [
+                [e.where for e in row]
+                for row in eval_rows(path, processor, budget, shard=shard, num_shards=2, max_samples=7, window=window)
+            ]
+            want = []
+            for w in range(0, len(mine), window):  # each window packed on its own
+                part = mine[w : w + window]
+                want += [[part[i] for i in r] for r in _first_fit([lengths[x] for x in part], budget)]
+            assert rows == want
+            assert len(rows) >= 2 and all(sum(lengths[x] for x in row) <= budget for row in rows)
 
 
 @pytest.mark.slow

@@ -9,18 +9,20 @@ held-out set is left out.
 The samples: ``data.eval`` in file order (no shuffle), the first ``eval.max_samples`` when
 set. Sample ``j`` belongs to data group ``j % data_size`` (the data-parallel groups of
 :func:`omnicore.parallel.parallelize.data_split`; ranks of one sequence-parallel group read the same
-samples), which packs its samples in order into rows of at most ``data.max_tokens`` tokens (next
-fit: a row is closed when the next sample does not fit). Attention never crosses samples in a
-packed row, so the loss does not depend on how samples are packed or sharded, up to the order of
-floating-point sums. The file is read line by line and at most one row is held per rank.
+samples), which packs its samples into rows of at most ``data.max_tokens`` tokens with training's
+packer (:func:`omnicore.data.packing.pack_rows`: ``data.packing`` over windows of
+``data.packing_window`` samples, in file order). Attention never crosses samples in a packed row, so
+the loss does not depend on how samples are packed or sharded, up to the order of floating-point
+sums. The file is read line by line (:func:`omnicore.data.jsonl.iter_jsonl`) and one window of
+encoded samples is held per rank (one per task with ``by_task``).
 
 Per task (``by_task``, what ``omnicore eval`` asks for): a sample's task is its ``task`` key
 (``default`` without one). Each data group then packs every task's samples into rows of their own
-(one open row per task, next fit within the task), so each forward's loss sums belong to one task
+(a window per task, packed when full and at the end), so each forward's loss sums belong to one task
 and ``val_loss/task/<task>`` (that task's loss sum over its target count: the same normalisation,
 per target, text tokens and decoder codes alike) comes from the same single pass. Only the packing
-changes, so the overall figures are those of file-order packing up to the order of floating-point
-sums; a data group runs at most (number of tasks - 1) more forwards.
+changes, so the overall figures are those of packing without tasks up to the order of
+floating-point sums.
 
 Collectives: every rank runs one forward per round, so FSDP2's all-gathers and Ulysses' all-to-alls
 line up; a rank whose shard has run out runs a filler row (its last row, or the first sample of the
@@ -48,26 +50,9 @@ import torch
 
 from omnicore.config import Config
 from omnicore.data.chat import ChatProcessor, Encoded
-from omnicore.data.jsonl import SampleError, decode_line, parse_line
-from omnicore.data.packing import collate, to_device
+from omnicore.data.jsonl import SampleError, iter_jsonl
+from omnicore.data.packing import collate, pack_rows, to_device
 from omnicore.parallel.state import ParallelState
-
-
-def _samples(path: Path, on_error: str, skipped: list[str]) -> Iterator[Any]:
-    """The parsed samples of a JSONL file, line by line (a bad line raises, or with ``on_error:
-    skip`` is appended to ``skipped``)."""
-    if not path.is_file():
-        raise SampleError(f"{path}: held-out data file (data.eval) not found")
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                text = decode_line(raw, str(path), lineno)
-                if text.strip():
-                    yield parse_line(text, str(path), lineno)
-            except SampleError as exc:
-                if on_error != "skip":
-                    raise
-                skipped.append(str(exc))
 
 
 def task_of(sample: Any) -> str:
@@ -86,8 +71,10 @@ def eval_rows(
     on_error: str = "raise",
     skipped: list[str] | None = None,
     by_task: bool = False,
+    window: int = 1024,
+    method: str = "first_fit",
 ) -> Iterator[list[Encoded]]:
-    """This data group's packed rows of the held-out set, in file order (see the module docstring).
+    """This data group's packed rows of the held-out set (see the module docstring).
 
     Args:
         path: the held-out JSONL.
@@ -96,16 +83,17 @@ def eval_rows(
             ``j % num_shards``.
         max_samples: only the first N samples of the file (``eval.max_samples``).
         on_error: ``raise`` or ``skip`` (``data.on_error``); skipped samples' messages go to ``skipped``.
-        by_task: pack each task's samples into rows of their own (:func:`task_of`); a row is
-            yielded when full, the last row of each task at the end (in order of the tasks' first
-            samples). Samples keep file order within a task.
+        by_task: pack each task's samples into rows of their own (:func:`task_of`): each task's
+            window is packed when it is full, the last window of each task at the end (in order of
+            the tasks' first samples).
+        window, method: training's packing (``data.packing_window``, ``data.packing``).
 
     Raises:
         SampleError: the file is missing; or (``on_error: raise``) a bad line, a sample that cannot
             be encoded, or one longer than ``max_tokens`` (``FILE:LINE: ...``).
     """
     items = _encoded(path, processor, max_tokens, shard, num_shards, max_samples, on_error, [] if skipped is None else skipped, {})
-    for _, row in _pack(items, max_tokens, by_task):
+    for _, row in _pack(items, max_tokens, by_task, window, method):
         yield row
 
 
@@ -125,7 +113,9 @@ def _encoded(
     with the same tasks)."""
     # every group reads every line: a bad line is reported by group 0 only, a bad sample by its own group
     bad_lines = skipped if shard == 0 else []
-    for j, sample in enumerate(_samples(path, on_error, bad_lines)):
+    if not path.is_file():
+        raise SampleError(f"{path}: held-out data file (data.eval) not found")
+    for j, sample in enumerate(iter_jsonl(path, on_error=on_error, errors=bad_lines)):
         if max_samples is not None and j >= max_samples:
             break
         task = task_of(sample)
@@ -144,26 +134,27 @@ def _encoded(
         yield task, enc
 
 
-def _pack(items: Iterable[tuple[str, Encoded]], max_tokens: int, by_task: bool) -> Iterator[tuple[str | None, list[Encoded]]]:
-    """Next-fit packing of ``items`` into rows of at most ``max_tokens`` tokens: ``(task, row)``
-    with one open row per task when ``by_task``, else ``(None, row)`` with one open row."""
-    open_rows: dict[str | None, tuple[list[Encoded], int]] = {}  # insertion order: the tasks' first samples
+def _pack(
+    items: Iterable[tuple[str, Encoded]], max_tokens: int, by_task: bool, window: int, method: str
+) -> Iterator[tuple[str | None, list[Encoded]]]:
+    """``items`` packed into rows by training's packer (:func:`pack_rows`, ``window`` samples at a
+    time): ``(None, row)``, or with ``by_task`` ``(task, row)`` with a window per task, each packed
+    when full and the rest at the end (in order of the tasks' first samples)."""
+    if not by_task:
+        yield from ((None, row) for row in pack_rows((enc for _, enc in items), max_tokens, window=window, method=method))
+        return
+    pending: dict[str, list[Encoded]] = {}  # insertion order: the tasks' first samples
     for task, enc in items:
-        key = task if by_task else None
-        row, used = open_rows.get(key, ([], 0))
-        if row and used + len(enc) > max_tokens:
-            yield key, row
-            row, used = [], 0
-        row.append(enc)
-        open_rows[key] = (row, used + len(enc))
-    for key, (row, _) in open_rows.items():
-        if row:
-            yield key, row
+        pending.setdefault(task, []).append(enc)
+        if len(pending[task]) == window:
+            yield from ((task, row) for row in pack_rows(pending.pop(task), max_tokens, window=window, method=method))
+    for task, rest in pending.items():
+        yield from ((task, row) for row in pack_rows(rest, max_tokens, window=window, method=method))
 
 
 def _first_sample(path: Path, processor: ChatProcessor) -> list[Encoded]:
     """A filler row: the first sample of the file that encodes."""
-    for sample in _samples(path, "skip", []):
+    for sample in iter_jsonl(path, on_error="skip"):
         with contextlib.suppress(SampleError):
             return [processor.encode(sample)]
     raise SampleError(f"{path}: no usable held-out sample")
@@ -236,6 +227,8 @@ def heldout_loss(
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
     device: torch.device | None = None,
     by_task: bool = False,
+    window: int = 1024,
+    method: str = "first_fit",
 ) -> dict[str, Any]:
     """The held-out loss of ``model`` on ``path`` (module docstring), the same on every rank.
 
@@ -248,6 +241,7 @@ def heldout_loss(
         device: where the inputs go (the run's device; None: that of the model's first parameter,
             which is wrong for parameters offloaded to the CPU).
         by_task: also the loss of each task (rows packed per task, module docstring).
+        window, method: training's packing (``data.packing_window``, ``data.packing``).
 
     Returns:
         ``{"val_loss", "val_loss/text", "val_loss/decoder.<m>"..., "val_targets", "val_samples",
@@ -268,7 +262,7 @@ def heldout_loss(
     model.eval()
     try:
         with torch.no_grad():
-            rows = _pack(items, max_tokens, by_task)
+            rows = _pack(items, max_tokens, by_task, window, method)
             _forward_rows(model, processor, rows, path, state, device or next(model.parameters()).device, autocast, tally)
     finally:
         for m, training in modes:
@@ -350,8 +344,8 @@ def heldout_loss_of(cfg: Config, model: Any, processor: ChatProcessor, *, by_tas
     bf16 = cfg.train.mixed_precision == "bf16"
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     path = cfg.resolve_path(cfg.data.eval or "")
-    figures = heldout_loss(model, processor, path, cfg.data.max_tokens, max_samples=cfg.eval.max_samples,
-                           on_error=cfg.data.on_error, autocast=autocast, by_task=by_task)  # fmt: skip
+    figures = heldout_loss(model, processor, path, cfg.data.max_tokens, max_samples=cfg.eval.max_samples, on_error=cfg.data.on_error,
+                           autocast=autocast, by_task=by_task, window=cfg.data.packing_window, method=cfg.data.packing)  # fmt: skip
     out: dict[str, Any] = {k[4:]: v for k, v in figures.items() if k.startswith("val_loss") and not k.startswith("val_loss/task/")}
     out["loss_targets"] = figures["val_targets"]
     if by_task:

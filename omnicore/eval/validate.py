@@ -38,7 +38,8 @@ class Validator:
 
     Args:
         cfg: the run's config (the ``eval`` section, ``train.max_steps``, ``data.eval``,
-            ``data.max_tokens``, ``data.on_error``; the ``generate`` section for the task accuracy).
+            ``data.max_tokens``, ``data.on_error``, ``data.packing``, ``data.packing_window``; the
+            ``generate`` section for the task accuracy).
         tokenizer, processor: the run's tokenizer and chat processor.
         state: the parallel state; every rank of it runs :meth:`run` together.
         data_rank, data_size: this rank's data group and the number of groups (training's split,
@@ -92,6 +93,7 @@ class Validator:
             model, self.processor, cfg.resolve_path(cfg.data.eval or ""), cfg.data.max_tokens, state=self.state,
             data_rank=self.data_rank, data_size=self.data_size, max_samples=cfg.eval.max_samples,
             on_error=cfg.data.on_error, autocast=self.autocast, device=self.state.device,
+            window=cfg.data.packing_window, method=cfg.data.packing,
         )  # fmt: skip
         if self.task_samples:
             figures.update(task_accuracy(cfg, model, self.tokenizer, self.processor, self.task_samples))
