@@ -223,7 +223,7 @@ def test_packed_logits_and_grads_equal_sdpa_on_the_digits_model(digits_jsonl):
     """The tiny omni-modal model on a packed row of real samples (image, audio and image-target):
     sdpa_varlen gives sdpa's logits, loss and every parameter gradient within 1e-5."""
     from omnicore.config import Config
-    from omnicore.data.chat import ChatProcessor
+    from omnicore.data.chat import ChatProcessor, module_processors
     from omnicore.data.jsonl import parse_line
     from omnicore.data.packing import collate
     from omnicore.model.build import build_omni_model
@@ -236,7 +236,7 @@ def test_packed_logits_and_grads_equal_sdpa_on_the_digits_model(digits_jsonl):
         model, tok = build_omni_model(Config.model_validate(raw))  # seeded: the same weights
         model.eval()
         assert model.lm.config._attn_implementation == attention
-        proc = ChatProcessor(tok, dict(model.encoders), dict(model.decoders))
+        proc = ChatProcessor(tok, module_processors(model.encoders, "encoder"), module_processors(model.decoders, "decoder"))
         encs, tasks = [], set()
         for lineno, text in enumerate(path.read_text().splitlines(), start=1):
             task = json.loads(text)["task"]
@@ -279,7 +279,7 @@ def test_generation_with_kv_cache_equals_sdpa(digits_jsonl):
     """``omnicore.model.generation.generate`` (prefill, then one query per step against the KV cache):
     greedy tokens with sdpa_varlen are sdpa's."""
     from omnicore.config import Config
-    from omnicore.data.chat import ChatProcessor
+    from omnicore.data.chat import ChatProcessor, module_processors
     from omnicore.data.jsonl import parse_line
     from omnicore.model.build import build_omni_model
     from omnicore.model.generation import generate
@@ -292,7 +292,7 @@ def test_generation_with_kv_cache_equals_sdpa(digits_jsonl):
         raw["model"]["kernels"] = {"attention": attention}
         model, tok = build_omni_model(Config.model_validate(raw))
         model.eval()
-        proc = ChatProcessor(tok, dict(model.encoders), dict(model.decoders))
+        proc = ChatProcessor(tok, module_processors(model.encoders, "encoder"), module_processors(model.decoders, "decoder"))
         got[attention] = [
             generate(model, tok, proc.encode(parse_line(text, str(path), i + 1), prompt_only=True), max_new_tokens=10)["token_ids"]
             for i, text in enumerate(lines)
@@ -308,7 +308,7 @@ def test_cu_seqlens_flow_from_collate_to_the_kernel(monkeypatch, digits_jsonl):
     falls back to ``position_ids``. Wrong boundaries are used as given (the loss changes), so the
     passed value is really the one used."""
     from omnicore.config import Config
-    from omnicore.data.chat import ChatProcessor
+    from omnicore.data.chat import ChatProcessor, module_processors
     from omnicore.data.jsonl import read_jsonl
     from omnicore.data.packing import collate
     from omnicore.kernels import attention_varlen
@@ -318,7 +318,7 @@ def test_cu_seqlens_flow_from_collate_to_the_kernel(monkeypatch, digits_jsonl):
     raw["model"]["kernels"] = {"attention": IMPLEMENTATION}
     model, tok = build_omni_model(Config.model_validate(raw))
     model.eval()
-    proc = ChatProcessor(tok, dict(model.encoders), dict(model.decoders))
+    proc = ChatProcessor(tok, module_processors(model.encoders, "encoder"), module_processors(model.decoders, "decoder"))
     encs = [proc.encode(s) for s in read_jsonl(digits_jsonl / "train.jsonl")[:5]]
     mb = collate(encs, proc.encoders, proc.decoders)
     assert mb.cu_seqlens.tolist() == [0, *torch.tensor([len(e) for e in encs]).cumsum(0).tolist()]

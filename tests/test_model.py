@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_config_dict  # noqa: E402  (tests/ is on pytest's pythonpath)
 
-from omnicore.data.chat import IGNORE_INDEX, ChatProcessor
+from omnicore.data.chat import IGNORE_INDEX, ChatProcessor, module_processors
 from omnicore.data.jsonl import parse_line
 from omnicore.data.packing import collate
 from omnicore.model.omni import PlaceholderMismatch
@@ -28,7 +28,11 @@ def _build(train: Path, attention: str):
         raw["model"]["kernels"] = {"attention": attention}
         model, tok = build_omni_model(Config.model_validate(raw))
         model.eval()  # no dropout: exact comparisons
-        _BUILT[attention] = (model, tok, ChatProcessor(tok, dict(model.encoders), dict(model.decoders)))
+        _BUILT[attention] = (
+            model,
+            tok,
+            ChatProcessor(tok, module_processors(model.encoders, "encoder"), module_processors(model.decoders, "decoder")),
+        )
     return _BUILT[attention]
 
 

@@ -178,7 +178,7 @@ def test_batched_generation_equals_one_at_a_time(digits_jsonl):
     left-padded batch give each prompt's tokens alone; and decoding with the KV cache continues one
     past the prompt's largest position: one forward over prompt + answer, with the answer's
     positions set that way, picks the same tokens (teacher forcing)."""
-    from omnicore.data.chat import ChatProcessor, Encoded
+    from omnicore.data.chat import ChatProcessor, Encoded, module_processors
     from omnicore.data.jsonl import parse_line
     from omnicore.data.packing import collate
     from omnicore.model import generation
@@ -186,7 +186,7 @@ def test_batched_generation_equals_one_at_a_time(digits_jsonl):
 
     model, tok = build_omni_model(_config(digits_jsonl / "train.jsonl"))
     model.eval()
-    proc = ChatProcessor(tok, dict(model.encoders), {}, rope=model.rope)
+    proc = ChatProcessor(tok, module_processors(model.encoders, "encoder"), {}, rope=model.rope)
     path = digits_jsonl / "eval.jsonl"
     lines = [(i, t) for i, t in enumerate(path.read_text().splitlines(), 1) if json.loads(t)["task"] == "image_to_text"][:3]
     prompts = [proc.encode(parse_line(t, str(path), i), prompt_only=True) for i, t in lines]

@@ -172,12 +172,14 @@ def digits_lengths(limit: int | None = None) -> tuple[list[int], int] | None:
     if not DIGITS_TRAIN.is_file() or not (DIGITS_TRAIN.parent / "movq" / "config.json").is_file():
         return None
     from omnicore.config import load_config
-    from omnicore.data.chat import ChatProcessor
+    from omnicore.data.chat import ChatProcessor, module_processors
     from omnicore.data.jsonl import iter_jsonl
     from omnicore.model.build import build_omni_model
 
     cfg = load_config(DIGITS_CONFIG)
     model, tokenizer = build_omni_model(cfg)
-    processor = ChatProcessor(tokenizer, dict(model.encoders), dict(model.decoders), cfg.data.system_prompt)
+    processor = ChatProcessor(
+        tokenizer, module_processors(model.encoders, "encoder"), module_processors(model.decoders, "decoder"), cfg.data.system_prompt
+    )
     encoded = [processor.encode(s) for s in itertools.islice(iter_jsonl(cfg.resolve_path(cfg.data.train)), limit)]
     return [len(s) for s in encoded], cfg.data.max_tokens
