@@ -96,26 +96,3 @@ def test_fsdp_sp_ep_and_fsdp_sp_on_four_processes_match_one_process():
         print(f"FSDP+SP+EP rank {r}: loss rel diff {dl:.2e}, max grad rel diff {dg:.2e}")
         assert dl <= LOSS_TOL and dg <= GRAD_TOL, (r, dl, dg)
     print(f"took {time.perf_counter() - t:.1f} s")
-
-
-def test_fsdp2_original_contract_refuses_a_mesh_with_sp_or_ep():
-    """``FSDP2.apply(model, mesh)`` (the original contract) shards over ``dp_shard`` only: with sp or
-    ep ranks in the mesh their gradients would silently stay unreduced, so it refuses and points to
-    ``parallelize()``, which shards over ``fsdp`` = ``dp_shard x ep x sp`` (checked above)."""
-    import pytest
-
-    from omnicore.parallel.fsdp import FSDP2
-
-    class Mesh:
-        mesh_dim_names = ("dp_replicate", "dp_shard", "ep", "sp")
-
-        def __init__(self, shape):
-            self.shape = shape
-
-        def size(self, i):
-            return self.shape[i]
-
-    with pytest.raises(ValueError, match="the mesh's sp dim is above 1 .* omnicore.parallel.parallelize.parallelize"):
-        FSDP2().apply(None, Mesh((1, 1, 1, 2)))
-    with pytest.raises(ValueError, match="the mesh's ep and sp dims are above 1"):
-        FSDP2().apply(None, Mesh((1, 1, 2, 2)))

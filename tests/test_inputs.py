@@ -33,7 +33,7 @@ from omnicore.hookspecs import hookimpl
 
 @hookimpl
 def omnicore_encoders():
-    return [ComponentSpec(name="inputsgood", target="inputs_good_mod:build", modalities=("video",),
+    return [ComponentSpec(name="inputsgood", target="inputs_good_mod:build", processor="inputs_good_mod:build", modalities=("video",),
                           description="still loads")]
 """
 HOOK_EXIT = """
@@ -400,7 +400,9 @@ def test_component_option_errors_are_one_line(tmp_path, monkeypatch):
 
     (tmp_path / "inputs_opts_mod.py").write_text(OPTS_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    spec = ComponentSpec(name="optsy", target="inputs_opts_mod:build", options_model="inputs_opts_mod:Opts")
+    spec = ComponentSpec(
+        name="optsy", target="inputs_opts_mod:build", processor="inputs_opts_mod:build", options_model="inputs_opts_mod:Opts"
+    ).of_kind("encoder")
     try:
         assert build_component(spec, {"rope": {"factor": 2}})["rope"] == {"factor": 2.0}
         cases = {
