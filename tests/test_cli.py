@@ -100,12 +100,11 @@ def fake_site(tmp_path) -> Path:
         {"clifake": "cli_fake_plugin"},
         {
             "cli_fake_plugin": """
-                from omnicore.components import ComponentSpec
-                from omnicore.hookspecs import hookimpl
+                from omnicore.api import ComponentSpec, hookimpl
 
                 @hookimpl
                 def omnicore_encoders():
-                    return [ComponentSpec(name="clifake", target="cli_fake_plugin:build",
+                    return [ComponentSpec(name="clifake", target="cli_fake_plugin:build", processor="cli_fake_plugin:build",
                                           modalities=("video",), description="fake video encoder")]
             """
         },
@@ -319,12 +318,11 @@ def test_train_missing_config_file_exits_2(tmp_path):
 
 def _encoder_plugin(module: str, target: str) -> str:
     return f"""
-        from omnicore.components import ComponentSpec
-        from omnicore.hookspecs import hookimpl
+        from omnicore.api import ComponentSpec, hookimpl
 
         @hookimpl
         def omnicore_encoders():
-            return [ComponentSpec(name="{module}", target="{target}:build", description="checked")]
+            return [ComponentSpec(name="{module}", target="{target}:build", processor="{target}:build", description="checked")]
     """
 
 
@@ -395,7 +393,7 @@ def no_load_site(tmp_path) -> Path:
     site = tmp_path / "site"
     write_fake_distribution(site, "omnicore-exits", "0.4", {"exits": "nl_exits"}, {"nl_exits": EXITS_ON_IMPORT})
     info = write_fake_distribution(site, "omnicore-future", "3.1.0", {"future": "nl_future"}, {"nl_future": EXITS_ON_IMPORT})
-    (info / "METADATA").write_text((info / "METADATA").read_text() + "Keywords: omnicore-api >=2,<3\n")
+    (info / "METADATA").write_text((info / "METADATA").read_text() + "Keywords: omnicore-api >=3,<4\n")
     return site
 
 
@@ -415,10 +413,10 @@ def test_plugins_no_load_imports_no_plugin_code(tmp_path, no_load_site):
         "status": "not loaded",
         "reason": "",
     }
-    assert (data["future"]["status"], data["future"]["api"]) == ("incompatible", ">=2,<3")
+    assert (data["future"]["status"], data["future"]["api"]) == ("incompatible", ">=3,<4")
     assert (
         data["future"]["reason"]
-        == "entry point 'future = nl_future' of omnicore-future 3.1.0 requires omnicore API >=2,<3; omnicore 0.1.0 provides API 1.3"
+        == "entry point 'future = nl_future' of omnicore-future 3.1.0 requires omnicore API >=3,<4; omnicore 0.1.0 provides API 2.0"
     )
     assert (data["whisper"]["value"], data["whisper"]["api"], data["whisper"]["version"]) == (
         "omnicore_audio_whisper.plugin",
