@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from einops import rearrange
 from torch import nn
 
 from omnicore.api import load_extra_weights, load_hf_pretrained, save_extra_weights
@@ -109,10 +110,8 @@ def merge_patches(hidden: torch.Tensor, side: int, merge: int) -> torch.Tensor:
         ``[B, (side // m) ** 2, m * m * D]`` in raster order of the blocks; block ``(i, j)`` holds the
         patches ``(m*i + a, m*j + b)`` for ``a`` then ``b`` in ``range(m)``, each ``D`` wide.
     """
-    b, _, d = hidden.shape
     g = side // merge
-    blocks = hidden.reshape(b, g, merge, g, merge, d).permute(0, 1, 3, 2, 4, 5)  # [B, g, g, m, m, D]
-    return blocks.reshape(b, g * g, merge * merge * d)
+    return rearrange(hidden, "b (gh mh gw mw) d -> b (gh gw) (mh mw d)", gh=g, mh=merge, gw=g, mw=merge)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 
 from omnicore_parallel_ulysses.comm import all_to_all, start_all_to_all
 
@@ -107,7 +108,7 @@ def core_attention(
     else sdpa with a dense packed causal mask, KV heads repeated for the local q heads."""
     if inner is not None:
         out, _ = inner(module, q, k, v, None, dropout=dropout, scaling=scaling, position_ids=position_ids, **(varlen or {}))
-        return out.transpose(1, 2)
+        return rearrange(out, "b t h d -> b h t d")
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -140,7 +141,7 @@ def ulysses_attention(
     k = state.to_heads(state.expand_kv(key))
     v = state.to_heads(state.expand_kv(value))
     out = core_attention(q, k, v, position_ids, dropout, scaling, module, state.inner, varlen_kwargs(kwargs))
-    return state.to_sequence(out).transpose(1, 2).contiguous(), None
+    return rearrange(state.to_sequence(out), "b h t d -> b t h d").contiguous(), None
 
 
 def varlen_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -171,10 +172,18 @@ def register_attention() -> None:
 # ---- Async-Ulysses: the all-to-alls overlap the projections --------------------------------------
 
 
-def _project(module: Any, name: str, norm: str, hidden_states: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    x = getattr(module, name)(hidden_states).view(shape)
+def _project(module: Any, name: str, norm: str, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``[B, T/sp, H]`` hidden states through projection ``name`` to heads ``[B, heads, T/sp, D]``
+    (the module's per-head ``norm`` applied first, when it has one)."""
+    x = rearrange(getattr(module, name)(hidden_states), "b t (h d) -> b t h d", d=module.head_dim)
     n = getattr(module, norm, None)  # Qwen3-style per-head q_norm / k_norm
-    return (n(x) if n is not None else x).transpose(1, 2)
+    return rearrange(n(x) if n is not None else x, "b t h d -> b h t d")
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """Heads ``[B, heads, T/sp, D]`` back to the hidden layout ``[B, T/sp, heads * D]`` that the
+    output projection takes (contiguous)."""
+    return rearrange(x, "b h t d -> b t (h d)").contiguous()
 
 
 def async_attention_forward(
@@ -201,18 +210,16 @@ def async_attention_forward(
         raise NotImplementedError("async_ulysses: sliding-window attention layers are not supported")
     rope = sys.modules[type(self).__module__].apply_rotary_pos_emb
     cos, sin = position_embeddings
-    input_shape = hidden_states.shape[:-1]
-    shape = (*input_shape, -1, self.head_dim)
-    q = rope(*(2 * (_project(self, "q_proj", "q_norm", hidden_states, shape),)), cos, sin)[0]
+    q = rope(*(2 * (_project(self, "q_proj", "q_norm", hidden_states),)), cos, sin)[0]
     q_pending = start_all_to_all(q, state.group, 1, 2, async_op=True)  # runs during the k and v projections
-    k = state.expand_kv(rope(*(2 * (_project(self, "k_proj", "k_norm", hidden_states, shape),)), cos, sin)[0])
+    k = state.expand_kv(rope(*(2 * (_project(self, "k_proj", "k_norm", hidden_states),)), cos, sin)[0])
     k_pending = start_all_to_all(k, state.group, 1, 2, async_op=True)  # runs during the v projection
-    v = state.expand_kv(_project(self, "v_proj", "v_norm", hidden_states, shape))
+    v = state.expand_kv(_project(self, "v_proj", "v_norm", hidden_states))
     v_pending = start_all_to_all(v, state.group, 1, 2, async_op=True)
     qh, kh, vh = state.to_heads(q, q_pending), state.to_heads(k, k_pending), state.to_heads(v, v_pending)
     dropout = 0.0 if not self.training else getattr(self, "attention_dropout", 0.0)
     out = core_attention(qh, kh, vh, position_ids, dropout, self.scaling, self, state.inner, varlen_kwargs(kwargs))
-    out = state.to_sequence(out).transpose(1, 2).reshape(*input_shape, -1).contiguous()
+    out = _merge_heads(state.to_sequence(out))
     return self.o_proj(out), None
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["VideoAugmentOptions", "augment_clips", "frames_to_patches", "patches_to_frames"]
@@ -51,20 +52,16 @@ def patches_to_frames(patches: torch.Tensor, grid: tuple[int, int, int], tp: int
     """One clip's patches ``[gt * gh * gw, C * tp * P * P]`` back to frames ``[gt * tp, C, gh * P, gw * P]``
     (the inverse of :meth:`~omnicore_video_frames.processor.VideoFramesProcessor.patchify`)."""
     gt, gh, gw = grid
-    c = patches.shape[1] // (tp * p * p)
-    x = patches.reshape(gt, gh // m, gw // m, m, m, c, tp, p, p)
-    x = x.permute(0, 6, 5, 1, 3, 7, 2, 4, 8)  # gt, tp, C, block row, row in block, P, block col, col in block, P
-    return x.reshape(gt * tp, c, gh * p, gw * p)
+    # bh, bw: the m x m block's row and column; mh, mw: the patch's in its block; ph, pw: the pixel's in its patch
+    pattern = "(gt bh bw mh mw) (c tp ph pw) -> (gt tp) c (bh mh ph) (bw mw pw)"
+    return rearrange(patches, pattern, gt=gt, bh=gh // m, bw=gw // m, mh=m, mw=m, tp=tp, ph=p, pw=p)
 
 
 def frames_to_patches(frames: torch.Tensor, tp: int, p: int, m: int) -> torch.Tensor:
     """Frames ``[gt * tp, C, S_h, S_w]`` to patches ``[gt * gh * gw, C * tp * P * P]`` in
     :meth:`~omnicore_video_frames.processor.VideoFramesProcessor.patchify`'s layout."""
-    t, c, h, w = frames.shape
-    gt, gh, gw = t // tp, h // p, w // p
-    x = frames.reshape(gt, tp, c, gh // m, m, p, gw // m, m, p)
-    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return x.reshape(gt * gh * gw, c * tp * p * p)
+    pattern = "(gt tp) c (bh mh ph) (bw mw pw) -> (gt bh bw mh mw) (c tp ph pw)"  # the names of patches_to_frames
+    return rearrange(frames, pattern, tp=tp, mh=m, ph=p, mw=m, pw=p)
 
 
 def augment_clips(

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from einops import rearrange
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from omnicore.api import Video
@@ -322,7 +323,7 @@ class VideoFramesProcessor:
     def _normalise(self, frames: np.ndarray) -> np.ndarray:
         """uint8 ``[m, S_h, S_w, 3]`` to float32 ``[m, 3, S_h, S_w]``: ``(x / 255 - mean) / std``."""
         x = (frames.astype(np.float32) / 255.0 - self.mean) / self.std
-        return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+        return np.ascontiguousarray(rearrange(x, "t h w c -> t c h w"))
 
     def patchify(self, x: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int]]:
         """float ``[m, C, S_h, S_w]`` to ``([gt * gh * gw, C * tp * P * P], (gt, gh, gw))``, the last
