@@ -134,8 +134,9 @@ def _grads(model, reduce_dense: bool) -> dict:
 
 
 def ep_rank(ep: int, strategy: str = "ep", chunks: int = 1) -> dict:
-    """One rank of plain EP over every rank: the strategy's ``apply(model, mesh)`` on a 1-D mesh
-    named ``ep``; dense gradients summed by hand. ``strategy``: ``ep`` or ``comet_ep``."""
+    """One rank of plain EP over every rank: the strategy's expert sharding
+    (``apply_expert_parallel`` with its plan, chunks and dispatcher) on a 1-D mesh named ``ep``;
+    dense gradients summed by hand. ``strategy``: ``ep`` or ``comet_ep``."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -143,14 +144,16 @@ def ep_rank(ep: int, strategy: str = "ep", chunks: int = 1) -> dict:
     assert world == ep
     mesh = init_device_mesh("cpu", (ep,), mesh_dim_names=("ep",))
     model = build_model()
+    from omnicore.parallel.expert import ExpertParallel, apply_expert_parallel
+
     if strategy == "comet_ep":
         from omnicore_parallel_comet.strategy import CometExpertParallel
 
-        CometExpertParallel({"chunks": chunks}).apply(model, mesh)
+        s = CometExpertParallel({"chunks": chunks})
     else:
-        from omnicore.parallel.expert import ExpertParallel
-
-        ExpertParallel({}).apply(model, mesh)
+        s = ExpertParallel({})
+    # the strategy's expert sharding on the bare 1-D ep mesh, without FSDP (apply(model, state) adds FSDP)
+    apply_expert_parallel(model, mesh, plan=s.expert_plan, chunks=s.chunks, dispatcher=s.dispatcher())
     rows = B // world
     t0 = time.perf_counter()
     loss = loss_of(model, batch()[rank * rows : (rank + 1) * rows], B * (L - 1))
