@@ -168,9 +168,7 @@ def test_generate_cli_prompts_and_samples(built, tmp_path, monkeypatch):
     greedy = cfg.model_copy(update={"generate": cfg.generate.model_copy(update={"temperature": 0.0})})
     with pytest.raises(ConfigError, match="--num-samples 2"):
         list(
-            generate_cli(
-                greedy, prompts=texts, image=None, audio=None, out_dir=str(tmp_path), checkpoint=None, export=None, num_samples=2
-            )
+            generate_cli(greedy, prompts=texts, image=None, audio=None, out_dir=str(tmp_path), checkpoint=None, export=None, num_samples=2)
         )
 
 

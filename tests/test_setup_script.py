@@ -100,7 +100,7 @@ def cpu_commands(venv: Path) -> list[str]:
     return [
         f"python3 -m venv {venv}",
         f"{venv}/bin/python {PIP} torch==2.13.0",
-        f"{venv}/bin/python {PIP} torch==2.13.0 -e '.[bench]' {editable} 'pytest>=8' copier==9.19.1 ruff==0.14.14 build==1.6.1",
+        f"{venv}/bin/python {PIP} torch==2.13.0 -e '.[bench]' {editable} 'pytest>=8' copier==9.19.1 ruff==0.14.14 mypy==1.19.1 build==1.6.1",
     ]
 
 
@@ -109,7 +109,7 @@ def cuda_commands(venv: Path, build: str, flash_attn: bool = True) -> list[str]:
     commands = [
         f"python3 -m venv {venv}",
         f"{venv}/bin/python {PIP} torch==2.13.0 --index-url {CUDA_INDEX}/{build}",
-        f"{venv}/bin/python {PIP} torch==2.13.0 -e '.[bench]' {editable} 'pytest>=8' copier==9.19.1 ruff==0.14.14 build==1.6.1",
+        f"{venv}/bin/python {PIP} torch==2.13.0 -e '.[bench]' {editable} 'pytest>=8' copier==9.19.1 ruff==0.14.14 mypy==1.19.1 build==1.6.1",
     ]
     if flash_attn:
         commands += [
