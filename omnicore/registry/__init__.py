@@ -17,7 +17,8 @@ Statuses (``Row.status``), each with a one-line ``reason`` (empty when ``availab
 ``available``, ``unavailable``, ``disabled``, ``failed``, ``incompatible``, ``conflict``.
 """
 
-from omnicore.registry.check import CheckResult, check_import, check_plugins
+from typing import TYPE_CHECKING, Any
+
 from omnicore.registry.discovery import Registry, registry_for
 from omnicore.registry.policy import (
     API_KEYWORD,
@@ -33,6 +34,31 @@ from omnicore.registry.policy import (
 )
 from omnicore.registry.resolve import NVIDIA_DRIVER_FILE, cuda_present, import_target, missing_requirements
 from omnicore.registry.rows import BUILTIN_PROVIDER, STATUSES, RegistryError, Row
+
+if TYPE_CHECKING:
+    from omnicore.registry.check import CheckResult, check_import, check_plugins
+
+_LAZY = ("CheckResult", "check_import", "check_plugins")
+"""Names of :mod:`omnicore.registry.check`, imported on first use: only ``--check`` needs them, and
+``omnicore plugins`` is kept fast to start."""
+
+
+def __getattr__(name: str) -> Any:
+    """The names of :data:`_LAZY`, from :mod:`omnicore.registry.check` (PEP 562).
+
+    Raises:
+        AttributeError: any other missing name.
+    """
+    if name in _LAZY:
+        from omnicore.registry import check
+
+        return getattr(check, name)
+    raise AttributeError(f"module 'omnicore.registry' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "API_KEYWORD",

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -35,6 +34,9 @@ from omnicore.components import KINDS, ComponentSpec
 from omnicore.registry.policy import ENV_STRICT, PluginPolicy, entry_points_info
 from omnicore.registry.resolve import build_component, build_processor_of, component_rows, find_component, missing_requirements
 from omnicore.registry.rows import BUILTIN_PROVIDER, RegistryError, Row
+
+if TYPE_CHECKING:
+    from importlib import metadata  # imported where used (omnicore.registry.distinfo says why)
 
 
 class Registry:
@@ -280,6 +282,13 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _version(dist: str) -> str:
+    from omnicore.registry import distinfo
+
+    fast = distinfo.version(dist)
+    if fast is not None:
+        return fast
+    from importlib import metadata
+
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:

@@ -26,14 +26,17 @@ the config's ``plugins`` section through :func:`~omnicore.registry.registry_for`
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omnicore import CORE_API_VERSION
+
+if TYPE_CHECKING:
+    from importlib import metadata  # imported where used: it costs more than the whole listing (omnicore.registry.distinfo)
 
 ENTRY_POINT_GROUP = "omnicore"
 API_KEYWORD = "omnicore-api"
@@ -153,6 +156,9 @@ def api_compatible(spec: str) -> bool:
     """
     if not spec:
         return True
+    plain = _plain_contains(spec, CORE_API_VERSION)
+    if plain is not None:
+        return plain
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     try:
@@ -161,13 +167,48 @@ def api_compatible(spec: str) -> bool:
         raise ValueError(str(exc)) from exc
 
 
+_PLAIN_CLAUSE = re.compile(r"\s*(==|!=|<=|>=|<|>)\s*([0-9]+(?:\.[0-9]+)*)\s*")
+_PLAIN_VERSION = re.compile(r"[0-9]+(?:\.[0-9]+)*")
+_COMPARE = {"==": operator.eq, "!=": operator.ne, "<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
+
+
+def _plain_contains(spec: str, version: str) -> bool | None:
+    """``SpecifierSet(spec).contains(version, prereleases=True)`` without importing packaging, for
+    the plain case: ``version`` is a final release (``2.0``) and every clause of ``spec`` is one of
+    ``== != <= >= < >`` before a release number (``>=2.0,<3``). ``None`` for anything else (``~=``,
+    wildcards, pre-releases, a clause that does not parse): packaging then decides, and words the
+    error.
+
+    For a final release against plain release numbers PEP 440 compares release tuples padded with
+    zeros; the exclusions of ``<`` (pre-releases) and ``>`` (post-releases, local versions) cannot
+    apply. ``tests/test_startup.py`` checks this against packaging.
+    """
+    if not _PLAIN_VERSION.fullmatch(version):
+        return None
+    clauses = [c for c in spec.split(",") if c.strip()]
+    parsed = [_PLAIN_CLAUSE.fullmatch(c) for c in clauses]
+    if not all(parsed):
+        return None
+    have = _release(version)
+    return all(_COMPARE[m.group(1)](have, _release(m.group(2))) for m in parsed if m)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The release numbers of ``1.2.0`` without trailing zeros (``(1, 2)``): PEP 440's ordering key."""
+    parts = [int(p) for p in version.split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
 def entry_points_info(
     entry_points: Iterable[metadata.EntryPoint] | None = None, policy: PluginPolicy | None = None
 ) -> list[EntryPointInfo]:
     """Every ``omnicore`` entry point with what metadata says about it, in the fixed load order.
 
     Imports no plugin code (this is what ``omnicore plugins --no-load`` prints). ``policy`` defaults
-    to the environment's.
+    to the environment's. The installed entry points are read by :mod:`omnicore.registry.distinfo`
+    where it gives ``importlib.metadata``'s answer, else by ``importlib.metadata``.
     """
     policy = policy or PluginPolicy.make()
     broken: list[EntryPointInfo] = []
@@ -192,6 +233,13 @@ def _installed_entry_points(broken: list[EntryPointInfo]) -> list[metadata.Entry
     """The installed ``omnicore`` entry points. One distribution with unparsable metadata makes
     ``importlib.metadata.entry_points()`` raise for all of them; then the distributions are read one
     by one, and each one that cannot be read becomes a ``failed`` info appended to ``broken``."""
+    from omnicore.registry import distinfo
+
+    fast = distinfo.entry_points(ENTRY_POINT_GROUP)
+    if fast is not None:
+        return fast  # type: ignore[return-value]  # duck-typed EntryPoints (name, value, dist, load)
+    from importlib import metadata
+
     try:
         return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
     except Exception:  # noqa: BLE001 - a broken distribution; find it below
@@ -266,6 +314,10 @@ PORT_TO_2 = (
 
 def _admits_api_1(spec: str) -> bool:
     """Whether the range ``spec`` admits some API 1.x version (1.0 to 1.3): a plugin written for 1.x."""
+    versions = ("1.0", "1.1", "1.2", "1.3")
+    plain = [_plain_contains(spec, v) for v in versions]
+    if None not in plain:
+        return any(plain)
     from packaging.specifiers import SpecifierSet
 
-    return any(SpecifierSet(spec).contains(v, prereleases=True) for v in ("1.0", "1.1", "1.2", "1.3"))
+    return any(SpecifierSet(spec).contains(v, prereleases=True) for v in versions)

@@ -18,7 +18,6 @@ training.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 import os
@@ -126,6 +125,8 @@ def find_component(rows: list[Row], kind: str, name: str) -> ComponentSpec:
 def _not_found(rows: list[Row], kind: str, name: str, bare: str) -> str:
     """The message for a ``kind/name`` nobody offers: the valid names, the closest one, and the
     plugins that failed, are incompatible or are disabled (they might have offered it)."""
+    import difflib  # only for this message: not at import, for the listing's start-up time
+
     valid = sorted({r.name for r in component_rows(rows, kind)})
     close = difflib.get_close_matches(bare, valid, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -191,6 +192,8 @@ def build_processor_of(spec: ComponentSpec, options: dict[str, Any] | None = Non
 
 
 def _format_validation(exc: Any, model_cls: Any) -> str:
+    import difflib
+
     parts = []
     fields = list(getattr(model_cls, "model_fields", {}))
     for err in exc.errors():
