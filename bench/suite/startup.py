@@ -27,5 +27,5 @@ def measure(runs: int, warmup: int) -> dict[str, Any]:
         "ratio_best": min(plug) / min(base),
         "runs": runs,
         "warmup": warmup,
-        "goal_ratio_max": 5.0,
+        "goal_ratio_max": plugins_startup.GOAL,
     }
