@@ -77,3 +77,21 @@ def digits_jsonl(tmp_path_factory) -> Path:
         capture_output=True,
     )
     return out
+
+
+def first_fit_by_scan(lengths: list[int], budget: int) -> list[list[int]]:
+    """The textbook first-fit, the reference the packer's tests compare with: each index, in the
+    given order, goes into the first open bin with room (a plain quadratic scan; the packer uses a
+    segment tree), else it opens a new bin. Returns the bins as lists of indices."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i, n in enumerate(lengths):
+        for b, free in enumerate(room):
+            if n <= free:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(budget - n)
+    return bins

@@ -19,7 +19,7 @@ from omnicore.data.packing import PackingError, collate, pack_first_fit, pack_ro
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
 
-from conftest import tiny_config_dict  # noqa: E402  (tests/ is on pytest's pythonpath)
+from conftest import first_fit_by_scan, tiny_config_dict  # noqa: E402  (tests/ is on pytest's pythonpath)
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +250,7 @@ def test_pack_rows_packs_window_by_window_as_training_does(fake_samples):
     want = [
         [fake_samples[w + j] for j in b]
         for w in range(0, 40, 16)
-        for b in _first_fit_by_scan([len(s) for s in fake_samples[w : w + 16]], 16)
+        for b in first_fit_by_scan([len(s) for s in fake_samples[w : w + 16]], 16)
     ]
     assert rows == want
     assert list(pack_rows(iter(fake_samples), 16, window=16)) == rows
@@ -444,22 +444,6 @@ def test_on_error_skip_counts_bad_lines(env, digit_lines, garbage, tmp_path):
         train_samples(path, proc, "raise")
 
 
-def _first_fit_by_scan(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """The textbook first-fit: scan the open bins in order (quadratic), as the reference."""
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for i, n in enumerate(lengths):
-        for b, free in enumerate(room):
-            if n <= free:
-                bins[b].append(i)
-                room[b] -= n
-                break
-        else:
-            bins.append([i])
-            room.append(max_tokens - n)
-    return bins
-
-
 def test_first_fit_with_the_free_space_index_equals_the_scan():
     """The O(n log B) first-fit gives exactly the bins of the scan, on 300 random cases (budgets
     from 1 to 1024, lengths up to the budget, up to 400 samples, growing past several tree sizes)."""
@@ -471,7 +455,7 @@ def test_first_fit_with_the_free_space_index_equals_the_scan():
     for _ in range(300):
         budget = rng.choice([1, 7, 64, 512, 1024])
         lengths = [rng.randint(1, budget) for _ in range(rng.randint(0, 400))]
-        assert pack_first_fit(lengths, budget) == _first_fit_by_scan(lengths, budget)
+        assert pack_first_fit(lengths, budget) == first_fit_by_scan(lengths, budget)
     index = FreeSpaceIndex()
     for free in (5, 0, 9, 3, 9):
         index.append(free)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config_dict
+from conftest import first_fit_by_scan, tiny_config_dict
 
 from omnicore.config import Config
 from omnicore.data.jsonl import Message, Part, Sample
@@ -228,21 +228,7 @@ def test_eval_reports_the_loss_of_every_task_as_each_task_alone(built, tasks_fil
     assert saved["tasks"]["text_to_image"]["loss_targets"] == ref["text_to_image"][1]
 
 
-def _first_fit(lengths: list[int], budget: int) -> list[list[int]]:
-    """Indices packed first-fit in the given order by a plain scan over the open rows (the packer
-    uses a segment tree): each into the first row with room, else a new row."""
-    rows: list[tuple[list[int], list[int]]] = []  # (indices, [tokens used])
-    for i, n in enumerate(lengths):
-        row = next((r for r in rows if r[1][0] + n <= budget), None)
-        if row is None:
-            rows.append(([i], [n]))
-        else:
-            row[0].append(i)
-            row[1][0] += n
-    return [r[0] for r in rows]
-
-
-def test_rows_packed_by_task_hold_one_task_packed_first_fit(built, tasks_file):
+def test_rows_packed_by_task_hold_one_task_packedfirst_fit_by_scan(built, tasks_file):
     """With ``by_task`` each row holds one task's samples, and each task's rows are first-fit over
     that task's samples in file order (training's packer), within the budget."""
     from omnicore.data.jsonl import read_jsonl
@@ -257,7 +243,9 @@ def test_rows_packed_by_task_hold_one_task_packed_first_fit(built, tasks_file):
     assert all(sum(lengths[w] for w in row) <= 300 for row in rows) and max(len(row) for row in rows) >= 3
     for t in set(task.values()):
         mine = [w for w in task if task[w] == t]
-        assert [row for row in rows if task[row[0]] == t] == [[mine[i] for i in r] for r in _first_fit([lengths[w] for w in mine], 300)]
+        assert [row for row in rows if task[row[0]] == t] == [
+            [mine[i] for i in r] for r in first_fit_by_scan([lengths[w] for w in mine], 300)
+        ]
     assert sorted(w for row in rows for w in row) == sorted(task)
 
 

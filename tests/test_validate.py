@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config_dict
+from conftest import first_fit_by_scan, tiny_config_dict
 
 from omnicore.config import Config
 from omnicore.data.chat import IGNORE_INDEX
@@ -147,20 +147,6 @@ def test_validation_leaves_train_mode_and_no_gradients(one_process, val_file):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-def _first_fit(lengths: list[int], budget: int) -> list[list[int]]:
-    """Indices packed first-fit in the given order by a plain scan over the open rows (the packer
-    uses a segment tree): each into the first row with room, else a new row."""
-    rows: list[tuple[list[int], list[int]]] = []  # (indices, [tokens used])
-    for i, n in enumerate(lengths):
-        row = next((r for r in rows if r[1][0] + n <= budget), None)
-        if row is None:
-            rows.append(([i], [n]))
-        else:
-            row[0].append(i)
-            row[1][0] += n
-    return [r[0] for r in rows]
-
-
 @pytest.mark.slow
 def test_eval_rows_shard_the_file_and_pack_as_training_packs(one_process, val_file):
     """Sample ``j`` goes to group ``j % n``; each group's rows are first-fit over its samples in file
@@ -187,7 +173,7 @@ def test_eval_rows_shard_the_file_and_pack_as_training_packs(one_process, val_fi
             want = []
             for w in range(0, len(mine), window):  # each window packed on its own
                 part = mine[w : w + window]
-                want += [[part[i] for i in r] for r in _first_fit([lengths[x] for x in part], budget)]
+                want += [[part[i] for i in r] for r in first_fit_by_scan([lengths[x] for x in part], budget)]
             assert rows == want
             assert len(rows) >= 2 and all(sum(lengths[x] for x in row) <= budget for row in rows)
 
