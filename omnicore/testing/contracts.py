@@ -288,32 +288,29 @@ class ModuleComponentContract(ComponentContract):
         assert isinstance(proc, Processor) and not isinstance(proc, nn.Module)
         assert proc.modality in spec.modalities, f"spec.modalities {spec.modalities} lacks the processor's {proc.modality!r}"
 
+    def _assert_processors_agree(self, proc: Any, other: Any, what: str) -> None:
+        """``other`` gives ``proc``'s features (equal tensors, same keys) and token counts for every
+        sample medium; ``what`` names ``other`` in the messages."""
+        for i, media in enumerate(self.make_media(proc.modality)):
+            a, b = proc.preprocess(media), other.preprocess(media)
+            assert a.keys() == b.keys(), f"item {i}: {what} gives other feature keys"
+            for k in a:
+                assert torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])), f"item {i}: feature {k!r} differs in {what}"
+            assert other.num_tokens(b) == proc.num_tokens(a), f"item {i}: {what} counts other tokens"
+
     def test_module_holds_its_processor(self):
         """The built module's ``processor`` attribute is a :class:`Processor` that agrees with the one
         built apart from the same options: the same features and token counts for every sample."""
-        module = self.build()
-        held = getattr(module, "processor", None)
+        held = getattr(self.build(), "processor", None)
         assert isinstance(held, Processor), (
             f"{self.kind}/{self.name}: the module must hold its data side as .processor (core API 2.0; got {type(held).__name__})"
         )
-        proc = self.build_processor()
-        for i, media in enumerate(self.make_media(proc.modality)):
-            a, b = proc.preprocess(media), held.preprocess(media)
-            assert a.keys() == b.keys(), f"item {i}"
-            for k in a:
-                assert torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])), f"item {i}: feature {k!r} differs"
-            assert held.num_tokens(b) == proc.num_tokens(a), f"item {i}"
+        self._assert_processors_agree(self.build_processor(), held, "the module's .processor")
 
     def test_processor_is_picklable(self):
         """A pickle round trip of the processor (spawned data workers) gives equal features and token counts."""
         proc = self.build_processor()
-        copy_ = pickle.loads(pickle.dumps(proc))
-        for i, media in enumerate(self.make_media(proc.modality)):
-            a, b = proc.preprocess(media), copy_.preprocess(media)
-            assert a.keys() == b.keys(), f"item {i}"
-            for k in a:
-                assert torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])), f"item {i}: feature {k!r} differs after pickling"
-            assert copy_.num_tokens(b) == proc.num_tokens(a), f"item {i}"
+        self._assert_processors_agree(proc, pickle.loads(pickle.dumps(proc)), "the processor after pickling")
 
     def test_processor_agrees_with_module(self):
         """The processor's collate feeds the module, which gives ``sum(num_tokens)`` rows, item by item too."""
