@@ -40,37 +40,6 @@ from omnicore.testing.fakes import (
     write_fake_distribution,
 )
 
-__all__ = [
-    "FakeDistribution",
-    "write_fake_distribution",
-    "forget_modules_under",
-    "installed_fake_distribution",
-    "isolated_registry",
-    "plugin_env_vars",
-    "EncoderContract",
-    "DecoderContract",
-    "FoundationContract",
-    "KernelContract",
-    "ParallelStrategyContract",
-    "LoggerContract",
-    "sample_media",
-    "Config",
-    "train",
-    "cli_main",
-    "build_omni_model",
-    "init_parallel_state",
-    "parallelize",
-    "read_jsonl",
-    "SampleError",
-    "ChatProcessor",
-    "encoder_token",
-    "prepare_tokenizer",
-    "collate",
-    "MicroBatch",
-    "mrope_positions",
-    "sdpa_varlen_attention_forward",
-]
-
 _RUN_PATH: dict[str, tuple[str, str]] = {
     "Config": ("omnicore.config", "Config"),
     "train": ("omnicore.train.loop", "train"),
@@ -90,7 +59,7 @@ _RUN_PATH: dict[str, tuple[str, str]] = {
 }
 """The core's run path for integration tests: public name -> (home module, attribute)."""
 
-_CONTRACTS = {
+_CONTRACTS: tuple[str, ...] = (
     "EncoderContract",
     "DecoderContract",
     "FoundationContract",
@@ -98,7 +67,19 @@ _CONTRACTS = {
     "ParallelStrategyContract",
     "LoggerContract",
     "sample_media",
-}
+)
+"""The names of :mod:`omnicore.testing.contracts` (torch), loaded on first use."""
+
+__all__ = [
+    "FakeDistribution",
+    "write_fake_distribution",
+    "forget_modules_under",
+    "installed_fake_distribution",
+    "isolated_registry",
+    "plugin_env_vars",
+    *_CONTRACTS,
+    *_RUN_PATH,
+]
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: the contract suites import torch, so load them lazily
