@@ -100,11 +100,21 @@ def test_the_typing_block_declares_every_public_name_from_its_home():
     assert (ROOT / "omnicore" / "py.typed").is_file()
 
 
-def test_every_testing_kit_name_resolves():
+def test_every_testing_kit_name_resolves_to_its_home():
+    import importlib
+
     import omnicore.testing as testing
+    from omnicore.testing import contracts, fakes
 
     for name in testing.__all__:
-        assert getattr(testing, name) is not None, name
+        if name in testing._RUN_PATH:
+            module, attr = testing._RUN_PATH[name]
+            home = getattr(importlib.import_module(module), attr)
+        else:
+            home = getattr(contracts if name in testing._CONTRACTS else fakes, name)
+        assert getattr(testing, name) is home, name
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        testing.nope  # noqa: B018
 
 
 def test_template_imports_only_the_public_api_and_the_testing_kit():

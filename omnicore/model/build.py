@@ -158,8 +158,8 @@ def component_dtype(cfg: Config, component: ComponentConfig) -> Any:
 
 
 def _build_lm(foundation: Any, vocab_size: int, dtype: Any) -> Any:
-    """``foundation.build_model`` in ``dtype``: passed on when the foundation takes it (API 1.3),
-    else the model is cast after building."""
+    """``foundation.build_model`` in ``dtype``: passed on when the foundation's ``build_model``
+    takes a ``dtype`` keyword (optional in the contract), else the model is cast after building."""
     import inspect
 
     if "dtype" in inspect.signature(foundation.build_model).parameters:
