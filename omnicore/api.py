@@ -34,7 +34,9 @@ What is here, by topic:
 * **Expert parallelism**: :class:`ExpertParallel`, :class:`EPContext`, :func:`all_to_all`,
   :func:`regroup`, :func:`local_experts_forward`.
 * **Foundations and weights**: :func:`byte_tokenizer`, :func:`load_hf_pretrained`,
-  :func:`save_extra_weights`, :func:`load_extra_weights`.
+  :func:`save_extra_weights`, :func:`load_extra_weights`, :func:`build_mrope_lm` (an mRoPE text
+  model under its LM head); sharded loading of a component's part of a checkpoint:
+  :func:`on_meta`, :func:`plan_checkpoint` (its key ``renames``) and :class:`LoadError`.
 * **Training**: :func:`warmup_cosine` (the LR schedule of the training loop, for a plugin's own
   fits).
 """
@@ -85,6 +87,10 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.kernels.varlen import varlen_from_kwargs as varlen_from_kwargs
     from omnicore.model.codebook import CodebookDecoder as CodebookDecoder
     from omnicore.model.foundation import byte_tokenizer as byte_tokenizer
+    from omnicore.model.loading import LoadError as LoadError
+    from omnicore.model.loading import on_meta as on_meta
+    from omnicore.model.loading import plan_checkpoint as plan_checkpoint
+    from omnicore.model.mrope import build_mrope_lm as build_mrope_lm
     from omnicore.model.weights import load_extra_weights as load_extra_weights
     from omnicore.model.weights import load_hf_pretrained as load_hf_pretrained
     from omnicore.model.weights import save_extra_weights as save_extra_weights
@@ -163,6 +169,10 @@ _EXPORTS: dict[str, str] = {
     # foundations and weights
     "byte_tokenizer": "omnicore.model.foundation",
     "load_hf_pretrained": "omnicore.model.weights",
+    "build_mrope_lm": "omnicore.model.mrope",
+    "on_meta": "omnicore.model.loading",
+    "plan_checkpoint": "omnicore.model.loading",
+    "LoadError": "omnicore.model.loading",
     "save_extra_weights": "omnicore.model.weights",
     "load_extra_weights": "omnicore.model.weights",
     # training

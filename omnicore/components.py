@@ -150,6 +150,13 @@ class Processor(Protocol):
     with ``t * h * w == num_tokens(features)``. Read only for an mRoPE foundation
     (:mod:`omnicore.data.positions`); an encoder whose processor lacks it (audio) is laid out as
     text. Decoders' grids are not used (their codes are laid out as text).
+
+    Optional (encoders): ``placeholder``, the token string written ``num_tokens`` times for one
+    item (default ``<|{modality}_pad|>``), and ``wrap``, a pair of token strings written before and
+    after that run (default none). A published family names its checkpoint's own tokens
+    (``<|image_pad|>`` wrapped in ``<|vision_start|>``/``<|vision_end|>``, ``<image>``,
+    ``<|AUDIO|>``), so that a sample's ids are those of the checkpoint's processor; the core adds
+    a token only when the tokenizer lacks it. Each modality needs its own placeholder.
     """
 
     modality: str
@@ -281,6 +288,21 @@ class Foundation(Protocol):
     the core then shards the model first and each rank reads only its shards
     (:func:`omnicore.model.loading.fill_pending`); the built-in ``hf_causal_lm`` does this for
     safetensors checkpoints.
+
+    Optional members of a published model *family* (a composite checkpoint: towers, projector and
+    language model in one folder; the ``omnicore-family-*`` plugins are examples):
+
+    * ``encoders() -> dict[str, dict]``: the encoder entries the checkpoint brings, each as written
+      under ``model.encoders`` (``{"name": ..., "options": {...}, "share": ...}``). The core adds
+      each one whose key the config does not set, so one foundation entry builds the whole model.
+      Building the foundation object must read no weights.
+    * ``export_pretrained(model, tokenizer, folder) -> None``: write ``folder`` in the published
+      layout (the composite ``config.json``, tensors under the keys the family's
+      ``...ForConditionalGeneration.from_pretrained`` expects, tokenizer and processor files), from
+      an unsharded CPU :class:`ParallelModel` whose LoRA adapters are merged.
+    * ``part_names() -> dict[str, list[str]]``: the family's part names (``vision_tower``,
+      ``merger``, ``language_model``) -> parameter-name prefixes in the model, accepted by
+      ``train.freeze`` and ``train.lr_multipliers``.
     """
 
     def build_tokenizer(self) -> Any:

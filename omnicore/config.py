@@ -47,6 +47,11 @@ class ComponentConfig(_Strict):
         description="dtype of this component's parameters, applied as it is built or loaded (a checkpoint's tensors are cast while "
         "read); unset: run.dtype",
     )
+    share: str | None = Field(
+        default=None,
+        description="encoders only: the key of another encoder whose module encodes this modality too (as Qwen2-VL's one vision "
+        "tower encodes images and video); this entry then builds only its processor, and that module must list this modality",
+    )
 
 
 KERNEL_OPS: tuple[str, ...] = ("attention", "rmsnorm", "swiglu", "cross_entropy")
@@ -120,6 +125,26 @@ class LoraConfig(_Strict):
     )
 
 
+def check_shares(m: Any) -> None:
+    """``share`` is set only on encoders, and names another encoder that has its own module.
+
+    Raises:
+        ValueError: naming the field (``model.encoders.video.share``) and what to write.
+    """
+    for field_name, c in [("model.foundation", m.foundation)] + [(f"model.decoders.{k}", c) for k, c in m.decoders.items()]:
+        if c.share is not None:
+            raise ValueError(f"{field_name}.share: only encoders share a module; remove it")
+    for key, c in m.encoders.items():
+        if c.share is None:
+            continue
+        other = m.encoders.get(c.share)
+        if c.share == key or other is None:
+            have = ", ".join(k for k in m.encoders if k != key) or "none"
+            raise ValueError(f"model.encoders.{key}.share: {c.share!r} is not another encoder key (encoders: {have})")
+        if other.share is not None:
+            raise ValueError(f"model.encoders.{key}.share: {c.share!r} shares {other.share!r} itself; share {other.share!r} directly")
+
+
 class ModelConfig(_Strict):
     foundation: ComponentConfig = Field(
         default_factory=lambda: ComponentConfig(name="hf_causal_lm"), description="the language model at the centre"
@@ -141,6 +166,11 @@ class ModelConfig(_Strict):
         "and data position; ignored by --resume (which continues this run). Configure the same components as that run. Relative "
         "to the config file (see omnicore.checkpoint.init_from)",
     )
+
+    @model_validator(mode="after")
+    def _shares(self) -> ModelConfig:
+        check_shares(self)
+        return self
 
     @field_validator("kernels")
     @classmethod

@@ -23,6 +23,8 @@ token). Decoder targets are not in ``labels``: the model scores the hidden state
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,37 +54,93 @@ def decoder_token(modality: str) -> str:
     return f"<|{modality}_out|>"
 
 
-def special_tokens(encoder_modalities: list[str], decoder_modalities: list[str]) -> list[str]:
-    """Every special token a model with these encoders and decoders needs, in a fixed order."""
+def media_tokens(modality: str, processor: Any = None) -> tuple[str, tuple[str, str] | None]:
+    """``(placeholder, wrap)`` of one encoder modality: the processor's own ``placeholder`` token
+    string (a published family's, e.g. ``<|image_pad|>``, ``<image>``, ``<|AUDIO|>``), else
+    :func:`encoder_token`; and its ``wrap`` pair of token strings written around the run (e.g.
+    ``("<|vision_start|>", "<|vision_end|>")``), else None (see
+    :class:`omnicore.components.Processor`).
+
+    Raises:
+        ValueError: ``placeholder`` is not a non-empty string, or ``wrap`` is not two of them.
+    """
+    placeholder = getattr(processor, "placeholder", None) or encoder_token(modality)
+    wrap = getattr(processor, "wrap", None)
+    if not isinstance(placeholder, str):
+        raise ValueError(f"the {modality} processor's placeholder is {placeholder!r}; give one token string, e.g. '<|{modality}_pad|>'")
+    if wrap is not None:
+        wrap = tuple(wrap)
+        if len(wrap) != 2 or not all(isinstance(t, str) and t for t in wrap):
+            raise ValueError(f"the {modality} processor's wrap is {wrap!r}; give two token strings (before, after) or None")
+    return placeholder, wrap  # type: ignore[return-value]
+
+
+def _encoder_table(encoders: Any) -> dict[str, Any]:
+    """``modality -> processor or None`` from a list of modalities or a mapping to processors."""
+    return dict(encoders) if isinstance(encoders, Mapping) else {m: None for m in encoders}
+
+
+def special_tokens(encoders: Any, decoder_modalities: Any) -> list[str]:
+    """Every special token a model with these encoders and decoders needs, in a fixed order: ChatML's
+    three, then per encoder modality (sorted) its placeholder and wrap tokens
+    (:func:`media_tokens`), then per decoder modality its start and code tokens.
+
+    ``encoders``: a list of modalities (omnicore's ``<|m_pad|>`` placeholders), or a mapping
+    modality -> processor, whose ``placeholder`` / ``wrap`` are used where it has them.
+    """
     toks = [IM_START, IM_END, PAD]
-    toks += [encoder_token(m) for m in sorted(encoder_modalities)]
+    table = _encoder_table(encoders)
+    for m in sorted(table):
+        placeholder, wrap = media_tokens(m, table[m])
+        toks += [placeholder] + (list(wrap) if wrap else [])
     for m in sorted(decoder_modalities):
         toks += [decoder_start_token(m), decoder_token(m)]
-    return toks
+    return list(dict.fromkeys(toks))
 
 
-def placeholder_ids(tokenizer: Any, encoder_modalities: list[str], decoder_modalities: list[str]) -> dict[str, dict[str, int]]:
+def _token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of ``token`` in ``tokenizer``, or None when it is not one token there."""
+    i = tokenizer.convert_tokens_to_ids(token)
+    unk = tokenizer.unk_token_id
+    return None if i is None or (unk is not None and i == unk and token != tokenizer.unk_token) else int(i)
+
+
+def placeholder_ids(tokenizer: Any, encoders: Any, decoder_modalities: Any) -> dict[str, dict[str, int]]:
     """The one table of placeholder token ids, shared by the data side (:class:`ChatProcessor`)
     and the model (:class:`omnicore.model.omni.OmniModel`'s ``token_ids``).
 
+    Args:
+        encoders: encoder modalities, or a mapping modality -> processor (its ``placeholder`` and
+            ``wrap`` tokens, :func:`media_tokens`).
+
     Returns:
-        ``{"encoder": {modality: id of <|m_pad|>}, "decoder": {modality: id of <|m_out|>},
-        "decoder_start": {modality: id of <|m_start|>}}``.
+        ``{"encoder": {modality: placeholder id}, "decoder": {modality: id of <|m_out|>},
+        "decoder_start": {modality: id of <|m_start|>}}``. The wrap tokens are checked here but
+        not listed (:class:`ChatProcessor` writes them; the model never looks for them).
 
     Raises:
-        ValueError: the tokenizer lacks one of :func:`special_tokens` (build it with
-            :func:`omnicore.model.build.prepare_tokenizer`).
+        ValueError: the tokenizer lacks one of these tokens (build it with
+            :func:`omnicore.model.build.prepare_tokenizer`, which adds what is missing).
     """
-    ids = tokenizer.convert_tokens_to_ids
-    unk = tokenizer.unk_token_id
-    missing = [t for t in special_tokens(encoder_modalities, decoder_modalities) if ids(t) is None or (unk is not None and ids(t) == unk)]
+    table = _encoder_table(encoders)
+    media = {m: media_tokens(m, p) for m, p in table.items()}
+    needed = [t for m in media for t in [media[m][0], *(media[m][1] or ())]]
+    needed += [t for m in decoder_modalities for t in (decoder_start_token(m), decoder_token(m))]
+    missing = [t for t in needed if _token_id(tokenizer, t) is None]
     if missing:
         raise ValueError(f"tokenizer lacks the special tokens {missing}; build it with omnicore.model.build.prepare_tokenizer")
-    return {
-        "encoder": {m: ids(encoder_token(m)) for m in encoder_modalities},
+    ids = functools.partial(_token_id, tokenizer)
+    out: dict[str, dict[str, int]] = {
+        "encoder": {m: ids(media[m][0]) for m in table},
         "decoder": {m: ids(decoder_token(m)) for m in decoder_modalities},
         "decoder_start": {m: ids(decoder_start_token(m)) for m in decoder_modalities},
     }
+    shared = [m for m in table if list(out["encoder"].values()).count(out["encoder"][m]) > 1]
+    if shared:
+        raise ValueError(
+            f"encoder modalities {shared} use one placeholder token; each modality needs its own (its processor's placeholder)"
+        )
+    return out
 
 
 LOADERS = {"image": load_image, "audio": load_audio, "video": load_video}
@@ -105,6 +163,18 @@ def module_processors(modules: Any, kind: str) -> dict[str, Any]:
             )
         out[modality] = proc
     return out
+
+
+def encoder_processors(model: Any) -> dict[str, Any]:
+    """``modality -> processor`` of a built model's encoders, the shared modalities
+    (``model.encoders.<m>.share``) included: ``model.encoder_processors()`` of an
+    :class:`~omnicore.model.omni.OmniModel`, else :func:`module_processors` of ``model.encoders``.
+
+    Raises:
+        TypeError: an encoder module has no ``processor`` attribute.
+    """
+    own = getattr(model, "encoder_processors", None)
+    return own() if callable(own) else module_processors(model.encoders, "encoder")
 
 
 SPECIAL_TOKEN_POLICIES = ("escape", "refuse")
@@ -208,13 +278,17 @@ class ChatProcessor:
         self.special_tokens_in_text = special_tokens_in_text
         self.max_tokens = max_tokens
         self.rope = rope
-        self.token_ids = placeholder_ids(tokenizer, list(encoders), list(decoders))
-        self.im_start, self.im_end = tokenizer.convert_tokens_to_ids([IM_START, IM_END])
+        self.token_ids = placeholder_ids(tokenizer, encoders, list(decoders))
+        self.im_start, self.im_end = _token_id(tokenizer, IM_START), _token_id(tokenizer, IM_END)
         self.enc_ids, self.dec_ids, self.dec_start_ids = (self.token_ids[k] for k in ("encoder", "decoder", "decoder_start"))
+        self.wrap_ids: dict[str, tuple[list[int], list[int]]] = {}
+        """Per encoder modality with a ``wrap`` (:func:`media_tokens`): the ids written before and after its run."""
+        for m, proc in encoders.items():
+            wrap = media_tokens(m, proc)[1]
+            if wrap:
+                self.wrap_ids[m] = ([tokenizer.convert_tokens_to_ids(wrap[0])], [tokenizer.convert_tokens_to_ids(wrap[1])])
         self.reserved = {i for table in self.token_ids.values() for i in table.values()}
-        self.reserved_strings = [
-            t for t in special_tokens(list(encoders), list(decoders)) if tokenizer.convert_tokens_to_ids(t) in self.reserved
-        ]
+        self.reserved_strings = [t for t in special_tokens(encoders, list(decoders)) if tokenizer.convert_tokens_to_ids(t) in self.reserved]
         self.control = control_tokens(tokenizer)
         self.control_ids = set(self.control.values()) | self.reserved
         self.template: TemplateInfo | None = None
@@ -225,6 +299,11 @@ class ChatProcessor:
                 from omnicore.config import ConfigError
 
                 raise ConfigError(f"data.chat_template: auto: {exc}") from exc
+        if self.template is None and (self.im_start is None or self.im_end is None):
+            raise ValueError(
+                f"the tokenizer lacks {IM_START} / {IM_END}, which omnicore's ChatML needs; build it with "
+                "omnicore.model.build.prepare_tokenizer(..., chat_template='chatml'), or use its own chat template (data.chat_template: auto)"
+            )
         self.end_of_turn_id = self.im_end if self.template is None else tokenizer.convert_tokens_to_ids(self.template.end_of_turn)
         self._pieces: dict[str, list[int]] = {}  # template text -> ids (pieces repeat across samples)
 
@@ -236,7 +315,7 @@ class ChatProcessor:
         sample error)."""
         return cls(
             tokenizer,
-            module_processors(model.encoders, "encoder"),
+            encoder_processors(model),
             module_processors(model.decoders, "decoder"),
             data.system_prompt,
             special_tokens_in_text=data.special_tokens_in_text,
@@ -383,9 +462,12 @@ class ChatProcessor:
             else:
                 features, enc = self._media(part.type, part.value, "encoder", where)
                 n = int(enc.num_tokens(features))
+                before, after = self.wrap_ids.get(part.type, ([], []))
+                out.add(before, False)
                 if self.rope is not None and callable(getattr(enc, "grid", None)):
                     out.blocks.append((len(out.ids), self._grid(enc, features, n, part.type, where)))
                 out.add([self.enc_ids[part.type]] * n, False)
+                out.add(after, False)
                 out.media.append(("encoder", part.type, features))
 
 

@@ -10,28 +10,44 @@ from omnicore.data.chat import placeholder_ids, special_tokens
 from omnicore.registry import Registry, RegistryError, registry_for
 
 
-def prepare_tokenizer(tokenizer: Any, encoder_modalities: list[str], decoder_modalities: list[str]) -> Any:
-    """Add omnicore's chat and placeholder tokens (see :func:`omnicore.data.chat.special_tokens`), a
-    pad token if there is none, and set ``eos_token`` to the token that ends an assistant turn, so
-    that generation (here and with ``AutoTokenizer.from_pretrained(export/foundation)``) stops there:
-    the chat template's end-of-turn token when the tokenizer has a template omnicore can follow
+def prepare_tokenizer(tokenizer: Any, encoders: Any, decoder_modalities: Any, *, chat_template: str = "auto") -> Any:
+    """Add the chat and placeholder tokens omnicore needs (:func:`omnicore.data.chat.special_tokens`)
+    that ``tokenizer`` lacks, and set ``eos_token`` to the token that ends an assistant turn, so that
+    generation (here and with ``AutoTokenizer.from_pretrained`` of the export) stops there: the chat
+    template's end-of-turn token when the tokenizer has a template omnicore can follow (also under
+    ``chat_template="chatml"``, where ChatProcessor stops at ``<|im_end|>`` itself)
     (:func:`omnicore.data.chat_template.inspect_template`: ``<|eot_id|>`` for Llama 3, ``<|im_end|>``
-    for Qwen), else ChatML's ``<|im_end|>``."""
-    from omnicore.data.chat import IM_END, PAD
+    for Qwen), else ChatML's ``<|im_end|>``.
+
+    A token the tokenizer already has is left as it is, so a published checkpoint's tokenizer, whose
+    processors name its own placeholders (``<|image_pad|>``, ``<image>``), keeps its vocabulary.
+    ``<|pad|>`` is added only when there is no pad token, and ChatML's ``<|im_start|>`` /
+    ``<|im_end|>`` only when samples are rendered with ChatML (no usable template, or
+    ``chat_template="chatml"``).
+
+    Args:
+        encoders: encoder modalities, or a mapping modality -> processor (see
+            :func:`omnicore.data.chat.media_tokens`).
+        decoder_modalities: decoder modalities.
+        chat_template: ``data.chat_template`` (``auto`` or ``chatml``).
+    """
+    from omnicore.data.chat import IM_END, IM_START, PAD, _token_id
     from omnicore.data.chat_template import has_template, inspect_template
 
-    tokenizer.add_special_tokens(
-        {"additional_special_tokens": special_tokens(encoder_modalities, decoder_modalities)}, replace_extra_special_tokens=False
-    )
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = PAD
-    end = IM_END
+    end = None
     if has_template(tokenizer):
         try:
             end = inspect_template(tokenizer).end_of_turn
         except ValueError:
             pass  # a template omnicore cannot follow: data.chat_template auto refuses it in ChatProcessor, chatml uses <|im_end|>
-    tokenizer.eos_token = end
+    chatml = chat_template == "chatml" or end is None
+    skip = ({PAD} if tokenizer.pad_token is not None else set()) | (set() if chatml else {IM_START, IM_END})
+    missing = [t for t in special_tokens(encoders, decoder_modalities) if t not in skip and _token_id(tokenizer, t) is None]
+    if missing:
+        tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = PAD
+    tokenizer.eos_token = end if end is not None else IM_END  # the template's end of turn even under chatml (its ids stay the same)
     return tokenizer
 
 
@@ -136,6 +152,7 @@ def build_processors(cfg: Config, registry: Registry | None = None) -> tuple[dic
     """
     registry = registry or registry_for(cfg)
     base = Path(cfg.source).parent if cfg.source else None
+    add_foundation_encoders(cfg, registry)
     out: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
     for kind, table, built in (("encoder", cfg.model.encoders, out[0]), ("decoder", cfg.model.decoders, out[1])):
         for key, c in table.items():
@@ -148,6 +165,45 @@ def build_processors(cfg: Config, registry: Registry | None = None) -> tuple[dic
                 raise RegistryError(f"{field}: {kind} {c.name!r}: {' '.join(str(exc).split())}") from exc
             _check_modality(built[key], kind, key, c.name, "'s processor")
     return out
+
+
+def add_foundation_encoders(cfg: Config, registry: Registry, foundation: Any = None) -> Any:
+    """Add to ``cfg.model.encoders`` the encoder entries that the foundation's checkpoint brings
+    (the optional :meth:`omnicore.components.Foundation.encoders`: a published model's vision or
+    audio tower with its projector), under each key the config does not set itself; a configured
+    key wins. Idempotent. Returns the foundation object (built from its options when not given;
+    building it reads no weights).
+
+    Raises:
+        RegistryError: the foundation cannot be built, or an entry it brings is not a valid
+            encoder entry (named ``model.encoders.<key>``, from the foundation).
+    """
+    from omnicore.config import check_shares
+
+    m = cfg.model
+    base = Path(cfg.source).parent if cfg.source else None
+    if foundation is None:
+        foundation = _build(registry, "model.foundation", "foundation", m.foundation.name, _options("model.foundation", m.foundation, base))
+    brings = getattr(foundation, "encoders", None)
+    if not callable(brings):
+        return foundation
+    added = False
+    for key, entry in dict(brings()).items():
+        if key in m.encoders:
+            continue
+        try:
+            m.encoders[key] = ComponentConfig.model_validate(entry)
+        except ValueError as exc:
+            raise RegistryError(
+                f"model.encoders.{key} (brought by foundation {m.foundation.name!r}): {' '.join(str(exc).split())}"
+            ) from exc
+        added = True
+    if added:
+        try:
+            check_shares(m)
+        except ValueError as exc:
+            raise RegistryError(f"{exc} (entries brought by foundation {m.foundation.name!r})") from exc
+    return foundation
 
 
 def component_dtype(cfg: Config, component: ComponentConfig) -> Any:
@@ -203,30 +259,41 @@ def build_omni_model(cfg: Config, registry: Registry | None = None, *, defer_loa
     # or its own check failing) stops the run before any weights are built or loaded.
     kernels = build_kernels(m, registry)
     foundation = _build(registry, "model.foundation", "foundation", m.foundation.name, _options("model.foundation", m.foundation, base))
-    tokenizer = prepare_tokenizer(foundation.build_tokenizer(), list(m.encoders), list(m.decoders))
+    add_foundation_encoders(cfg, registry, foundation)
+    processors, _ = build_processors(cfg, registry)
+    tokenizer = prepare_tokenizer(foundation.build_tokenizer(), processors, list(m.decoders), chat_template=cfg.data.chat_template)
     try:
         lm = _build_lm(foundation, len(tokenizer), component_dtype(cfg, m.foundation))
     except ValueError as exc:
         raise RegistryError(f"model.foundation: {' '.join(str(exc).split())}") from exc
     hidden = lm.config.get_text_config().hidden_size
     parts: dict[str, dict[str, Any]] = {"encoder": {}, "decoder": {}}
+    shared: dict[str, tuple[str, Any]] = {}
     for kind, table in (("encoder", m.encoders), ("decoder", m.decoders)):
         for key, c in table.items():
             field = f"model.{kind}s.{key}"
+            if c.share is not None:  # no module of its own: its batches go to the module of c.share
+                shared[key] = (c.share, processors[key])
+                continue
             module = _build(registry, field, kind, c.name, _options(field, c, base), hidden_size=hidden)
             _check_modality(module, kind, key, c.name)
             dtype = component_dtype(cfg, c)
             parts[kind][key] = module.to(dtype) if any(p.is_floating_point() and p.dtype != dtype for p in module.parameters()) else module
     for kernel in kernels.values():
         kernel.activate(lm)
-    model = OmniModel(lm, parts["encoder"], parts["decoder"], placeholder_ids(tokenizer, list(parts["encoder"]), list(parts["decoder"])))
+    table = {k: processors[k] for k in m.encoders}
+    try:
+        model = OmniModel(lm, parts["encoder"], parts["decoder"], placeholder_ids(tokenizer, table, list(parts["decoder"])), shared=shared)
+    except ValueError as exc:
+        raise RegistryError(" ".join(str(exc).split())) from exc
     if "cross_entropy" in kernels:
         model.cross_entropy = kernels["cross_entropy"]
-    pending = getattr(lm, "omnicore_pending_load", None)
-    if pending is not None:
-        pending.prefix, pending.seed = "lm.", cfg.run.seed
-        model.pending_loads = [pending]
-        del lm.omnicore_pending_load
+    for prefix, module in [("lm.", lm)] + [(f"encoders.{k}.", e) for k, e in parts["encoder"].items()]:
+        pending = getattr(module, "omnicore_pending_load", None)
+        if pending is not None:  # read after sharding, each rank its own slices (omnicore.model.loading.fill_pending)
+            pending.prefix, pending.seed = prefix, cfg.run.seed
+            model.pending_loads.append(pending)
+            del module.omnicore_pending_load
     if not defer_load and torch.get_default_device().type != "meta":
         fill_pending(model)
     return model, tokenizer

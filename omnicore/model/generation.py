@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from omnicore.data.chat import Encoded, module_processors
+from omnicore.data.chat import Encoded, encoder_processors, module_processors
 from omnicore.data.packing import collate, to_device
 
 
@@ -99,7 +99,7 @@ class _Row:
 
 def _prefill_embeds(model: Any, prompts: list[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded input embeddings ``[B, T, H]`` (media merged) and the attention mask ``[B, T]``."""
-    mb = collate(prompts, module_processors(model.encoders, "encoder"), module_processors(model.decoders, "decoder"))
+    mb = collate(prompts, encoder_processors(model), module_processors(model.decoders, "decoder"))
     embeds, _, _ = model.embed(mb.input_ids.to(device), to_device(mb.encoder_inputs, device), {}, mb.wheres)
     lens = [len(p) for p in prompts]
     width = max(lens)

@@ -26,11 +26,12 @@ done here by hand so that renamed keys, grown embedding rows and fresh tensors f
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,53 @@ class PendingLoad:
     seed: int = 0
 
 
+def plan_checkpoint(
+    module: Any,
+    folder: str | Path,
+    *,
+    renames: Mapping[str, str] | None = None,
+    init_fresh: list[str] = (),  # type: ignore[assignment]
+    ignore_unused: list[str] = (),  # type: ignore[assignment]
+    what: str = "options.checkpoint",
+    grow: tuple[str, ...] = (),
+    seed: int = 0,
+) -> PendingLoad:
+    """The strict load plan of ``module`` (its parameters on the meta device, buffers real) from a
+    safetensors checkpoint folder, for a component to return as ``module.omnicore_pending_load``:
+    the core then shards the model and each rank reads only its own slices
+    (:func:`fill_pending`). A component reading its part of a composite checkpoint (a published
+    model's vision tower) names that part with ``renames`` and the rest with ``ignore_unused``.
+    Build ``module`` under :func:`on_meta`.
+
+    Args: as :func:`plan_load` (``folder`` is read with :func:`checkpoint_index`).
+
+    Raises:
+        LoadError: the folder holds no safetensors (``model.safetensors`` or its index), or the
+            checkpoint does not fit (see :func:`plan_load`).
+    """
+    folder = Path(folder)
+    entries = checkpoint_index(folder)
+    if entries is None:
+        raise LoadError(
+            f"{what}: {str(folder)!r} has no model.safetensors (or model.safetensors.index.json); save the checkpoint as safetensors"
+        )
+    return plan_load(
+        module, folder, entries, prefix="", init_fresh=init_fresh, ignore_unused=ignore_unused, what=what, grow=grow, seed=seed,
+        renames=renames,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def on_meta() -> Iterator[None]:
+    """Build modules inside with their parameters on the meta device and their buffers real
+    (rotary tables, position ids), as :func:`plan_checkpoint` expects (accelerate's
+    ``init_empty_weights(include_buffers=False)``)."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=False):
+        yield
+
+
 def matches_any(name: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) or name.startswith(p.rstrip(".") + ".") for p in patterns)
 
@@ -219,6 +267,7 @@ def plan_load(
     grow: tuple[str, ...] = (),
     strip: str = "",
     seed: int = 0,
+    renames: Mapping[str, str] | None = None,
 ) -> PendingLoad:
     """Match the parameters of ``module`` (built on meta) with a checkpoint's tensors, strictly.
 
@@ -235,6 +284,10 @@ def plan_load(
             omnicore's special tokens).
         strip: a key prefix the checkpoint may lack (a base model saved without its ``model.``).
         seed: seeds the fresh tensors.
+        renames: checkpoint key prefix -> parameter name prefix, tried in order after the name
+            itself: a parameter ``tower.blocks.0.attn.qkv.weight`` is read from
+            ``model.visual.blocks.0.attn.qkv.weight`` under ``{"model.visual.": "tower."}``. Lets a
+            component read its part of a composite checkpoint, in each layout it was published in.
 
     Raises:
         LoadError: naming ``what``, the folder and the keys: parameters the checkpoint lacks (not in
@@ -246,6 +299,10 @@ def plan_load(
     sources, rows, fresh, missing, shapes = {}, {}, [], [], []
     for name, p in params.items():
         key = name if name in entries else (name[len(strip) :] if strip and name.startswith(strip) else None)
+        if (key is None or key not in entries) and renames:
+            key = next(
+                (ck + name[len(pp) :] for ck, pp in renames.items() if name.startswith(pp) and ck + name[len(pp) :] in entries), None
+            )
         if key is None or key not in entries:
             (fresh if matches_any(name, list(init_fresh)) else missing).append(name)
             continue

@@ -74,12 +74,33 @@ class OmniModel(nn.Module):
     """The text loss kernel (op ``cross_entropy``, :meth:`linear_cross_entropy_sum`); None:
     ``torch_cross_entropy``. :func:`~omnicore.model.build.build_omni_model` sets it from config."""
 
-    def __init__(self, lm: nn.Module, encoders: dict[str, nn.Module], decoders: dict[str, nn.Module], token_ids: dict[str, dict[str, int]]):
+    def __init__(
+        self,
+        lm: nn.Module,
+        encoders: dict[str, nn.Module],
+        decoders: dict[str, nn.Module],
+        token_ids: dict[str, dict[str, int]],
+        *,
+        shared: dict[str, tuple[str, Any]] | None = None,
+    ):
         super().__init__()
         self.lm = lm
         self.encoders = nn.ModuleDict(encoders)
         self.decoders = nn.ModuleDict(decoders)
         self.token_ids = token_ids
+        self.shared: dict[str, tuple[str, Any]] = dict(shared or {})
+        """Encoder modalities without a module of their own (``model.encoders.<m>.share``): modality
+        -> ``(key of the module that encodes it, its own processor)``. That module lists the
+        modality in its ``modalities`` and takes the processor's collated batches."""
+        for m, (key, _) in self.shared.items():
+            if key not in self.encoders:
+                raise ValueError(f"encoder modality {m!r} shares the module of {key!r}, which is not an encoder here")
+            served = getattr(self.encoders[key], "modalities", ())
+            if m not in served:
+                raise ValueError(
+                    f"model.encoders.{m}.share: {key}: the {key} encoder ({type(self.encoders[key]).__name__}) does not encode {m} "
+                    f"(its modalities: {tuple(served) or (key,)}); share only with an encoder that lists {m!r} in its modalities"
+                )
         self._sequence_hooks: OrderedDict[int, Any] = OrderedDict()
         self.pending_loads: list[Any] = []  # parameters on meta still to be read (omnicore.model.loading.fill_pending)
         self.code_cache: CodeCache | None = None
@@ -104,6 +125,19 @@ class OmniModel(nn.Module):
         handle = RemovableHandle(self._sequence_hooks)
         self._sequence_hooks[handle.id] = hook
         return handle
+
+    def encoder_processors(self) -> dict[str, Any]:
+        """``modality -> processor`` of every encoder modality, shared ones included: each module's
+        ``processor`` (:func:`omnicore.data.chat.module_processors`), then each shared modality's own.
+
+        Raises:
+            TypeError: an encoder module has no ``processor`` attribute.
+        """
+        from omnicore.data.chat import module_processors
+
+        out = module_processors(self.encoders, "encoder")
+        out.update({m: proc for m, (_, proc) in self.shared.items()})
+        return {m: out[m] for m in self.token_ids["encoder"] if m in out}
 
     def blocks(self) -> list[nn.Module]:
         """The foundation's repeated transformer blocks (the FSDP2 / checkpointing unit)."""
@@ -134,14 +168,20 @@ class OmniModel(nn.Module):
         embeds = self.lm.get_input_embeddings()(input_ids)
         dummy = embeds.new_zeros(())
         where = f" (samples: {', '.join(wheres[:4])}{', ...' if wheres and len(wheres) > 4 else ''})" if wheres else ""
-        for m, enc in self.encoders.items():
+        used: set[str] = set()
+        for m in self.token_ids["encoder"]:
+            if m not in encoder_inputs:
+                continue
+            key = self.shared[m][0] if m in self.shared else m
+            enc = self.encoders[key]
             mask = input_ids == self.token_ids["encoder"][m]
-            if m in encoder_inputs:
-                out = enc(_in_dtype_of(enc, encoder_inputs[m])).to(embeds.dtype)
-                if out.shape[0] != int(mask.sum()):
-                    raise PlaceholderMismatch(f"{m} encoder produced {out.shape[0]} embeddings for {int(mask.sum())} placeholders{where}")
-                embeds = embeds.masked_scatter(mask.unsqueeze(-1), out)
-            else:
+            out = enc(_in_dtype_of(enc, encoder_inputs[m])).to(embeds.dtype)
+            if out.shape[0] != int(mask.sum()):
+                raise PlaceholderMismatch(f"{m} encoder produced {out.shape[0]} embeddings for {int(mask.sum())} placeholders{where}")
+            embeds = embeds.masked_scatter(mask.unsqueeze(-1), out)
+            used.add(key)
+        for key, enc in self.encoders.items():
+            if key not in used:  # no input for any modality it encodes: a dummy pass keeps its parameters in the graph
                 # the dummy input is data preparation (feature extractors, numpy): never under autocast
                 with torch.autocast(input_ids.device.type, enabled=False):
                     batch = enc.dummy_batch()
