@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -166,6 +166,10 @@ class ModelConfig(_Strict):
         "and data position; ignored by --resume (which continues this run). Configure the same components as that run. Relative "
         "to the config file (see omnicore.checkpoint.init_from)",
     )
+
+    _brought: set[str] = PrivateAttr(default_factory=set)
+    """Encoder keys added by the foundation (``Foundation.encoders()``), not written by the user:
+    an export leaves them out, since the foundation brings them again."""
 
     @model_validator(mode="after")
     def _shares(self) -> ModelConfig:
@@ -390,7 +394,7 @@ class TrainConfig(_Strict):
     freeze: list[str] = Field(
         default_factory=list,
         description="modules to freeze: dotted OmniModel module prefixes with fnmatch wildcards (lm, encoders.image.tower, "
-        "lm.model.layers.*.mlp); a prefix matches at dot boundaries; frozen parameters get no gradients and no optimizer state. "
+        "lm.model.layers.*.mlp), or a published family's part names (vision_tower, merger, language_model); a prefix matches at dot boundaries; frozen parameters get no gradients and no optimizer state. "
         "A prefix that matches nothing, or freezing every parameter, is an error",
     )
     lr_multipliers: dict[str, float] = Field(

@@ -111,6 +111,13 @@ class Family(HFCausalLM):
     def __init__(self, options):
         self.folder = options["checkpoint"]
         super().__init__({"config": options["lm"], "tokenizer": options["checkpoint"]})
+    def export_pretrained(self, model, tokenizer, folder):
+        from safetensors.torch import save_file
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {"model.visual." + k: v.contiguous() for k, v in model.encoders["image"].tower.state_dict().items()}
+        tensors["model.language_model.embed_tokens.weight"] = model.lm.get_input_embeddings().weight.detach().contiguous()
+        save_file(tensors, str(folder / "model.safetensors"))
+        tokenizer.save_pretrained(folder)
     def encoders(self):
         return {
             "image": {"name": "toyvis", "options": {"checkpoint": self.folder}},
@@ -317,3 +324,59 @@ def test_plan_load_renames_read_a_part_of_a_composite_checkpoint(tmp_path):
     }
     with pytest.raises(LoadError, match=r"tower.weight"):
         plan_load(module, tmp_path, entries, prefix="", renames={"model.visual.": "tower."}, ignore_unused=["visual"])
+
+
+def test_freeze_and_lr_multipliers_take_the_familys_part_names(family, tmp_path):
+    """A part name stands for its prefixes; module prefixes still work beside it; a typo names the parts."""
+    from omnicore.config import ConfigError
+    from omnicore.model.trainable import apply_freeze, lr_factors
+
+    registry, folder, tower = family
+    _save(folder, tower, "model.visual.")
+    model, _ = build_omni_model(_config(folder, tmp_path), registry)
+    model.part_names = {"vision_tower": ["encoders.image.tower.0"], "merger": ["encoders.image.tower.2"], "language_model": ["lm"]}
+    apply_freeze(model, ["vision_tower"])
+    frozen = sorted(n for n, p in model.named_parameters() if not p.requires_grad)
+    assert frozen == ["encoders.image.tower.0.bias", "encoders.image.tower.0.weight"]
+    factors = lr_factors(model, {"merger": 10.0, "language_model": 0.5, "lm.lm_head": 2.0})
+    named = dict(model.named_parameters())
+    assert factors[id(named["encoders.image.tower.2.weight"])] == 10.0
+    assert factors[id(named["lm.model.norm.weight"])] == 0.5
+    assert factors[id(named["lm.lm_head.weight"])] == 2.0  # the more specific prefix wins over the part
+    with pytest.raises(
+        ConfigError,
+        match=r"train.freeze\[0\]: 'vision_towr' matches no module.*its family's part names: language_model, merger, vision_tower",
+    ):
+        apply_freeze(model, ["vision_towr"])
+
+
+def test_export_writes_the_family_layout_and_a_config_that_rebuilds_from_it(family, tmp_path):
+    """With ``export_pretrained`` the export is the family's own folder (no foundation/ or
+    encoders/ of omnicore's), and its ``omnicore.yaml`` names only the foundation, at ``.``: a
+    later stage started from it (``model.init_from``) gets the trained tower back."""
+    import yaml
+
+    from omnicore.checkpoint.export import write_export
+    from omnicore.checkpoint.init_from import apply_export
+
+    registry, folder, tower = family
+    _save(folder, tower, "visual.")
+    cfg = _config(folder, tmp_path)
+    model, tok = build_omni_model(cfg, registry)
+    with torch.no_grad():
+        model.encoders["image"].tower[0].weight.add_(1.0)  # "trained"
+    import omnicore.model.build as build
+
+    real = build.registry_for
+    build.registry_for = lambda cfg: registry
+    try:
+        write_export(model, tok, cfg, tmp_path / "export")
+        section = yaml.safe_load((tmp_path / "export" / "omnicore.yaml").read_text())["model"]
+        assert (tmp_path / "export" / "model.safetensors").is_file() and (tmp_path / "export" / "tokenizer.json").is_file()
+        assert section["foundation"]["options"]["checkpoint"] == "." and section["encoders"] == {}
+        again = apply_export(_config(folder, tmp_path), tmp_path / "export")
+        model2, _ = build_omni_model(again, registry)
+    finally:
+        build.registry_for = real
+    assert torch.equal(model2.encoders["image"].tower[0].weight, model.encoders["image"].tower[0].weight)
+    assert not (tmp_path / "export" / "foundation").exists() and not (tmp_path / "export" / "encoders").exists()

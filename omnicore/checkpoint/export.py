@@ -132,14 +132,31 @@ def _write_lora(model: Any, cfg: Any, out: Path) -> str:
 
 
 def _write_components(model: Any, tokenizer: Any, cfg: Any, out: Path, header: str = "") -> None:
-    model.lm.save_pretrained(out / "foundation")
-    tokenizer.save_pretrained(out / "foundation")
+    """The folders of the layout above, or for a published family (a foundation with
+    ``export_pretrained``) the family's own layout at the top of ``out`` (its
+    ``...ForConditionalGeneration.from_pretrained(out)`` loads it) plus ``omnicore.yaml``, whose
+    foundation entry points at ``out`` itself and which leaves out the encoders the foundation
+    brings again; decoders and encoders configured apart still get their folders."""
+    from omnicore.model.build import build_foundation
+
     section = cfg.model.model_dump()
-    section["foundation"] = {"name": cfg.model.foundation.name, "options": {"checkpoint": "foundation"}}
+    brought = set(getattr(cfg.model, "_brought", ()))
+    family = getattr(build_foundation(cfg), "export_pretrained", None)
+    if callable(family):
+        family(model, tokenizer, out)
+        options = {k: v for k, v in cfg.model.foundation.options.items() if k != "config"}
+        section["foundation"] = {"name": cfg.model.foundation.name, "options": {**options, "checkpoint": "."}}
+        section["encoders"] = {k: v for k, v in section["encoders"].items() if k not in brought}
+    else:
+        model.lm.save_pretrained(out / "foundation")
+        tokenizer.save_pretrained(out / "foundation")
+        section["foundation"] = {"name": cfg.model.foundation.name, "options": {"checkpoint": "foundation"}}
     section["lora"] = None  # merged or apart: the folders hold no adapter layers
     section["init_from"] = None  # these folders are the weights
     for kind, modules in (("encoders", model.encoders), ("decoders", model.decoders)):
         for m, module in modules.items():
+            if m not in section[kind]:  # brought by the family's foundation: in its layout above
+                continue
             module.save_pretrained(str(out / kind / m))
             opts = dict(section[kind][m]["options"])
             opts.pop("config", None)

@@ -193,6 +193,7 @@ def add_foundation_encoders(cfg: Config, registry: Registry, foundation: Any = N
             continue
         try:
             m.encoders[key] = ComponentConfig.model_validate(entry)
+            m._brought.add(key)
         except ValueError as exc:
             raise RegistryError(
                 f"model.encoders.{key} (brought by foundation {m.foundation.name!r}): {' '.join(str(exc).split())}"
@@ -204,6 +205,19 @@ def add_foundation_encoders(cfg: Config, registry: Registry, foundation: Any = N
         except ValueError as exc:
             raise RegistryError(f"{exc} (entries brought by foundation {m.foundation.name!r})") from exc
     return foundation
+
+
+def build_foundation(cfg: Config, registry: Registry | None = None) -> Any:
+    """The foundation object of ``cfg.model.foundation`` (its factory's result: no weights read).
+
+    Raises:
+        RegistryError: naming ``model.foundation``: unknown, bad options, or a checkpoint that is
+            neither a folder nor a cached model.
+    """
+    registry = registry or registry_for(cfg)
+    base = Path(cfg.source).parent if cfg.source else None
+    m = cfg.model
+    return _build(registry, "model.foundation", "foundation", m.foundation.name, _options("model.foundation", m.foundation, base))
 
 
 def component_dtype(cfg: Config, component: ComponentConfig) -> Any:
@@ -288,6 +302,9 @@ def build_omni_model(cfg: Config, registry: Registry | None = None, *, defer_loa
         raise RegistryError(" ".join(str(exc).split())) from exc
     if "cross_entropy" in kernels:
         model.cross_entropy = kernels["cross_entropy"]
+    family_parts = getattr(foundation, "part_names", None)
+    if callable(family_parts):
+        model.part_names = {str(k): [str(p).rstrip(".") for p in v] for k, v in dict(family_parts()).items()}
     for prefix, module in [("lm.", lm)] + [(f"encoders.{k}.", e) for k, e in parts["encoder"].items()]:
         pending = getattr(module, "omnicore_pending_load", None)
         if pending is not None:  # read after sharding, each rank its own slices (omnicore.model.loading.fill_pending)

@@ -102,6 +102,9 @@ class OmniModel(nn.Module):
                     f"(its modalities: {tuple(served) or (key,)}); share only with an encoder that lists {m!r} in its modalities"
                 )
         self._sequence_hooks: OrderedDict[int, Any] = OrderedDict()
+        self.part_names: dict[str, list[str]] = {}
+        """A published family's part name -> module prefixes (``Foundation.part_names``), which
+        ``train.freeze`` and ``train.lr_multipliers`` accept; empty for other foundations."""
         self.pending_loads: list[Any] = []  # parameters on meta still to be read (omnicore.model.loading.fill_pending)
         self.code_cache: CodeCache | None = None
         """Decoder target codes kept across steps (:mod:`omnicore.model.code_cache`), used for the

@@ -1,6 +1,7 @@
 """What trains: ``train.freeze`` and the module prefixes of ``train.lr_multipliers``.
 
-A *pattern* is a dotted :class:`~omnicore.model.omni.OmniModel` module prefix with fnmatch
+A *pattern* is a published family's part name (``vision_tower``, ``merger``, ``language_model``:
+:func:`part_patterns`), or a dotted :class:`~omnicore.model.omni.OmniModel` module prefix with fnmatch
 wildcards (``lm``, ``encoders.image.tower``, ``lm.model.layers.*.mlp``). It matches a parameter
 when it matches (``fnmatch.fnmatchcase``) one of the dot-boundary prefixes of the parameter's name:
 ``lm.model.layers.0.mlp`` matches ``lm.model.layers.0.mlp.up_proj.weight`` but not
@@ -72,6 +73,19 @@ def _named(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     return [(clean_name(n), p) for n, p in model.named_parameters(remove_duplicate=False)]
 
 
+def part_patterns(model: torch.nn.Module, pattern: str) -> list[str]:
+    """The patterns ``pattern`` stands for: a published family's part name (``vision_tower``,
+    ``merger``, ``language_model``; the model's ``part_names``, from
+    :meth:`omnicore.components.Foundation.part_names`) is its prefixes; anything else is itself."""
+    parts = getattr(model, "part_names", None) or {}
+    return list(parts[pattern]) if pattern in parts else [pattern]
+
+
+def _depth(model: torch.nn.Module, name: str, pattern: str) -> int:
+    """:func:`match_depth` of ``name`` against ``pattern`` or the prefixes of the part it names."""
+    return max(match_depth(name, q) for q in part_patterns(model, pattern))
+
+
 def _no_match(model: torch.nn.Module, field: str, pattern: str) -> ConfigError:
     modules = [clean_name(n) for n, _ in model.named_modules() if n]
     close = difflib.get_close_matches(pattern, modules, n=3, cutoff=0.6)
@@ -79,6 +93,9 @@ def _no_match(model: torch.nn.Module, field: str, pattern: str) -> ConfigError:
         hint = "did you mean " + " or ".join(repr(c) for c in close) + "?"
     else:  # nothing close: name the model's main parts
         hint = "the model's parts: " + ", ".join(m for m in modules if m.count(".") <= 1 and not m.startswith("lm."))
+    parts = sorted(getattr(model, "part_names", None) or {})
+    if parts:
+        hint += f"; its family's part names: {', '.join(parts)}"
     return ConfigError(
         f"{field}: {pattern!r} matches no module or parameter of the model; {hint} "
         "(dotted OmniModel module prefixes with fnmatch wildcards, e.g. lm, encoders.image, lm.model.layers.*.mlp)"
@@ -101,7 +118,7 @@ def apply_freeze(model: torch.nn.Module, patterns: Iterable[str]) -> TrainableSu
     """
     named = _named(model)
     for i, pattern in enumerate(patterns):
-        hits = [p for n, p in named if match_depth(n, pattern)]
+        hits = [p for n, p in named if _depth(model, n, pattern)]
         if not hits:
             raise _no_match(model, f"train.freeze[{i}]", pattern)
         for p in hits:
@@ -145,7 +162,7 @@ def lr_factors(model: torch.nn.Module, multipliers: dict[str, float]) -> dict[in
         literal = sum(ch not in "*?[]" for ch in pattern)
         matched = False
         for name, p in _named(model):
-            depth = match_depth(name, pattern)
+            depth = _depth(model, name, pattern)
             if not depth:
                 continue
             matched = True
