@@ -149,7 +149,9 @@ class Processor(Protocol):
     tokens as placed in the foundation (after any spatial merge; tokens in t, h, w raster order),
     with ``t * h * w == num_tokens(features)``. Read only for an mRoPE foundation
     (:mod:`omnicore.data.positions`); an encoder whose processor lacks it (audio) is laid out as
-    text. Decoders' grids are not used (their codes are laid out as text).
+    text. Decoders' grids are not used (their codes are laid out as text). With ``grid``,
+    optionally ``time_interval(features) -> float``: rotary positions per frame group along ``t``
+    (Qwen2.5-VL's ``tokens_per_second * second_per_grid_t``; default 1, frame groups counted).
 
     Optional (encoders): ``placeholder``, the token string written ``num_tokens`` times for one
     item (default ``<|{modality}_pad|>``), and ``wrap``, a pair of token strings written before and

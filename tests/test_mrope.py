@@ -74,6 +74,40 @@ def test_positions_match_qwen2_vl_get_rope_index():
     assert mrope_positions(7, [], layout) == [list(range(7))] * 3  # text only: the 1-D positions on every axis
 
 
+@pytest.mark.parametrize("second_per_grid", [1.0, 0.7, 1 / 3, 2.5])
+def test_video_time_interval_matches_qwen2_5_vl_get_rope_index(second_per_grid):
+    """Qwen2.5-VL spaces a video's frame groups by ``tokens_per_second * second_per_grid_t``
+    (floored in float32): a block with that time interval gives transformers' own positions,
+    images unscaled, text after the video at ``start + max(h, w)``."""
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
+
+    merge, tokens_per_second = 2, 25
+    segments = [("text", 3), ("image", (1, 2, 3)), ("text", 2), ("video", (7, 2, 2)), ("text", 4)]
+    length, blocks = _blocks(segments)
+    types = []
+    for kind, v in segments:
+        types += [0] * v if kind == "text" else [1 if kind == "image" else 2] * (v[0] * v[1] * v[2])
+    lib = SimpleNamespace(
+        config=SimpleNamespace(vision_config=SimpleNamespace(spatial_merge_size=merge, tokens_per_second=tokens_per_second)),
+        get_vision_position_ids=functools.partial(Qwen2_5_VLModel.get_vision_position_ids, None),
+    )
+    grids = [(v[0], v[1] * merge, v[2] * merge) for kind, v in segments if kind != "text"]
+    want, delta = Qwen2_5_VLModel.get_rope_index(
+        lib,
+        torch.zeros(1, length, dtype=torch.long),
+        torch.tensor([types]),
+        image_grid_thw=torch.tensor([grids[0]]),
+        video_grid_thw=torch.tensor([grids[1]]),
+        second_per_grid_ts=torch.tensor([second_per_grid]),
+    )
+    interval = tokens_per_second * float(torch.tensor(second_per_grid))  # the processor's value, as a float32 tensor holds it
+    got = mrope_positions(length, [blocks[0], blocks[1] + (interval,)], RopeLayout(3, "spatial"))
+    assert got == want[:, 0].tolist()
+    assert next_position(got) == int(delta) + length
+    if second_per_grid != 1.0:
+        assert got != mrope_positions(length, blocks, RopeLayout(3, "spatial"))  # the interval changes the answer
+
+
 def test_positions_match_qwen2_5_omni_get_rope_index():
     """The same sample with Qwen2.5-Omni's rule (text resumes one past the block's largest
     position): transformers' ``Qwen2_5OmniThinkerForConditionalGeneration.get_rope_index``, whose

@@ -465,7 +465,9 @@ class ChatProcessor:
                 before, after = self.wrap_ids.get(part.type, ([], []))
                 out.add(before, False)
                 if self.rope is not None and callable(getattr(enc, "grid", None)):
-                    out.blocks.append((len(out.ids), self._grid(enc, features, n, part.type, where)))
+                    block: tuple[Any, ...] = (len(out.ids), self._grid(enc, features, n, part.type, where))
+                    interval = getattr(enc, "time_interval", None)
+                    out.blocks.append(block + (float(interval(features)),) if callable(interval) else block)
                 out.add([self.enc_ids[part.type]] * n, False)
                 out.add(after, False)
                 out.media.append(("encoder", part.type, features))
@@ -479,7 +481,7 @@ class _Tokens:
     trained: list[bool] = field(default_factory=list)
     media: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     n_dec: int = 0
-    blocks: list[tuple[int, tuple[int, int, int]]] = field(default_factory=list)  # (start, (t, h, w)) of gridded media
+    blocks: list[tuple[Any, ...]] = field(default_factory=list)  # (start, (t, h, w)[, time interval]) of gridded media
 
     def add(self, tokens: list[int], train: bool) -> None:
         self.ids.extend(tokens)

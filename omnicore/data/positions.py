@@ -17,15 +17,17 @@ three positions per token, one per axis (time, height, width; Wang et al. 2024, 
   frame groups than its side has tokens); each model type follows its own library function, so a
   model trained here sees the positions its library gives it at inference.
 
-Time is counted in frame groups (temporal step 1, as Qwen2-VL): Qwen2.5-VL's and Qwen2.5-Omni's
-absolute-time scaling of the temporal axis (``second_per_grid_ts``, ``tokens_per_second``) is not
-applied, since processors report no duration.
+Time is counted in frame groups (temporal step 1, as Qwen2-VL), unless the block's processor gives
+a time interval (``Processor.time_interval``): then frame group ``i`` sits at ``floor(i *
+interval)``, Qwen2.5-VL's absolute-time scaling (``tokens_per_second * second_per_grid_t``, computed
+in float32 as transformers does).
 
 Pure Python (no torch, no numpy): it runs in data workers for every sample.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,14 +73,32 @@ def rope_layout(config: Any) -> RopeLayout | None:
     return RopeLayout(3, "spatial" if types & SPATIAL_ADVANCE else "max")
 
 
-def mrope_positions(length: int, blocks: Sequence[tuple[int, tuple[int, int, int]]], layout: RopeLayout) -> list[list[int]]:
+def _f32(x: float) -> float:
+    """``x`` rounded to float32, as torch holds it (a product of two float32 values is exact in a
+    Python float, so rounding it once gives torch's float32 product)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def time_rows(t: int, interval: float | None) -> list[int]:
+    """Temporal offsets of ``t`` frame groups: ``0 .. t-1`` (Qwen2-VL), or with ``interval`` (positions
+    per frame group: Qwen2.5-VL's ``tokens_per_second * second_per_grid_t``) ``floor(i * interval)``
+    computed in float32 as transformers' ``get_vision_position_ids`` computes it."""
+    if interval is None:
+        return list(range(t))
+    step = _f32(interval)
+    return [int(_f32(float(i) * step)) for i in range(t)]
+
+
+def mrope_positions(length: int, blocks: Sequence[tuple[Any, ...]], layout: RopeLayout) -> list[list[int]]:
     """The 3-D positions ``[3][length]`` (time, height, width rows) of one sample.
 
     Args:
         length: the sample's number of tokens.
         blocks: ``(start, (t, h, w))`` per media block with a layout, in token order: the block
             holds the ``t * h * w`` tokens from ``start``, in ``t, h, w`` raster order. Tokens in no
-            block are laid out as text.
+            block are laid out as text. A third item, the block's time interval (positions per
+            frame group, :func:`time_rows`; from the processor's optional ``time_interval``), spaces
+            the temporal row out by time, as Qwen2.5-VL does for video.
         layout: the foundation's :class:`RopeLayout`.
 
     Raises:
@@ -87,13 +107,15 @@ def mrope_positions(length: int, blocks: Sequence[tuple[int, tuple[int, int, int
     """
     rows: list[list[int]] = [[], [], []]
     at, nxt = 0, 0  # the next token index; the next text position
-    for start, (t, h, w) in blocks:
+    for block in blocks:
+        start, (t, h, w) = block[0], block[1]
+        interval = block[2] if len(block) > 2 else None
         if min(t, h, w) < 1 or start < at or start + t * h * w > length:
             raise ValueError(f"mrope_positions: block at {start} with grid {(t, h, w)} does not fit tokens {at}..{length}")
         for r in rows:  # the text before the block
             r.extend(range(nxt, nxt + start - at))
         nxt += start - at
-        rows[0].extend(nxt + i for i in range(t) for _ in range(h * w))
+        rows[0].extend(nxt + i for i in time_rows(t, interval) for _ in range(h * w))
         rows[1].extend(nxt + j for _ in range(t) for j in range(h) for _ in range(w))
         rows[2].extend(nxt + k for _ in range(t * h) for k in range(w))
         nxt += max(h, w) if layout.after_media == "spatial" else max(t, h, w)
