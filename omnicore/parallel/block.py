@@ -13,10 +13,17 @@ def module_names(model: Any) -> dict[int, str]:
 
 class BlockStrategy:
     """A strategy over ``model.blocks()`` that needs no mesh dim: :meth:`apply` changes the blocks
-    in place (``state`` may be None); nothing to validate."""
+    in place (``state`` may be None); nothing to validate.
+
+    Its phase is ``checkpointing`` unless a subclass declares another (``compile`` does): a block
+    change must come before the ``sharding`` phase, whose ``fully_shard`` registers its hooks on
+    the blocks as they finally run (:mod:`omnicore.parallel.parallelize`). A subclass that changes
+    what a block computes (an attention wrapper) declares ``attention``; one that also shards in
+    its own ``apply`` declares ``sharding``, since its last step must come last.
+    """
 
     mesh_dims: tuple[str, ...] = ()
-    phase = "sharding"
+    phase = "checkpointing"
 
     def apply(self, model: Any, state: Any) -> Any:
         """Change ``model.blocks()`` in place and return the model.

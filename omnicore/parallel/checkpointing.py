@@ -71,6 +71,11 @@ def _op_policy(ops: set[Any]):
     return policy
 
 
+CHECKPOINT_MODES: tuple[str, ...] = ("full", "op")
+"""The modes of :func:`checkpoint_module` (``selective`` is the strategy's choice of blocks, each of
+them then checkpointed ``full``)."""
+
+
 def checkpoint_module(module: Any, mode: str = "full") -> None:
     """Make ``module``'s forward run under non-reentrant ``torch.utils.checkpoint`` (in place; the
     module keeps its class, hooks and parameters, so FSDP2 wraps it as before).
@@ -78,7 +83,13 @@ def checkpoint_module(module: Any, mode: str = "full") -> None:
     Args:
         module: an ``nn.Module`` (a transformer block).
         mode: ``full`` (save only the inputs) or ``op`` (save matmul/attention outputs too).
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`CHECKPOINT_MODES` (checked before the module is
+            touched, so a typo cannot silently checkpoint in another mode).
     """
+    if mode not in CHECKPOINT_MODES:
+        raise ValueError(f"checkpoint_module: mode {mode!r} is not one of {', '.join(map(repr, CHECKPOINT_MODES))}")
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
     inner = module.forward
