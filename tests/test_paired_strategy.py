@@ -132,3 +132,19 @@ def test_plan_shows_the_data_split_and_the_violation(setup):
     assert four.data == [(0, 2), (0, 2), (1, 2), (1, 2)]
     three = make_plan(cfg, 3, _registry(folder))
     assert [str(v) for v in three.violations] == ["parallel.dp_shard: paired_fsdp needs an even world size, not 3"]
+
+
+def test_the_example_declares_the_dims_of_the_fsdp2_it_applies(setup):
+    """It applies FSDP2, which is HSDP when ``parallel.dp_replicate`` > 1: it must claim both dims,
+    or a replicated layout is refused as a dim no strategy uses."""
+    from omnicore.api import FSDP2
+    from omnicore.parallel.plan import make_plan
+
+    folder, raw = setup
+    cfg = _config(raw, "unused", "paired_fsdp")
+    cfg = cfg.model_copy(update={"parallel": cfg.parallel.model_copy(update={"dp_replicate": 2, "dp_shard": 2})})
+    hsdp = make_plan(cfg, 4, _registry(folder))
+    assert [str(v) for v in hsdp.violations] == [] and hsdp.ok
+    assert hsdp.data == [(0, 2), (0, 2), (1, 2), (1, 2)]
+    assert "HSDP: shard over 2 ranks, replicate x2" in hsdp.render()
+    assert sys.modules[MODULE].PairedFSDP.mesh_dims == FSDP2.mesh_dims
