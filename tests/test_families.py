@@ -118,6 +118,8 @@ class Family(HFCausalLM):
         tensors["model.language_model.embed_tokens.weight"] = model.lm.get_input_embeddings().weight.detach().contiguous()
         save_file(tensors, str(folder / "model.safetensors"))
         tokenizer.save_pretrained(folder)
+    def part_names(self):
+        return {"vision_tower": ["encoders.image.tower.0"], "merger": ["encoders.image.tower.2"], "language_model": ["lm"]}
     def encoders(self):
         return {
             "image": {"name": "toyvis", "options": {"checkpoint": self.folder}},
@@ -334,7 +336,7 @@ def test_freeze_and_lr_multipliers_take_the_familys_part_names(family, tmp_path)
     registry, folder, tower = family
     _save(folder, tower, "model.visual.")
     model, _ = build_omni_model(_config(folder, tmp_path), registry)
-    model.part_names = {"vision_tower": ["encoders.image.tower.0"], "merger": ["encoders.image.tower.2"], "language_model": ["lm"]}
+    assert model.part_names == {"vision_tower": ["encoders.image.tower.0"], "merger": ["encoders.image.tower.2"], "language_model": ["lm"]}
     apply_freeze(model, ["vision_tower"])
     frozen = sorted(n for n, p in model.named_parameters() if not p.requires_grad)
     assert frozen == ["encoders.image.tower.0.bias", "encoders.image.tower.0.weight"]
@@ -380,3 +382,26 @@ def test_export_writes_the_family_layout_and_a_config_that_rebuilds_from_it(fami
         build.registry_for = real
     assert torch.equal(model2.encoders["image"].tower[0].weight, model.encoders["image"].tower[0].weight)
     assert not (tmp_path / "export" / "foundation").exists() and not (tmp_path / "export" / "encoders").exists()
+
+
+def test_plan_shows_each_family_part(family, tmp_path):
+    """``omnicore plan`` counts parameters and per-rank bytes per family part; they add up to
+    the whole, and a frozen part carries no gradient or AdamW bytes."""
+    from omnicore.parallel.plan import make_plan
+
+    registry, folder, tower = family
+    _save(folder, tower, "model.visual.")
+    cfg = _config(folder, tmp_path)
+    cfg.train.freeze = ["vision_tower"]
+    report = make_plan(cfg, 1, registry)
+    n_tower0 = tower["0.weight"].numel() + tower["0.bias"].numel()
+    n_merger = tower["2.weight"].numel() + tower["2.bias"].numel()
+    assert sorted(report.parts) == ["language_model", "merger", "vision_tower"]
+    assert report.parts["vision_tower"] == [n_tower0, 0, 4 * n_tower0]
+    assert report.parts["merger"] == [n_merger, n_merger, 4 * 4 * n_merger]  # fp32 parameter, gradient, two AdamW states
+    assert sum(v[0] for v in report.parts.values()) == report.params
+    assert (
+        sum(v[2] for v in report.parts.values())
+        == report.param_bytes_per_rank + report.grad_bytes_per_rank + report.optimizer_bytes_per_rank
+    )
+    assert "  vision_tower: 40 parameters (trainable 0)" in report.render()

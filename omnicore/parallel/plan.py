@@ -53,6 +53,11 @@ class PlanReport:
     kernels: dict[str, str] = field(default_factory=dict)
     """op -> kernel name (the ops a config sets, plus the attention and cross_entropy defaults)."""
     precision: str = "float32"
+    parts: dict[str, list[int]] = field(default_factory=dict)
+    """Per part of the model, ``[parameters, trainable parameters, bytes per rank]`` (the bytes are
+    parameters, gradients and AdamW states): a published family's part names
+    (``Foundation.part_names``; a parameter goes to its longest matching prefix) or else ``lm``,
+    ``encoders.<m>`` and ``decoders.<m>``."""
 
     @property
     def ok(self) -> bool:
@@ -75,6 +80,7 @@ class PlanReport:
             "violations": [{"field": v.field, "message": v.message, "source": v.source} for v in self.violations],
             "kernels": dict(self.kernels),
             "precision": self.precision,
+            "parts": {k: {"params": v[0], "trainable_params": v[1], "bytes_per_rank": v[2]} for k, v in self.parts.items()},
             "ok": self.ok,
         }
 
@@ -118,6 +124,9 @@ class PlanReport:
             f"memory per rank: parameters {_fmt(self.param_bytes_per_rank)} (frozen {_fmt(self.frozen_param_bytes_per_rank)}), "
             f"gradients of the trainable parameters {_fmt(self.grad_bytes_per_rank)}, AdamW states of the trainable parameters "
             f"{_fmt(self.optimizer_bytes_per_rank)}",
+        ] + [
+            f"  {name}: {n:,} parameters (trainable {t:,}); per rank {_fmt(b)} with gradients and AdamW states"
+            for name, (n, t, b) in self.parts.items()
         ]
 
 
@@ -194,12 +203,33 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
     return report
 
 
+def part_of(name: str, parts: dict[str, list[str]]) -> str:
+    """The part a parameter belongs to: the family part (``parts``: name -> module prefixes) with
+    the longest prefix of ``name``, else its top-level component (``lm``, ``encoders.image``)."""
+    best, depth = "", -1
+    for part, prefixes in parts.items():
+        for prefix in prefixes:
+            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > depth:
+                best, depth = part, len(prefix)
+    if best:
+        return best
+    head = name.split(".")
+    return ".".join(head[:2]) if head[0] in ("encoders", "decoders") else head[0]
+
+
 def _add_memory(report: PlanReport, model: Any, prior: dict[str, list[tuple[str, int]]]) -> None:
     """Add each parameter's elements and per-rank bytes to ``report``: parameters all, gradients
     and AdamW states (:data:`ADAMW_STATES` per element, in the parameter's dtype) for the trainable
-    ones only: a frozen parameter has neither."""
+    ones only: a frozen parameter has neither. Also per part (:func:`part_of`)."""
+    from omnicore.model.trainable import clean_name
+
+    families = getattr(model, "part_names", None) or {}
     for pname, param in model.named_parameters():
         n_rank = _per_rank_numel(tuple(param.shape), [w for _, w in prior.get(pname, [])])
+        row = report.parts.setdefault(part_of(clean_name(pname), families), [0, 0, 0])
+        row[0] += param.numel()
+        row[1] += param.numel() if param.requires_grad else 0
+        row[2] += n_rank * param.element_size() * ((2 + ADAMW_STATES) if param.requires_grad else 1)
         report.params += param.numel()
         report.total_param_bytes += param.numel() * param.element_size()
         report.param_bytes_per_rank += n_rank * param.element_size()
