@@ -61,6 +61,26 @@ _WHAT_TO_PUT = (
 )
 
 
+def build_image(options: dict[str, Any] | VideoEncoderOptions, *, hidden_size: int) -> VideoFramesEncoder:
+    """Factory of encoder ``video_frames_image``: the module of :func:`build` holding the image
+    processor (:class:`~omnicore_video_frames.processor.VideoFramesImageProcessor`, each image one
+    tubelet), with ``modality`` ``"image"`` and ``modalities`` ``("image", "video")``: configure
+    ``model.encoders.video: {name: video_frames, share: image, options: ...}`` (the same tower
+    ``config``, plus the clip options) and one tower learns from images and clips alike.
+
+    Raises:
+        as :func:`build`; also ValueError if ``image_size`` does not fit the patch sizes.
+    """
+    from omnicore_video_frames.processor import VideoFramesImageProcessor
+
+    opts = options if isinstance(options, VideoEncoderOptions) else VideoEncoderOptions.model_validate(dict(options))
+    enc = build(opts, hidden_size=hidden_size)
+    enc.modality = "image"
+    enc.modalities = ("image", "video")
+    enc.processor = VideoFramesImageProcessor.for_config(enc.tower.config, opts)
+    return enc
+
+
 def build(options: dict[str, Any] | VideoEncoderOptions, *, hidden_size: int) -> VideoFramesEncoder:
     """Factory of encoder ``video_frames`` (``target`` of its ComponentSpec).
 
@@ -96,6 +116,9 @@ class VideoFramesEncoder(nn.Module):
     """
 
     modality = "video"
+    modalities: tuple[str, ...] = ("video",)
+    """What this module encodes: ``("image", "video")`` when built as ``video_frames_image``
+    (:func:`build_image`), so that ``model.encoders.video.share: image`` sends clips here too."""
 
     def __init__(self, tower: Any, *, hidden_size: int, options: VideoEncoderOptions) -> None:
         """Wrap a tower and add a freshly initialised projector; ``options`` give the processor's

@@ -20,5 +20,13 @@ def omnicore_encoders() -> list[ComponentSpec]:
             processor="omnicore_video_frames.processor:build_processor",
             modalities=("video",),
             description="Qwen2-VL vision tower on frames sampled at a set rate (2-frame tubelets, 2x2 merge) + Linear projector to H",
-        )
+        ),
+        ComponentSpec(
+            name="video_frames_image",
+            target="omnicore_video_frames.encoder:build_image",
+            options_model="omnicore_video_frames.processor:VideoEncoderOptions",
+            processor="omnicore_video_frames.processor:build_image_processor",
+            modalities=("image", "video"),
+            description="the video_frames tower on still images (one tubelet each); video may share it (model.encoders.video.share)",
+        ),
     ]

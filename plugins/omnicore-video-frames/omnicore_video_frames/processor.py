@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 from einops import rearrange
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from omnicore.api import Video
 from omnicore_video_frames.augment import VideoAugmentOptions, frames_to_patches
@@ -106,6 +106,14 @@ class VideoEncoderOptions(BaseModel):
             "patch_size * spatial_merge_size. None: each clip keeps its size rounded to the nearest such multiple."
         ),
     )
+    image_size: int | tuple[int, int] | None = Field(
+        default=None,
+        description=(
+            "encoder video_frames_image only: still images are resized to this (pixels; one int or [height, width], each side a "
+            "multiple of patch_size * spatial_merge_size) and encoded as clips of temporal_patch_size copies, one tubelet, as "
+            "Qwen2-VL encodes images. None: each image keeps its size rounded to the nearest such multiple"
+        ),
+    )
     freeze: bool = Field(
         default=False,
         description="Freeze the vision tower (requires_grad=False, run without autograd); the projector always trains.",
@@ -140,12 +148,12 @@ class VideoEncoderOptions(BaseModel):
             raise ValueError("in_channels must be 3: frames are decoded as RGB")
         return value
 
-    @field_validator("frame_size")
+    @field_validator("frame_size", "image_size")
     @classmethod
-    def _positive_size(cls, value: int | tuple[int, int] | None) -> int | tuple[int, int] | None:
+    def _positive_size(cls, value: int | tuple[int, int] | None, info: ValidationInfo) -> int | tuple[int, int] | None:
         sides = (value,) if isinstance(value, int) else value or ()
         if any(s < 1 for s in sides):
-            raise ValueError(f"frame_size must be positive pixels, got {value}")
+            raise ValueError(f"{info.field_name} must be positive pixels, got {value}")
         return value
 
     @model_validator(mode="after")
@@ -388,6 +396,60 @@ class VideoFramesProcessor:
                 [torch.as_tensor(item.get("second_per_grid_ts", 0.0), dtype=torch.float32) for item in items]
             ),
         }
+
+
+class VideoFramesImageProcessor(VideoFramesProcessor):
+    """The :class:`omnicore.components.Processor` of ``encoder/video_frames_image``: a still image
+    as a clip of ``tp`` copies of itself (one tubelet), as Qwen2-VL's image processor tiles an image
+    in time, so that the one tower encodes images and video (``model.encoders.video.share: image``).
+
+    Features keep the video names (``pixel_values_videos``, ``video_grid_thw``, ``second_per_grid_ts``
+    = 0): the shared module takes batches of either processor unchanged. ``grid`` is ``(1, h, w)``.
+    """
+
+    modality = "image"
+
+    @classmethod
+    def for_config(cls, config: Any, options: VideoEncoderOptions) -> VideoFramesImageProcessor:
+        """The image processor of a tower with ``config`` (``image_size`` as the frame size)."""
+        return cls(
+            patch_size=int(config.patch_size),
+            merge_size=int(config.spatial_merge_size),
+            temporal_patch_size=int(config.temporal_patch_size),
+            fps=1.0,
+            max_frames=int(config.temporal_patch_size),
+            frame_size=options.image_size,
+        )
+
+    def preprocess(self, media: Any) -> dict[str, torch.Tensor]:
+        """One ``PIL.Image.Image`` (any mode; converted to RGB) to one tubelet of patches.
+
+        Returns:
+            ``pixel_values_videos`` float32 ``[gh * gw, 3 * tp * P * P]``, ``video_grid_thw`` int64
+            ``[3]`` = ``(1, gh, gw)``, ``second_per_grid_ts`` 0.
+
+        Raises:
+            TypeError: if ``media`` is not a PIL image.
+        """
+        from PIL import Image
+
+        if not isinstance(media, Image.Image):
+            raise TypeError(f"video_frames_image preprocess expects a PIL image (omnicore.api.load_image), got {type(media).__name__}")
+        frame = np.asarray(media.convert("RGB"), dtype=np.uint8)
+        out_h, out_w = output_size(frame.shape[0], frame.shape[1], self.frame_size, self.factor)
+        x = self._normalise(resize_frames(frame[None], out_h, out_w))
+        patches, grid = self.patchify(np.repeat(x, self.temporal_patch_size, axis=0))
+        return {
+            "pixel_values_videos": torch.from_numpy(patches),
+            "video_grid_thw": torch.tensor(grid, dtype=torch.long),
+            "second_per_grid_ts": torch.tensor(0.0),
+        }
+
+
+def build_image_processor(options: dict[str, Any]) -> VideoFramesImageProcessor:
+    """The processor factory of ``encoder/video_frames_image`` (see :func:`build_processor`)."""
+    opts = VideoEncoderOptions.model_validate(dict(options))
+    return VideoFramesImageProcessor.for_config(read_vision_config(opts), opts)
 
 
 def resize_frames(frames: np.ndarray, height: int, width: int) -> np.ndarray:
