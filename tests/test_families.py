@@ -233,18 +233,33 @@ def test_shared_module_encodes_both_modalities_with_the_processors_own_tokens(fa
     row = torch.tensor(enc.input_ids)
     assert torch.allclose(embeds[0][row == ids("<img>")], img_rows, atol=0, rtol=0)
     assert torch.allclose(embeds[0][row == ids("<vid>")], vid_rows, atol=0, rtol=0)
-    assert model.encoders["image"].calls == [3, 4]  # once per modality, no dummy pass: the module was used
+    assert model.encoders["image"].calls == [3, 4]  # once per modality, no dummy pass: both had input
 
 
-def test_text_only_batch_runs_one_dummy_pass_per_module(family, tmp_path):
+def test_a_shared_module_is_called_once_per_modality_whatever_the_batch_holds(family, tmp_path):
+    """FSDP2 all-gathers on every call of a sharded module, so every rank must call each encoder
+    module equally often in the same order whatever its micro-batch holds: once per modality the
+    module encodes, on the real input or on its dummy batch (one row)."""
     registry, folder, tower = family
     _save(folder, tower, "model.visual.")
     cfg = _config(folder, tmp_path)
     model, tok = build_omni_model(cfg, registry)
-    model.encoders["image"].calls.clear()
-    ids = torch.tensor([tok.encode("hello", add_special_tokens=False)])
-    model.embed(ids, {}, {})
-    assert model.encoders["image"].calls == [1]
+    enc = model.encoders["image"]
+    ph = {m: tok.convert_tokens_to_ids(t) for m, t in (("image", "<img>"), ("video", "<vid>"))}
+    assert model.token_ids["encoder"]["image"] == ph["image"] and model.token_ids["encoder"]["video"] == ph["video"]
+    text = tok.encode("hello", add_special_tokens=False)
+    width = enc.dummy_batch()["values"].shape[1]
+    cases = {
+        (): ({}, [1, 1]),
+        ("image",): ({"image": {"values": torch.ones(2, width)}}, [2, 1]),
+        ("video",): ({"video": {"values": torch.ones(3, width)}}, [1, 3]),
+    }
+    for held, (inputs, want) in cases.items():
+        ids = torch.tensor([text + [ph[m] for m in held for _ in range(inputs[m]["values"].shape[0])]])
+        enc.calls.clear()
+        with torch.no_grad():
+            model.embed(ids, inputs, {})
+        assert enc.calls == want, held
 
 
 def test_share_errors_name_the_field(family, tmp_path):

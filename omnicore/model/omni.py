@@ -171,24 +171,25 @@ class OmniModel(nn.Module):
         embeds = self.lm.get_input_embeddings()(input_ids)
         dummy = embeds.new_zeros(())
         where = f" (samples: {', '.join(wheres[:4])}{', ...' if wheres and len(wheres) > 4 else ''})" if wheres else ""
-        used: set[str] = set()
-        for m in self.token_ids["encoder"]:
-            if m not in encoder_inputs:
-                continue
-            key = self.shared[m][0] if m in self.shared else m
-            enc = self.encoders[key]
-            mask = input_ids == self.token_ids["encoder"][m]
-            out = enc(_in_dtype_of(enc, encoder_inputs[m])).to(embeds.dtype)
-            if out.shape[0] != int(mask.sum()):
-                raise PlaceholderMismatch(f"{m} encoder produced {out.shape[0]} embeddings for {int(mask.sum())} placeholders{where}")
-            embeds = embeds.masked_scatter(mask.unsqueeze(-1), out)
-            used.add(key)
+        # Every rank calls every encoder module the same number of times, in the same order (module
+        # order, then modality order): once per modality it encodes, on the real inputs or on its
+        # dummy batch. FSDP2 all-gathers on each call, so ranks whose micro-batches hold other
+        # modalities must still issue the same collectives in the same sequence.
         for key, enc in self.encoders.items():
-            if key not in used:  # no input for any modality it encodes: a dummy pass keeps its parameters in the graph
-                # the dummy input is data preparation (feature extractors, numpy): never under autocast
-                with torch.autocast(input_ids.device.type, enabled=False):
-                    batch = enc.dummy_batch()
-                dummy = dummy + 0.0 * enc(_in_dtype_of(enc, batch)).sum()
+            for m in self.token_ids["encoder"]:
+                if (self.shared[m][0] if m in self.shared else m) != key:
+                    continue
+                if m in encoder_inputs:
+                    mask = input_ids == self.token_ids["encoder"][m]
+                    out = enc(_in_dtype_of(enc, encoder_inputs[m])).to(embeds.dtype)
+                    if out.shape[0] != int(mask.sum()):
+                        raise PlaceholderMismatch(f"{m} encoder produced {out.shape[0]} embeddings for {int(mask.sum())} placeholders{where}")
+                    embeds = embeds.masked_scatter(mask.unsqueeze(-1), out)
+                else:  # no input for this modality: a dummy pass keeps the parameters in the graph
+                    # the dummy input is data preparation (feature extractors, numpy): never under autocast
+                    with torch.autocast(input_ids.device.type, enabled=False):
+                        batch = enc.dummy_batch()
+                    dummy = dummy + 0.0 * enc(_in_dtype_of(enc, batch)).sum()
         codes: dict[str, torch.Tensor] = {}
         for m, dec in self.decoders.items():
             mask = input_ids == self.token_ids["decoder"][m]
