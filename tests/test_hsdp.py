@@ -79,7 +79,7 @@ def train_steps(parallel: dict, train: dict | None = None) -> dict:
     forward_dtypes: list[torch.dtype] = []
     mlp.register_forward_pre_hook(lambda m, a: forward_dtypes.append(m.weight.dtype))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
-    batches = _batches(len(tok), MICRO * STEPS)
+    batches = _batches(len(tok), MICRO) * STEPS  # the same data each step, so the loss must fall
     losses, grads = [], []
     for step in range(STEPS):
         mine = [batches[step * MICRO + k * state.dp_size + state.dp_rank] for k in range(MICRO // state.dp_size)]

@@ -62,12 +62,13 @@ def _const(i: int) -> str:
 
 @pytest.fixture(scope="module")
 def data(digits_jsonl) -> tuple[Path, Path]:
-    """Training: the 8 drawing samples and 8 constant-answer ones. Held-out: 4 digit questions, 4
+    """Training: the 8 drawing samples twice (so that sampled generation opens images often enough
+    for the grid checks to have drawings to compare) and 8 constant-answer ones. Held-out: 4 digit questions, 4
     constant ones, then 8 more digit questions (the first K=10 with a text answer are scored)."""
     gen = [x for x in (digits_jsonl / "train.jsonl").read_text().splitlines() if '"text_to_image"' in x]
     questions = (digits_jsonl / "eval.jsonl").read_text().splitlines()
     train, held = digits_jsonl / "samples_train.jsonl", digits_jsonl / "samples_eval.jsonl"
-    train.write_text("\n".join(gen + [_const(i) for i in range(8)]) + "\n")
+    train.write_text("\n".join(gen + gen + [_const(i) for i in range(8)]) + "\n")
     held.write_text("\n".join(questions[:4] + [_const(i) for i in range(8, 12)] + questions[4:]) + "\n")
     return train, held
 
