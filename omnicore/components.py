@@ -291,20 +291,9 @@ class Foundation(Protocol):
     (:func:`omnicore.model.loading.fill_pending`); the built-in ``hf_causal_lm`` does this for
     safetensors checkpoints.
 
-    Optional members of a published model *family* (a composite checkpoint: towers, projector and
-    language model in one folder; the ``omnicore-family-*`` plugins are examples):
-
-    * ``encoders() -> dict[str, dict]``: the encoder entries the checkpoint brings, each as written
-      under ``model.encoders`` (``{"name": ..., "options": {...}, "share": ...}``). The core adds
-      each one whose key the config does not set, so one foundation entry builds the whole model.
-      Building the foundation object must read no weights.
-    * ``export_pretrained(model, tokenizer, folder) -> None``: write ``folder`` in the published
-      layout (the composite ``config.json``, tensors under the keys the family's
-      ``...ForConditionalGeneration.from_pretrained`` expects, tokenizer and processor files), from
-      an unsharded CPU :class:`ParallelModel` whose LoRA adapters are merged.
-    * ``part_names() -> dict[str, list[str]]``: the family's part names (``vision_tower``,
-      ``merger``, ``language_model``) -> parameter-name prefixes in the model, accepted by
-      ``train.freeze`` and ``train.lr_multipliers``.
+    A published model *family* (a composite checkpoint: towers, projector and language model in
+    one folder; the ``omnicore-family-*`` plugins are examples) also implements the members of
+    :class:`FoundationOptional` it needs.
     """
 
     def build_tokenizer(self) -> Any:
@@ -313,6 +302,29 @@ class Foundation(Protocol):
     def build_model(self, vocab_size: int) -> Any:
         """The causal LM with at least ``vocab_size`` input embeddings (the tokenizer's vocabulary
         plus omnicore's special tokens; the core resizes when it has fewer)."""
+
+
+class FoundationOptional(Protocol):
+    """The optional members of a :class:`Foundation`, with their exact signatures, for a published
+    model family. The core reads each with ``getattr`` and a default
+    (:mod:`omnicore.model.build`, :mod:`omnicore.checkpoint.export`),
+    so a plain language model implements none of them."""
+
+    def encoders(self) -> dict[str, dict[str, Any]]:
+        """The encoder entries the checkpoint brings, each as written under ``model.encoders``
+        (``{"name": ..., "options": {...}, "share": ...}``). The core adds each one whose key the
+        config does not set, so one foundation entry builds the whole model. Building the
+        foundation object must read no weights."""
+
+    def export_pretrained(self, model: Any, tokenizer: Any, folder: Any) -> None:
+        """Write ``folder`` in the published layout (the composite ``config.json``, tensors under
+        the keys the family's ``...ForConditionalGeneration.from_pretrained`` expects, tokenizer
+        and processor files), from an unsharded CPU :class:`ParallelModel` whose LoRA adapters are
+        merged."""
+
+    def part_names(self) -> dict[str, list[str]]:
+        """The family's part names (``vision_tower``, ``merger``, ``language_model``) -> parameter
+        name prefixes in the model, accepted by ``train.freeze`` and ``train.lr_multipliers``."""
 
 
 PHASES: tuple[str, ...] = ("attention", "experts", "checkpointing", "compile", "sharding")
@@ -583,7 +595,7 @@ CONTRACTS: dict[str, tuple[type, ...]] = {
     "encoder": (Encoder,),
     "decoder": (Decoder,),
     "processor": (Processor,),
-    "foundation": (Foundation,),
+    "foundation": (Foundation, FoundationOptional),
     "parallel": (ParallelStrategy, ParallelStrategyOptional, SequenceParallel),
     "kernel": (Kernel, CrossEntropyKernel),
     "logger": (Logger,),

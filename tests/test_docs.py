@@ -112,6 +112,7 @@ def test_found_what_to_check():
         "Encoder",
         "Decoder",
         "Foundation",
+        "FoundationOptional",
         "ParallelStrategy",
         "ParallelStrategyOptional",
         "SequenceParallel",

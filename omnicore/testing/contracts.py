@@ -801,7 +801,10 @@ class ParallelStrategyContract(ComponentContract):
         s = self.build()
         single = self.single_process if self.single_process is not None else not s.mesh_dims
         if not single:
-            pytest.skip(f"parallel/{self.name} needs a process group (mesh_dims={s.mesh_dims})")
+            pytest.skip(
+                f"parallel/{self.name} needs a process group (mesh_dims={s.mesh_dims}): prove N processes equal one with "
+                "omnicore.testing.distributed.run_distributed, as PLUGINS.md's snippet 'N processes equal one' shows"
+            )
         from omnicore.data.packing import MicroBatch
         from omnicore.model.omni import OmniModel
 
