@@ -290,3 +290,23 @@ def test_bf16_trains_the_omni_modal_model(digits_jsonl, tmp_path):
     fp32 = _train(d, tmp_path, "fp32")
     bf16 = _train({**d, "train": {**d["train"], "mixed_precision": "bf16"}}, tmp_path, "bf16")
     assert [r["loss"] for r in bf16] == pytest.approx([r["loss"] for r in fp32], rel=2e-2)
+
+
+def test_a_misspelt_strategy_option_fails_before_the_model_is_built(text_jsonl, tmp_path, monkeypatch):
+    """Strategy options are validated before the (slow) model build: the error names the option,
+    and the foundation is never built."""
+    import omnicore.model.build
+    from omnicore.registry import RegistryError
+    from omnicore.train.loop import train
+
+    d = tiny_config_dict(str(text_jsonl), output_dir=str(tmp_path / "run"), max_steps=1)
+    d["parallel"] = {"strategies": [{"name": "activation_checkpointing", "options": {"mdoe": "full"}}]}
+    built = []
+    real = omnicore.model.build.build_omni_model
+    monkeypatch.setattr(omnicore.model.build, "build_omni_model", lambda *a, **k: built.append(1) or real(*a, **k))
+    with pytest.raises(RegistryError, match=r"options of parallel/activation_checkpointing: mdoe: unknown key; did you mean 'mode'\?"):
+        train(Config.model_validate(d))
+    assert built == []
+    d["parallel"]["strategies"][0]["options"] = {"mode": "full"}  # spelt right: the same path builds it
+    train(Config.model_validate(d))
+    assert built == [1]

@@ -96,9 +96,12 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
             "continue it with --resume, or pick another --run.output_dir"
         )
     check_eval_file(cfg)
+    # strategies are built (their options validated) before the model, so a misspelt option fails
+    # in seconds rather than after a 7B build; parallel.strategy with auto resolved, in phase order
+    strategies = build_strategies(cfg.parallel, registry, state.distributed)
 
     cfg, init_from, (model, tokenizer, processor, sources, flops) = _model_to_train(cfg, registry, state, resume, log)
-    model, strategies, (data_rank, data_size, replicas) = _parallelize_model(model, cfg, registry, state, log)
+    model, (data_rank, data_size, replicas) = _parallelize_model(model, cfg, strategies, state, log)
     if init_from is not None:  # model.init_from names a checkpoint: its model weights, into the sharded model
         _load_init_from(init_from.folder, model, state)
     pin = cfg.data.pin_memory if cfg.data.pin_memory is not None else state.device.type == "cuda"
@@ -331,19 +334,16 @@ def _resume_data(data: DataPipeline, meta: dict[str, Any], folder: Path) -> None
 
 
 def _parallelize_model(
-    model: Any, cfg: Config, registry: Registry, state: ParallelState, log: Callable[..., None]
-) -> tuple[Any, list[tuple[str, Any]], tuple[int, int, int]]:
-    """Move ``model`` to the device and let the strategies wrap it from outside; returns the model,
-    the strategies and ``(data_rank, data_size, replicas)``."""
+    model: Any, cfg: Config, strategies: list[tuple[str, Any]], state: ParallelState, log: Callable[..., None]
+) -> tuple[Any, tuple[int, int, int]]:
+    """Move ``model`` to the device and let the strategies (from :func:`build_strategies`) wrap it
+    from outside; returns the model and ``(data_rank, data_size, replicas)``."""
     from omnicore.model.loading import fill_pending, to_device_keeping_meta
 
     with Phase(logger, f"moving the model to {state.device} and applying the parallel strategies"):
         to_device_keeping_meta(model, state.device)
         state.mixed_precision = cfg.train.mixed_precision
-        # parallel.strategies, or parallel.strategy with auto resolved; applied in phase order (see
-        # omnicore.parallel.parallelize)
-        strategies = build_strategies(cfg.parallel, registry, state.distributed)
-        model = parallelize(model, state, strategies)
+        model = parallelize(model, state, strategies)  # in phase order (see omnicore.parallel.parallelize)
     if getattr(model, "pending_loads", None):  # each rank reads its own shards of the foundation checkpoint
         with Phase(logger, "loading the foundation weights shard by shard") as ph:
             filled = fill_pending(model, state.device)
@@ -365,7 +365,7 @@ def _parallelize_model(
            (("encoder", m.encoders), ("decoder", m.decoders)) for k, c in table.items()] if c.dtype and c.dtype != cfg.run.dtype]  # fmt: skip
     precision += f" ({', '.join(own)} parameters)" if own else ""
     log(f"kernels: {', '.join(f'{op}={k}' for op, k in kernels.items())} (other ops: the foundation's own code); precision: {precision}")
-    return model, strategies, (data_rank, data_size, replicas)
+    return model, (data_rank, data_size, replicas)
 
 
 def _open_outputs(cfg: Config, state: ParallelState, out_dir: Path, resume: bool, start: int) -> tuple[Path, Any]:
