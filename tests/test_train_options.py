@@ -310,3 +310,15 @@ def test_a_misspelt_strategy_option_fails_before_the_model_is_built(text_jsonl, 
     d["parallel"]["strategies"][0]["options"] = {"mode": "full"}  # spelt right: the same path builds it
     train(Config.model_validate(d))
     assert built == [1]
+
+
+def test_throughput_summary_names_the_steps_it_took_the_medians_over():
+    from omnicore.train.loop import summarize
+
+    def row(step, tps, ms):
+        return {"step": step, "tokens_per_s": tps, "step_time_s": ms / 1e3, "tflops": 1.0, "mfu": None, "padding_waste": 0.1, "peak_mem_mib": 10 * step}
+
+    many = summarize([row(1, 5, 900), row(2, 100, 20), row(3, 300, 10), row(4, 200, 30)])
+    assert many.startswith("throughput (median over steps 2..4): 200 tokens/s, 20.0 ms/step") and "peak memory 40 MiB" in many
+    one = summarize([row(1, 5, 900)])
+    assert one.startswith("throughput (step 1, warm-up included): 5 tokens/s, 900.0 ms/step")

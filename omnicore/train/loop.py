@@ -828,4 +828,6 @@ def summarize(history: list[dict[str, Any]]) -> str:
         parts.append(f"MFU {100 * med('mfu'):.1f}%")
     parts.append(f"padding waste {100 * statistics.mean(r['padding_waste'] for r in rows):.1f}%")
     parts.append(f"peak memory {max(r['peak_mem_mib'] for r in rows):.0f} MiB")
-    return "throughput (median over steps 2..): " + ", ".join(parts)
+    first, last = rows[0]["step"], rows[-1]["step"]
+    span = f"step {first}, warm-up included" if len(rows) == 1 else f"median over steps {first}..{last}"
+    return f"throughput ({span}): " + ", ".join(parts)
