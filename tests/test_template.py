@@ -109,6 +109,26 @@ def test_generated_plugins_pass_their_own_tests(generated):
 
 
 @pytest.mark.cli
+def test_generated_image_options_check_that_patches_tile_the_image(generated):
+    """Image encoders and decoders from the template refuse a patch size that does not divide the
+    image size when the config is read, naming both fields and a size that fits."""
+    work, env, _ = generated
+    code = (
+        "import pydantic\n"
+        "for mod in ('omnicore_encoder_patchconv', 'omnicore_decoder_tiny_decoder'):\n"
+        "    Options = __import__(mod + '.processor', fromlist=['Options']).Options\n"
+        "    assert Options(image_size=16, patch_size=4).patch_size == 4\n"
+        "    try:\n"
+        "        Options(image_size=18, patch_size=4)\n"
+        "    except pydantic.ValidationError as e:\n"
+        "        print(mod, e.errors()[0]['msg'])\n"
+    )
+    out = _run([sys.executable, "-c", code], env, work).stdout.splitlines()
+    want = "Value error, image_size 18 must be a multiple of patch_size 4 (e.g. image_size 20)"
+    assert out == [f"omnicore_encoder_patchconv {want}", f"omnicore_decoder_tiny_decoder {want}"]
+
+
+@pytest.mark.cli
 def test_generated_plugins_are_listed(generated):
     work, env, _ = generated
     rows = json.loads(_run([sys.executable, "-m", "omnicore", "plugins", "--json"], env, work).stdout)
