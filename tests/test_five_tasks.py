@@ -77,8 +77,10 @@ def five_jsonl(digits_jsonl, tmp_path_factory) -> Path:
     return path
 
 
-def _config(train: Path, out: Path, foundation: str, **train_kw) -> dict:
-    cfg = tiny_config_dict(str(train), output_dir=str(out), max_steps=STEPS, **train_kw)
+def _config(train: Path, out: Path, foundation: str, shared: bool = False, **train_kw) -> dict:
+    """``shared``: images go through the video tower (``video_frames_image``) and the video entry
+    shares that module (``share: image``), as five.yaml has it."""
+    cfg = tiny_config_dict(str(train), output_dir=str(out), **{"max_steps": STEPS, **train_kw})
     model = cfg["model"]
     if foundation == "qwen2_vl":
         model["foundation"]["options"]["config"] = dict(MROPE_LM)
@@ -86,6 +88,9 @@ def _config(train: Path, out: Path, foundation: str, **train_kw) -> dict:
         "name": "video_frames",
         "options": {"config": dict(TINY_VIDEO), "fps": 4, "max_frames": 4, "frame_size": 32},
     }
+    if shared:
+        model["encoders"]["image"] = {"name": "video_frames_image", "options": {"config": dict(TINY_VIDEO), "image_size": 32}}
+        model["encoders"]["video"]["share"] = "image"
     model["decoders"]["audio"] = {"name": "encodec", "options": {"config": dict(TINY_CODEC), "max_seconds": 0.5, "long_audio": "crop"}}
     # in file order, one window of the five tasks per micro-batch (the budget holds the whole window)
     cfg["data"].update(shuffle=False, packing_window=len(TASKS), max_tokens=1024, num_workers=1)
@@ -130,19 +135,20 @@ def _rows(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("foundation", ["qwen2", "qwen2_vl"])
-def test_two_processes_match_one_process_on_five_tasks(five_jsonl, tmp_path, foundation):
+@pytest.mark.parametrize("foundation,shared", [("qwen2", False), ("qwen2_vl", False), ("qwen2_vl", True)], ids=["qwen2", "qwen2_vl", "shared_tower"])
+def test_two_processes_match_one_process_on_five_tasks(five_jsonl, tmp_path, foundation, shared):
     """1 process x grad_accum 2 and FSDP2 on 2 processes (gloo) x grad_accum 1 read the same
     micro-batches, each holding all five tasks: the same loss and the same loss of every part (text,
-    image codes, audio codes) at every step (rtol 1e-5), and the loss falls."""
-    one = _config(five_jsonl, tmp_path / "one", foundation, grad_accum=SHARDS)
+    image codes, audio codes) at every step (rtol 1e-5), and the loss falls. ``shared_tower``: one
+    module encodes images and video (five.yaml's layout)."""
+    one = _config(five_jsonl, tmp_path / "one", foundation, shared, grad_accum=SHARDS)
     plan = _plan(one)
     assert len(plan) == STEPS and all(len(step) == SHARDS for step in plan)
     assert all(sorted(t for t, _ in mb) == sorted(TASKS) for step in plan for mb in step), plan
     # mRoPE: the image and the video samples get grid positions (t, h, w differ), the others none
     laid_out = {pair for step in plan for mb in step for pair in mb}
     assert laid_out == {(t, None if foundation == "qwen2" else t in ("image_to_text", "video_to_text")) for t in TASKS}
-    two = _config(five_jsonl, tmp_path / "two", foundation, grad_accum=1)
+    two = _config(five_jsonl, tmp_path / "two", foundation, shared, grad_accum=1)
     logs = {}
     for cfg, nproc in ((one, 1), (two, 2)):
         path = tmp_path / f"{nproc}.yaml"
@@ -159,3 +165,25 @@ def test_two_processes_match_one_process_on_five_tasks(five_jsonl, tmp_path, fou
     assert [r["samples/five"] for r in rows_one] == [r["samples/five"] for r in rows_two] == [10 * (s + 1) for s in range(STEPS)]
     assert [r["targets"] for r in rows_one] == [r["targets"] for r in rows_two]
     assert all(rows_one[-1][k] < rows_one[0][k] for k in ("loss", *PARTS))  # it learns, every part
+
+
+def test_a_shared_tower_is_exported_once_and_its_export_evaluates_as_the_checkpoint(five_jsonl, tmp_path):
+    """The export of a run whose video entry shares the image tower holds one tower, and the model
+    read back from it gives the held-out losses of the run's last checkpoint (rel 1e-6)."""
+    from omnicore.config import Config
+    from omnicore.eval.heldout import heldout_loss_of
+    from omnicore.eval.loading import load_trained
+    from omnicore.train.loop import train
+
+    d = _config(five_jsonl, tmp_path / "run", "qwen2_vl", True, max_steps=2, export=True)
+    d["data"]["eval"] = str(five_jsonl)
+    cfg = Config.model_validate(d)
+    cfg.source = str(tmp_path / "config.yaml")
+    train(cfg)
+    export = tmp_path / "run" / "export"
+    assert sorted(p.name for p in (export / "encoders").iterdir()) == ["audio", "image"]
+    got = heldout_loss_of(cfg, *load_trained(cfg, export=str(export))[::2])
+    want = heldout_loss_of(cfg, *load_trained(cfg, checkpoint=str(tmp_path / "run" / "checkpoints" / "step-00000002"))[::2])
+    assert set(got) == set(want) and "loss/decoder.audio" in got
+    for k in want:
+        assert got[k] == pytest.approx(want[k], rel=1e-6), k

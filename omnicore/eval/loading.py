@@ -30,6 +30,8 @@ def model_config_from_export(export_dir: str | Path) -> ModelConfig:
     section["foundation"]["options"]["checkpoint"] = str(export_dir / section["foundation"]["options"]["checkpoint"])
     for kind in ("encoders", "decoders"):
         for comp in section.get(kind, {}).values():
+            if comp.get("share"):  # no module of its own (model.encoders.<m>.share): nothing was saved for it
+                continue
             comp["options"]["checkpoint"] = str(export_dir / comp["options"]["checkpoint"])
     return ModelConfig.model_validate(section)
 
