@@ -96,11 +96,12 @@ def test_matches_per_sample_sdpa_values_and_grads(rows):
     assert none is None and out.shape == (pos.shape[0], pos.shape[1], 4, 8)
     want = _reference(q, k, v, pos, 0.3)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
-    g = torch.randn_like(out)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
     got_g = torch.autograd.grad(out, (q, k, v), g)
     want_g = torch.autograd.grad(want, (q, k, v), g)
     for a, b in zip(got_g, want_g):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        # float32 sums over up to 600 keys differ in order between the two paths: allow 1e-5 relative.
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_samples_never_see_each_other():

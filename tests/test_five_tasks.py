@@ -135,7 +135,9 @@ def _rows(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("foundation,shared", [("qwen2", False), ("qwen2_vl", False), ("qwen2_vl", True)], ids=["qwen2", "qwen2_vl", "shared_tower"])
+@pytest.mark.parametrize(
+    "foundation,shared", [("qwen2", False), ("qwen2_vl", False), ("qwen2_vl", True)], ids=["qwen2", "qwen2_vl", "shared_tower"]
+)
 def test_two_processes_match_one_process_on_five_tasks(five_jsonl, tmp_path, foundation, shared):
     """1 process x grad_accum 2 and FSDP2 on 2 processes (gloo) x grad_accum 1 read the same
     micro-batches, each holding all five tasks: the same loss and the same loss of every part (text,

@@ -316,7 +316,15 @@ def test_throughput_summary_names_the_steps_it_took_the_medians_over():
     from omnicore.train.loop import summarize
 
     def row(step, tps, ms):
-        return {"step": step, "tokens_per_s": tps, "step_time_s": ms / 1e3, "tflops": 1.0, "mfu": None, "padding_waste": 0.1, "peak_mem_mib": 10 * step}
+        return {
+            "step": step,
+            "tokens_per_s": tps,
+            "step_time_s": ms / 1e3,
+            "tflops": 1.0,
+            "mfu": None,
+            "padding_waste": 0.1,
+            "peak_mem_mib": 10 * step,
+        }
 
     many = summarize([row(1, 5, 900), row(2, 100, 20), row(3, 300, 10), row(4, 200, 30)])
     assert many.startswith("throughput (median over steps 2..4): 200 tokens/s, 20.0 ms/step") and "peak memory 40 MiB" in many

@@ -183,7 +183,9 @@ class OmniModel(nn.Module):
                     mask = input_ids == self.token_ids["encoder"][m]
                     out = enc(_in_dtype_of(enc, encoder_inputs[m])).to(embeds.dtype)
                     if out.shape[0] != int(mask.sum()):
-                        raise PlaceholderMismatch(f"{m} encoder produced {out.shape[0]} embeddings for {int(mask.sum())} placeholders{where}")
+                        raise PlaceholderMismatch(
+                            f"{m} encoder produced {out.shape[0]} embeddings for {int(mask.sum())} placeholders{where}"
+                        )
                     embeds = embeds.masked_scatter(mask.unsqueeze(-1), out)
                 else:  # no input for this modality: a dummy pass keeps the parameters in the graph
                     # the dummy input is data preparation (feature extractors, numpy): never under autocast
