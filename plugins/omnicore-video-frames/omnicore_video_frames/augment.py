@@ -73,6 +73,8 @@ def augment_clips(
     p: int,
     m: int,
     generator: torch.Generator | None = None,
+    still: torch.Tensor | None = None,
+    still_options: VideoAugmentOptions | None = None,
 ) -> torch.Tensor:
     """Each clip of a collated batch shifted and (maybe) reversed at random.
 
@@ -82,22 +84,28 @@ def augment_clips(
         options: what to draw (:class:`VideoAugmentOptions`).
         tp, p, m: the tubelet's frames, the patch side (pixels), the merge size.
         generator: random numbers (default: torch's global generator, seeded by the run).
+        still: bool ``[B]``, which items are still images (``second_per_grid_ts`` 0); those get
+            ``still_options`` instead of ``options`` (default: every item gets ``options``).
+        still_options: what to draw for still images.
 
     Returns:
         a new tensor of the same shape, dtype and device; ``pixels`` itself when nothing is active.
         A reversed clip whose last tubelet repeated its last frame now starts with that frame twice.
     """
-    if not options.active:
+    still_options = still_options or options
+    flags = still.tolist() if still is not None else [False] * grids.shape[0]
+    if not options.active and not (still_options.active and any(flags)):
         return pixels
     out, start = [], 0
-    for g in grids.tolist():
+    for g, is_still in zip(grids.tolist(), flags):
         n = g[0] * g[1] * g[2]
+        opts = still_options if is_still else options
         frames = patches_to_frames(pixels[start : start + n], tuple(g), tp, p, m)
         start += n
-        if options.reverse and float(torch.rand((), generator=generator)) < 0.5:
+        if opts.reverse and float(torch.rand((), generator=generator)) < 0.5:
             frames = frames.flip(0)
-        if options.shift > 0:
-            dx, dy = ((torch.rand(2, generator=generator) * 2 - 1) * options.shift).tolist()
+        if opts.shift > 0:
+            dx, dy = ((torch.rand(2, generator=generator) * 2 - 1) * opts.shift).tolist()
             # affine_grid maps output to input coordinates (normalised to [-1, 1]): content moves by +2 * (dx, dy)
             theta = torch.tensor([[1.0, 0.0, -2 * dx], [0.0, 1.0, -2 * dy]], device=frames.device).expand(frames.shape[0], 2, 3)
             grid = F.affine_grid(theta, list(frames.shape), align_corners=False)

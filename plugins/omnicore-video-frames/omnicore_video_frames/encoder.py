@@ -140,6 +140,8 @@ class VideoFramesEncoder(nn.Module):
         self.frozen = False
         self.augment = options.augment
         """Random shifts and reversals per clip in training mode (:mod:`omnicore_video_frames.augment`)."""
+        self.image_augment = options.image_augment or options.augment
+        """The same for still images (items with ``second_per_grid_ts`` 0; ``video_frames_image``)."""
         if options.freeze:
             self.freeze_tower()
 
@@ -191,14 +193,25 @@ class VideoFramesEncoder(nn.Module):
 
         The tower's ``pooler_output`` (the merger's output) is projected; inputs are moved to the
         module's device, and the tower casts the patches to its own dtype. In training mode each
-        clip is first shifted and reversed at random as ``augment`` says (none by default).
+        clip is first shifted and reversed at random as ``augment`` says, each still image as
+        ``image_augment`` says (none by default).
         """
         device = self.projector.weight.device
         pixels = batch["pixel_values_videos"].to(device)
         grid = batch["video_grid_thw"].to(device).reshape(-1, 3)
-        if self.training and self.augment.active:
+        if self.training and (self.augment.active or self.image_augment.active):
             p = self.processor
-            pixels = augment_clips(pixels, grid, self.augment, tp=p.temporal_patch_size, p=p.patch_size, m=p.merge_size)
+            still = batch["second_per_grid_ts"].reshape(-1) == 0 if "second_per_grid_ts" in batch else None
+            pixels = augment_clips(
+                pixels,
+                grid,
+                self.augment,
+                tp=p.temporal_patch_size,
+                p=p.patch_size,
+                m=p.merge_size,
+                still=still,
+                still_options=self.image_augment,
+            )
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
             merged = self.tower(pixels, grid_thw=grid).pooler_output  # [sum N_b / M**2, E]
         return self.projector(merged)

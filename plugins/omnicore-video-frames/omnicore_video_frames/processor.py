@@ -126,6 +126,15 @@ class VideoEncoderOptions(BaseModel):
             "matter). See omnicore_video_frames.augment."
         ),
     )
+    image_augment: VideoAugmentOptions | None = Field(
+        default=None,
+        description=(
+            "encoder video_frames_image only: random changes per still image while training (items with second_per_grid_ts "
+            "0), as `augment` is per clip; shift is a fraction of the image's sides. None: still images get `augment`. A "
+            "tower shared by images and clips often wants larger shifts on small images (digits centred in a 32-pixel image "
+            "land anywhere on a clip's token grid) than on clips (whose edge objects a large shift pushes out)"
+        ),
+    )
 
     @field_validator("config")
     @classmethod

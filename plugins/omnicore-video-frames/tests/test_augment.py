@@ -84,3 +84,39 @@ def test_options_are_checked():
         build({**OPTS, "augment": {"shift": 0.6}}, hidden_size=8)
     with pytest.raises(ValidationError, match="rotate"):
         build({**OPTS, "augment": {"rotate": 10}}, hidden_size=8)
+
+
+def test_still_images_get_their_own_options_and_clips_theirs():
+    """In one batch of a clip and a still image (``second_per_grid_ts`` 0, as ``video_frames_image``
+    makes it): ``still_options`` shifts the image by its draw, ``options`` (reverse only) never shifts
+    the clip, which is the input or the input reversed."""
+    proc = build_processor(OPTS)
+    clip = proc.preprocess(Video(frames=_frames(4, 3), fps=4.0))
+    image = np.zeros((2, 3, 16, 24), dtype=np.float32)
+    image[:, :, 6:10, 10:14] = 1.0
+    patches, grid = proc.patchify(image)
+    still = {
+        "pixel_values_videos": torch.from_numpy(patches),
+        "video_grid_thw": torch.tensor(grid),
+        "second_per_grid_ts": torch.tensor(0.0),
+    }
+    batch = proc.collate([clip, still])
+    flags = batch["second_per_grid_ts"] == 0
+    assert flags.tolist() == [False, True]
+    out = augment_clips(batch["pixel_values_videos"], batch["video_grid_thw"], VideoAugmentOptions(reverse=True), tp=2, p=4, m=2,
+                        generator=torch.Generator().manual_seed(0), still=flags, still_options=VideoAugmentOptions(shift=0.2))  # fmt: skip
+    n = clip["pixel_values_videos"].shape[0]
+    cgrid = tuple(clip["video_grid_thw"].tolist())
+    got, want = patches_to_frames(out[:n], cgrid, 2, 4, 2), patches_to_frames(clip["pixel_values_videos"], cgrid, 2, 4, 2)
+    assert torch.equal(got, want) or torch.equal(got, want.flip(0))
+    moved = patches_to_frames(out[n:], grid, 2, 4, 2)[0, 0]
+    ys, xs = torch.meshgrid(torch.arange(16.0), torch.arange(24.0), indexing="ij")
+    cx = float((moved * xs).sum() / moved.sum())
+    assert abs(cx - 11.5) > 0.05 and abs(cx - 11.5) <= 0.2 * 24 + 0.05  # moved, within the still image's largest shift
+
+
+def test_image_augment_defaults_to_augment_and_overrides_it():
+    enc = build({**OPTS, "augment": {"shift": 0.05, "reverse": True}}, hidden_size=8)
+    assert enc.image_augment == enc.augment
+    enc = build({**OPTS, "augment": {"shift": 0.05, "reverse": True}, "image_augment": {"shift": 0.25}}, hidden_size=8)
+    assert (enc.augment.shift, enc.augment.reverse, enc.image_augment.shift, enc.image_augment.reverse) == (0.05, True, 0.25, False)
