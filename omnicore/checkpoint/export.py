@@ -15,7 +15,14 @@ into the weights (every folder above loads as plain transformers / diffusers, no
     foundation_lora/       the foundation's PEFT adapter (adapter_config.json, adapter_model.safetensors):
                            peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("foundation"), "foundation_lora")
 
-(adapters on encoders or decoders are always merged: their folders have no PEFT loader). The
+(adapters on encoders or decoders are always merged: their folders have no PEFT loader).
+
+A published family's foundation (one with ``export_pretrained``, e.g. ``qwen2_audio``) writes its
+own layout at the top instead of ``foundation/`` and ``encoders/<modality>/`` for the towers it
+brings: ``<Family>ForConditionalGeneration.from_pretrained(export)`` loads it. In adapter mode
+``foundation_lora/`` is then a PEFT adapter of that class (layer names as the class has them,
+:func:`omnicore.model.lora.family_adapter`): ``PeftModel.from_pretrained(<Family>...from_pretrained(export),
+export/foundation_lora)``. The
 ``omnicore.yaml`` section has ``lora`` unset: it rebuilds the merged model, or in adapter mode the
 base model (its header comment says how to add the adapter).
 
@@ -93,28 +100,46 @@ def write_export(model: Any, tokenizer: Any, cfg: Any, out: Path) -> None:
     merged, or (``export: adapter``) the foundation's are written apart and removed."""
     from transformers.utils import logging as hf_logging
 
+    from omnicore.model.build import build_foundation
+
     out.mkdir(parents=True)
     was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one-shard "Writing model shards" bars add only noise here
+    family = getattr(build_foundation(cfg), "export_pretrained", None)
+    family = family if callable(family) else None
     try:
-        header = _write_lora(model, cfg, out)
-        _write_components(model, tokenizer, cfg, out, header)
+        header, adapter = _write_lora(model, cfg, out, family is not None)
+        _write_components(model, tokenizer, cfg, out, header, family)
+        if adapter is not None:
+            _write_family_adapter(adapter, out)
     finally:
         if was_on:
             hf_logging.enable_progress_bar()
 
 
-def _write_lora(model: Any, cfg: Any, out: Path) -> str:
+def _write_lora(model: Any, cfg: Any, out: Path, family: bool) -> tuple[str, Any]:
     """Merge the adapters, or write the foundation's as a PEFT adapter folder and strip them.
-    Returns a comment for the head of ``omnicore.yaml``."""
+    Returns a comment for the head of ``omnicore.yaml`` and, for a published family (whose class
+    exists only once its export is written), ``(lm, adapter state)`` still to be written by
+    :func:`_write_family_adapter`; else ``None``."""
     from omnicore.model.lora import lora_state_dict, merge_lora, peft_adapter_config, strip_lora
 
     lora = cfg.model.lora
     if lora is None:
-        return ""
+        return "", None
     if lora.export == "merged":
         merge_lora(model)
-        return "# LoRA adapters are merged into these weights (model.lora.export: merged)\n"
+        return "# LoRA adapters are merged into these weights (model.lora.export: merged)\n", None
+    if family:
+        # keyed by omnicore's names until the family's config.json exists to rename them by
+        pending = (lora_state_dict(model.lm), peft_adapter_config(model.lm), model.lm)
+        strip_lora(model.lm)
+        merge_lora(model)
+        return (
+            "# The export is the base model; its LoRA adapter is in foundation_lora/ (model.lora.export: adapter),\n"
+            "# a PEFT adapter of the family's class. In Python:\n"
+            "#   peft.PeftModel.from_pretrained(<Family>ForConditionalGeneration.from_pretrained('.'), 'foundation_lora')\n"
+        ), pending
     from safetensors.torch import save_file
 
     adapter_dir = out / "foundation_lora"
@@ -128,21 +153,32 @@ def _write_lora(model: Any, cfg: Any, out: Path) -> str:
         "# This section rebuilds the base model. With the adapter, in Python:\n"
         "#   peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained('foundation'), 'foundation_lora')\n"
         "# or merge it first and point model.foundation.options.checkpoint at the merged folder.\n"
-    )
+    ), None
 
 
-def _write_components(model: Any, tokenizer: Any, cfg: Any, out: Path, header: str = "") -> None:
+def _write_family_adapter(pending: Any, out: Path) -> None:
+    """Write ``out/foundation_lora``: the adapter held by :func:`_write_lora`, renamed to the
+    family class whose ``config.json`` is now in ``out`` (:func:`omnicore.model.lora.family_adapter`)."""
+    from safetensors.torch import save_file
+
+    from omnicore.model.lora import family_adapter
+
+    config, state = family_adapter(*pending, out)
+    adapter_dir = out / "foundation_lora"
+    adapter_dir.mkdir()
+    config.save_pretrained(str(adapter_dir))
+    save_file(state, str(adapter_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+def _write_components(model: Any, tokenizer: Any, cfg: Any, out: Path, header: str = "", family: Any = None) -> None:
     """The folders of the layout above, or for a published family (a foundation with
     ``export_pretrained``) the family's own layout at the top of ``out`` (its
     ``...ForConditionalGeneration.from_pretrained(out)`` loads it) plus ``omnicore.yaml``, whose
     foundation entry points at ``out`` itself and which leaves out the encoders the foundation
     brings again; decoders and encoders configured apart still get their folders."""
-    from omnicore.model.build import build_foundation
-
     section = cfg.model.model_dump()
     brought = set(getattr(cfg.model, "_brought", ()))
-    family = getattr(build_foundation(cfg), "export_pretrained", None)
-    if callable(family):
+    if family is not None:
         family(model, tokenizer, out)
         options = {k: v for k, v in cfg.model.foundation.options.items() if k != "config"}
         section["foundation"] = {"name": cfg.model.foundation.name, "options": {**options, "checkpoint": "."}}

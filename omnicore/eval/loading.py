@@ -46,14 +46,17 @@ def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None 
     """
     from omnicore.checkpoint.dcp import latest_checkpoint, load_checkpoint
     from omnicore.model.build import build_omni_model
-    from omnicore.model.lora import apply_lora, load_lora_adapter
+    from omnicore.model.lora import apply_lora, family_lm_prefixes, load_lora_adapter
     from omnicore.parallel.state import ParallelState
 
     if export is not None:
         cfg = cfg.model_copy(update={"model": model_config_from_export(export)})
         model, tokenizer = build_omni_model(cfg)
         if (Path(export) / "foundation_lora").is_dir():  # model.lora.export: adapter
-            load_lora_adapter(model.lm, Path(export) / "foundation_lora")
+            # a published family's export is its class's folder; its adapter is keyed by that class
+            family = (Path(export) / "config.json").is_file()
+            prefixes = [(new, old) for old, new in family_lm_prefixes(export, model.lm)] if family else None
+            load_lora_adapter(model.lm, Path(export) / "foundation_lora", prefixes)
     else:
         model, tokenizer = build_omni_model(cfg)
         apply_lora(model, cfg.model.lora)  # a LoRA run's checkpoint holds the adapter layers

@@ -163,10 +163,84 @@ def lora_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     return {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in sd.items()}
 
 
-def load_lora_adapter(module: nn.Module, folder: str | Path) -> list[str]:
+def family_lm_prefixes(folder: str | Path, lm: nn.Module) -> list[tuple[str, str]]:
+    """Where omnicore's language model sits inside a published family's class: ``[(omnicore
+    prefix, family prefix)]`` for its text model and its LM head, e.g. ``[("model",
+    "model.language_model"), ("lm_head", "lm_head")]`` for Qwen2-VL, Qwen2-Audio and LLaVA in
+    transformers 5.
+
+    The family class is ``folder/config.json``'s ``architectures[0]``, built on the meta device
+    (nothing is read or allocated); both sides are found through transformers' own
+    ``get_decoder()`` and ``get_output_embeddings()``, so no family's names are written here.
+
+    Raises:
+        ValueError: ``config.json`` names no transformers class, or either side lacks a decoder or
+            an LM head.
+    """
+    import transformers
+
+    folder = Path(folder)
+    config = transformers.AutoConfig.from_pretrained(str(folder))
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    cls = getattr(transformers, str(arch), None) if arch else None
+    if cls is None:
+        raise ValueError(f"{folder / 'config.json'}: architectures {getattr(config, 'architectures', None)} names no transformers class")
+    with torch.device("meta"):
+        family = cls(config)
+    pairs = []
+    for getter in ("get_decoder", "get_output_embeddings"):
+        paths = []
+        for root in (lm, family):
+            names = {id(m): n for n, m in root.named_modules()}
+            part = getattr(root, getter)()
+            if part is None or id(part) not in names:
+                raise ValueError(f"{type(root).__name__}.{getter}() gives no submodule: cannot place the LoRA adapter of {folder}")
+            paths.append(names[id(part)])
+        pairs.append((paths[0], paths[1]))
+    return pairs
+
+
+def _swap_prefix(name: str, pairs: list[tuple[str, str]]) -> str:
+    """``name`` with the first matching ``old`` module prefix of ``pairs`` replaced by its ``new``."""
+    for old, new in pairs:
+        if name == old or name.startswith(old + "."):
+            return new + name[len(old) :]
+    raise ValueError(f"LoRA layer {name!r} is under none of {[old for old, _ in pairs]}")
+
+
+def family_adapter(state: dict[str, torch.Tensor], config: Any, lm: nn.Module, folder: str | Path) -> tuple[Any, dict[str, torch.Tensor]]:
+    """A LoRA adapter of ``lm`` (omnicore's language model; ``state`` as :func:`lora_state_dict`
+    gave it, ``config`` as :func:`peft_adapter_config`) renamed to a PEFT adapter of the published
+    family class whose ``config.json`` is in ``folder``: ``(LoraConfig, state dict)``. Keys become
+    ``base_model.model.<family module>.lora_A.weight``; ``target_modules`` lists the adapted layers
+    by their full family names, so PEFT injects into those only (not into a tower's layers of the
+    same short name). ``PeftModel.from_pretrained(<Family>ForConditionalGeneration.from_pretrained(folder),
+    <adapter folder>)`` then gives the trained model. ``lm`` may have its adapters stripped already.
+
+    Raises:
+        ValueError: see :func:`family_lm_prefixes`.
+    """
+    import copy
+
+    pairs = family_lm_prefixes(folder, lm)
+    renamed = {}
+    for key, value in state.items():
+        layer, _, leaf = key.removeprefix("base_model.model.").partition(".lora_")
+        renamed[f"base_model.model.{_swap_prefix(layer, pairs)}.lora_{leaf}"] = value
+    config = copy.deepcopy(config)
+    config.target_modules = sorted({k.removeprefix("base_model.model.").partition(".lora_")[0] for k in renamed})
+    config.base_model_name_or_path = None
+    return config, renamed
+
+
+def load_lora_adapter(module: nn.Module, folder: str | Path, prefixes: list[tuple[str, str]] | None = None) -> list[str]:
     """Inject the PEFT adapter saved in ``folder`` (``adapter_config.json`` and
     ``adapter_model.safetensors``, as ``model.lora.export: adapter`` writes ``export/foundation_lora``)
     into ``module`` (the base foundation) and load its weights, strictly. Returns the adapted layer names.
+
+    ``prefixes``: ``[(family prefix, omnicore prefix)]`` for an adapter of a published family's
+    class (:func:`family_adapter`): its layer names are put back under ``module``'s and it is
+    injected into exactly those layers.
 
     Raises:
         ValueError: the adapter's tensors and the injected layers differ (the names are listed):
@@ -177,11 +251,17 @@ def load_lora_adapter(module: nn.Module, folder: str | Path) -> list[str]:
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    inject_adapter_in_model(PeftLoraConfig.from_pretrained(str(folder)), module, adapter_name=ADAPTER)
+    config = PeftLoraConfig.from_pretrained(str(folder))
     saved = {}
     for key, value in load_file(str(folder / "adapter_model.safetensors")).items():
         key = key.removeprefix("base_model.model.")
+        if prefixes:
+            layer, _, leaf = key.partition(".lora_")
+            key = f"{_swap_prefix(layer, prefixes)}.lora_{leaf}"
         saved[key.replace(".lora_A.", f".lora_A.{ADAPTER}.").replace(".lora_B.", f".lora_B.{ADAPTER}.")] = value
+    if prefixes:
+        config.target_modules = sorted({k.partition(".lora_")[0] for k in saved})
+    inject_adapter_in_model(config, module, adapter_name=ADAPTER)
     own = {n: p for n, p in module.named_parameters() if "lora_" in n}
     if set(own) != set(saved):
         only_file, only_model = sorted(set(saved) - set(own))[:4], sorted(set(own) - set(saved))[:4]
