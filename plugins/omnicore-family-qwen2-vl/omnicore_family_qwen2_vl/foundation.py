@@ -1,0 +1,147 @@
+"""``foundation/qwen2_vl``: a published Qwen2-VL or Qwen2.5-VL checkpoint as one config entry.
+
+The LM in omnicore's model is the checkpoint's mRoPE text model under its LM head
+(:func:`omnicore.api.build_mrope_lm`: ``Qwen2VLTextModel`` / ``Qwen2_5_VLTextModel``, keys
+``model.*`` and ``lm_head.*``), read from the checkpoint's language-model tensors in either layout;
+the tokenizer and chat template are the checkpoint's, unchanged; :meth:`Qwen2VLFoundation.encoders`
+brings the vision tower with its merger (``encoder/qwen2_vl_encoder``) for images, and the same
+module for video; :meth:`export_pretrained` writes the published layout back, which
+``Qwen2VLForConditionalGeneration.from_pretrained`` (``Qwen2_5_VL...``) loads. The model type is
+read from the checkpoint's ``config.json``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from omnicore.api import build_mrope_lm, on_meta
+from omnicore_family_qwen2_vl.loading import LM_RENAMES, TOWER_PARTS, plan_part
+from omnicore_family_qwen2_vl.processor import IMAGE_PAD, VIDEO_PAD, WRAP, Qwen2VLFoundationOptions, checkpoint_folder
+
+WHAT = "model.foundation.options.checkpoint"
+
+
+class Qwen2VLFoundation:
+    """The :class:`omnicore.api.Foundation` of a Qwen2-VL / Qwen2.5-VL checkpoint (reads no weights
+    until :meth:`build_model`'s plan is filled).
+
+    Args:
+        options: :class:`~omnicore_family_qwen2_vl.processor.Qwen2VLFoundationOptions`.
+
+    Raises:
+        ValueError: the checkpoint folder is not a Qwen2-VL / Qwen2.5-VL one (naming the field).
+    """
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = Qwen2VLFoundationOptions.model_validate(dict(options or {}))
+        self.folder = checkpoint_folder(self.options.checkpoint, WHAT)
+
+    def config(self) -> Any:
+        """The checkpoint's ``Qwen2VLConfig`` or ``Qwen2_5_VLConfig``."""
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(str(self.folder))
+
+    def build_tokenizer(self) -> Any:
+        """The checkpoint's tokenizer with its chat template (``AutoTokenizer.from_pretrained``)."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(self.folder))
+
+    def build_model(self, vocab_size: int, dtype: Any = None) -> Any:
+        """The mRoPE text LM under its head, on the meta device with the plan that reads the
+        checkpoint's language-model tensors (either layout) after sharding.
+
+        Args:
+            vocab_size: input embeddings needed; the model has ``max(text_config.vocab_size,
+                vocab_size)`` rows (rows beyond the checkpoint's get the mean of its rows).
+            dtype: floating-point dtype of the parameters (default float32).
+
+        Raises:
+            ValueError: the text config's ``mrope_section`` does not fit its head dim.
+            LoadError: (``ValueError``) the checkpoint's language-model tensors do not fit.
+        """
+        config = self.config()
+        rows = int(config.text_config.vocab_size)
+        with on_meta():
+            model = build_mrope_lm(config, vocab_size=vocab_size, dtype=dtype)
+        model.tie_weights()
+        grow: tuple[str, ...] = ()
+        if int(model.config.vocab_size) > rows:
+            ids = {id(p): n for n, p in model.named_parameters()}
+            grow = tuple(ids[id(m.weight)] for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None)
+        model.omnicore_pending_load = plan_part(model, self.folder, renames=LM_RENAMES, other_parts=TOWER_PARTS, what=WHAT, grow=grow)
+        return model
+
+    def encoders(self) -> dict[str, dict[str, Any]]:
+        """The entries the checkpoint brings: ``image`` (``encoder/qwen2_vl_encoder``, the tower with
+        its merger) and ``video`` (its processor only; its clips go to the image module:
+        ``share: image``)."""
+        folder = str(self.folder)
+        return {
+            "image": {"name": "qwen2_vl_encoder", "options": {"checkpoint": folder}},
+            "video": {"name": "qwen2_vl_encoder", "options": {"checkpoint": folder, "modality": "video"}, "share": "image"},
+        }
+
+    def part_names(self) -> dict[str, list[str]]:
+        """Family part names for ``train.freeze`` / ``train.lr_multipliers``: ``visual`` (the tower's
+        patch embedding and blocks), ``merger`` (its patch merger) and ``language_model``, with the
+        tower under the key ``image`` as :meth:`encoders` brings it."""
+        return {
+            "visual": ["encoders.image.visual.patch_embed.", "encoders.image.visual.blocks."],
+            "merger": ["encoders.image.visual.merger."],
+            "language_model": ["lm."],
+        }
+
+    def export_pretrained(self, model: Any, tokenizer: Any, folder: Path) -> None:
+        """Write ``folder`` in the published layout: ``config.json`` (the checkpoint's, with the
+        trained vocabulary size and the tokenizer's ids of the vision tokens), ``model.safetensors``
+        under the names transformers' ``save_pretrained`` writes (``visual.*``, ``model.*``,
+        ``lm_head.*``; no ``lm_head`` when the embeddings are tied), the tokenizer with its chat
+        template, the source's processor files and ``generation_config.json`` if it has one.
+
+        Args:
+            model: an unsharded CPU OmniModel (LoRA merged) whose vision encoder is this family's.
+
+        Raises:
+            ValueError: the model has not exactly one Qwen2-VL vision encoder.
+        """
+        from safetensors.torch import save_file
+
+        from omnicore_family_qwen2_vl.encoder import Qwen2VLVisionTower, copy_processor_files
+
+        towers = [m for m in model.encoders.values() if isinstance(m, Qwen2VLVisionTower)]
+        if len(towers) != 1:
+            raise ValueError(f"qwen2_vl export: the model needs exactly one encoder/qwen2_vl_encoder module, found {len(towers)}")
+        tower, lm = towers[0], model.lm
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors: dict[str, Any] = dict(tower.state_dict())
+        tied = bool(getattr(lm.config, "tie_word_embeddings", False))
+        for name, value in lm.state_dict().items():
+            if not (tied and name.startswith("lm_head.")):
+                tensors[name] = value
+        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        config = self.config()
+        config.text_config.vocab_size = int(lm.get_input_embeddings().weight.shape[0])
+        token_ids = {
+            "image_token_id": IMAGE_PAD,
+            "video_token_id": VIDEO_PAD,
+            "vision_start_token_id": WRAP[0],
+            "vision_end_token_id": WRAP[1],
+        }
+        for key, token in token_ids.items():
+            setattr(config, key, int(tokenizer.convert_tokens_to_ids(token)))
+        config.save_pretrained(folder)
+        copy_processor_files(self.folder, folder)
+        tokenizer.save_pretrained(folder)
+        if (self.folder / "generation_config.json").is_file() and self.folder.resolve() != folder.resolve():
+            shutil.copyfile(self.folder / "generation_config.json", folder / "generation_config.json")
+
+
+def build(options: dict[str, Any]) -> Qwen2VLFoundation:
+    """The foundation factory (``ComponentSpec.target`` of ``foundation/qwen2_vl``)."""
+    return Qwen2VLFoundation(options)

@@ -1,0 +1,502 @@
+"""The data side of the Qwen2-VL family: options, the checkpoint's own image and video
+processing, and the number of ``<|image_pad|>`` / ``<|video_pad|>`` tokens per item.
+
+Imports no model code: :func:`build_processor` reads the checkpoint folder's ``config.json`` and
+processor files (``preprocessor_config.json``, ``video_preprocessor_config.json`` or the nested
+``processor_config.json``), never its weights, so data workers build it from the options alone.
+
+Token rule (transformers' ``Qwen2VLProcessor`` / ``Qwen2_5_VLProcessor``): an image or clip whose
+patch grid is ``(gt, gh, gw)`` (``image_grid_thw`` / ``video_grid_thw``; images have ``gt = 1``)
+expands its placeholder to ``gt * gh * gw // merge_size**2`` tokens, wrapped in
+``<|vision_start|>`` ... ``<|vision_end|>``, which is also the number of rows the tower's merger
+gives it. In the LM those tokens sit on the grid ``(gt, gh / merge, gw / merge)`` (:meth:`grid`,
+for mRoPE); Qwen2.5-VL spaces a clip's frame groups by ``tokens_per_second * second_per_grid_t``
+positions (:meth:`time_interval`), Qwen2-VL by one.
+
+Images go through the checkpoint's image processor as ``AutoImageProcessor`` loads it (the PIL
+backend where torchvision is missing). Clips go through the checkpoint's video processor as
+``AutoVideoProcessor`` loads it where transformers can build it (it needs torchvision); elsewhere
+through :class:`FrameVideoProcessor`, which takes the same steps with the same settings (frame
+sampling, each frame resized and normalised by the image processor class, tubelets of
+``temporal_patch_size`` frames in the same patch order).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from omnicore.api import Video
+
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+WRAP = ("<|vision_start|>", "<|vision_end|>")
+MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+"""The composite model types this family reads (``config.json``'s ``model_type``)."""
+WHAT_TO_PUT = (
+    "point options.checkpoint at a Qwen2-VL or Qwen2.5-VL folder as published (Qwen/Qwen2-VL-2B-Instruct, "
+    "Qwen/Qwen2.5-VL-3B-Instruct, or what Qwen2VLForConditionalGeneration / Qwen2_5_VLForConditionalGeneration.save_pretrained "
+    "and the processor's save_pretrained write: config.json, model.safetensors, tokenizer and processor files)"
+)
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+"""The features of one item, under the names the HF model's ``forward`` takes."""
+
+
+class Qwen2VLEncoderOptions(BaseModel):
+    """Options of ``encoder/qwen2_vl_encoder``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: str = Field(
+        description=(
+            "A published Qwen2-VL or Qwen2.5-VL folder (config.json of ...ForConditionalGeneration, its safetensors and "
+            "processor files), or a Hub name in the local cache; its vision tower with the merger is loaded"
+        )
+    )
+    modality: Literal["image", "video"] = Field(
+        default="image",
+        description=(
+            "what this entry's processor reads: image (PIL images, the image processor, <|image_pad|>) or video "
+            "(omnicore.api.Video clips, the video processor, <|video_pad|>). The module encodes both; the video entry the "
+            "foundation brings shares the image module (share: image)"
+        ),
+    )
+
+
+class Qwen2VLFoundationOptions(BaseModel):
+    """Options of ``foundation/qwen2_vl``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: str = Field(
+        description=(
+            "A published Qwen2-VL or Qwen2.5-VL folder (config.json, safetensors, tokenizer and processor files), or a Hub "
+            "name in the local cache (e.g. Qwen/Qwen2-VL-2B-Instruct, Qwen/Qwen2.5-VL-3B-Instruct)"
+        )
+    )
+
+
+def checkpoint_folder(checkpoint: str, what: str) -> Path:
+    """``checkpoint`` as a folder whose ``config.json`` is a Qwen2-VL or Qwen2.5-VL one.
+
+    Raises:
+        ValueError: naming ``what`` and what to put there, when the folder or its ``config.json`` is
+            missing or its ``model_type`` is not one of :data:`MODEL_TYPES`.
+    """
+    folder = Path(checkpoint).expanduser()
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        raise ValueError(f"{what}: {str(folder)!r} has no config.json; {WHAT_TO_PUT}")
+    model_type = json.loads(cfg.read_text()).get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"{what}: {cfg} has model_type {model_type!r}, not one of {', '.join(MODEL_TYPES)}; {WHAT_TO_PUT}")
+    return folder
+
+
+def read_config_json(folder: Path) -> dict[str, Any]:
+    """The checkpoint's ``config.json`` as a dict (no transformers config class)."""
+    return json.loads((folder / "config.json").read_text())
+
+
+def tokens_per_second(folder: Path) -> float | None:
+    """Qwen2.5-VL's ``vision_config.tokens_per_second`` (transformers' default where the file has
+    none); None for Qwen2-VL."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(folder))
+    return float(config.vision_config.tokens_per_second) if config.model_type == "qwen2_5_vl" else None
+
+
+def video_settings(folder: Path, what: str) -> dict[str, Any]:
+    """The checkpoint's video processor settings, found where transformers looks for them, in its
+    order: ``processor_config.json``'s nested ``video_processor``, then
+    ``video_preprocessor_config.json``, then ``preprocessor_config.json`` (older Hub folders keep
+    one file for images and video).
+
+    Raises:
+        ValueError: naming ``what`` when the folder holds none of them.
+    """
+    nested = folder / "processor_config.json"
+    if nested.is_file():
+        data = json.loads(nested.read_text())
+        if isinstance(data.get("video_processor"), dict):
+            return dict(data["video_processor"])
+    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+        if (folder / name).is_file():
+            return json.loads((folder / name).read_text())
+    raise ValueError(
+        f"{what}: {str(folder)!r} has no video_preprocessor_config.json, preprocessor_config.json or processor_config.json; {WHAT_TO_PUT}"
+    )
+
+
+def load_image_processor(folder: Path, what: str) -> Any:
+    """The checkpoint's own image processor (``AutoImageProcessor.from_pretrained``; transformers
+    picks the PIL backend where torchvision is missing).
+
+    Raises:
+        ValueError: naming ``what`` when the folder has no image processor files.
+    """
+    from transformers import AutoImageProcessor
+
+    if not any((folder / f).is_file() for f in ("preprocessor_config.json", "processor_config.json")):
+        raise ValueError(f"{what}: {str(folder)!r} has no preprocessor_config.json or processor_config.json; {WHAT_TO_PUT}")
+    return AutoImageProcessor.from_pretrained(str(folder))
+
+
+def load_video_processor(folder: Path, what: str) -> Any:
+    """The checkpoint's own video processor: ``AutoVideoProcessor.from_pretrained`` where
+    torchvision is installed (transformers' ``Qwen2VLVideoProcessor`` needs it), else a
+    :class:`FrameVideoProcessor` of the same settings.
+
+    Raises:
+        ValueError: naming ``what`` when the folder has no processor files.
+    """
+    settings = video_settings(folder, what)
+    if importlib.util.find_spec("torchvision") is not None:
+        from transformers import AutoVideoProcessor
+
+        return AutoVideoProcessor.from_pretrained(str(folder))
+    return FrameVideoProcessor(settings)
+
+
+class FrameVideoProcessor:
+    """transformers' ``Qwen2VLVideoProcessor`` steps for machines where it cannot be built (it
+    needs torchvision): the same settings (read from the checkpoint's video processor file) and
+    the same call signature, so transformers' ``Qwen2VLProcessor`` can hold it too.
+
+    Per clip of ``T`` frames at ``fps`` (uint8 ``[T, H, W, 3]``):
+
+    1. with ``do_sample_frames``, the frames ``Qwen2VLVideoProcessor.sample_frames`` keeps
+       (``num_frames``, or ``fps`` frames per second bounded by ``min_frames`` / ``max_frames``,
+       a multiple of ``temporal_patch_size``, spread evenly), recorded in the metadata's
+       ``frames_indices`` (its ``sampled_fps`` is then ``len(indices) / T * fps``);
+    2. each frame resized (``smart_resize`` to multiples of ``patch_size * merge_size`` within the
+       ``size`` pixel bounds, capped per frame with ``cap_pixels_per_frame``), rescaled and
+       normalised by the PIL image processor class of the family with these settings;
+    3. the last frame repeated up to a multiple of ``temporal_patch_size`` and the frames cut into
+       tubelets: ``pixel_values_videos`` ``[gt * gh * gw, 3 * tp * P * P]`` in the video
+       processor's order (tubelet, then merge block, then patch in the block; each patch as
+       channel, frame, row, column) and ``video_grid_thw`` ``(gt, gh, gw)``.
+
+    Args:
+        settings: the video processor's dict (:func:`video_settings`); keys transformers' class
+            reads, its class defaults for the missing ones.
+    """
+
+    DEFAULTS: dict[str, Any] = {
+        "size": {"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768},
+        "resample": 3,
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "min_frames": 4,
+        "max_frames": 768,
+        "do_sample_frames": False,
+        "fps": None,
+        "num_frames": None,
+        "cap_pixels_per_frame": None,
+        "max_video_tokens": 128000,
+    }
+    """``Qwen2VLVideoProcessor``'s class defaults (transformers 5.24)."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        s = {k: settings[k] if settings.get(k) is not None else v for k, v in self.DEFAULTS.items()}
+        size = dict(settings.get("size") or self.DEFAULTS["size"])
+        if settings.get("min_pixels") is not None:
+            size["shortest_edge"] = int(settings["min_pixels"])
+        if settings.get("max_pixels") is not None:
+            size["longest_edge"] = int(settings["max_pixels"])
+        s["size"] = {"shortest_edge": int(size["shortest_edge"]), "longest_edge": int(size["longest_edge"])}
+        self.settings = s
+        self.patch_size, self.merge_size = int(s["patch_size"]), int(s["merge_size"])
+        self.temporal_patch_size = int(s["temporal_patch_size"])
+        self._image_processor: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"settings": self.settings}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["settings"])  # type: ignore[misc]
+
+    @property
+    def image_processor(self) -> Any:
+        """The PIL image processor that resizes and normalises each frame (built on first use)."""
+        if self._image_processor is None:
+            from transformers import Qwen2VLImageProcessorPil
+
+            s = self.settings
+            keys = ("resample", "do_resize", "do_rescale", "rescale_factor", "do_normalize", "do_convert_rgb", "image_mean", "image_std")
+            self._image_processor = Qwen2VLImageProcessorPil(
+                size=dict(s["size"]),
+                patch_size=self.patch_size,
+                merge_size=self.merge_size,
+                temporal_patch_size=1,
+                **{k: s[k] for k in keys},
+            )
+        return self._image_processor
+
+    def sample_indices(self, total: int, fps: float | None, num_frames: int | None = None, target_fps: float | None = None) -> np.ndarray:
+        """The frames ``Qwen2VLVideoProcessor.sample_frames`` keeps of a clip of ``total`` frames at
+        ``fps`` (``num_frames`` / ``target_fps``: call overrides of the settings).
+
+        Raises:
+            ValueError: ``num_frames`` and ``fps`` both given, fps sampling without the clip's fps,
+                or a clip too short to give one tubelet.
+        """
+        s, tp = self.settings, self.temporal_patch_size
+        num_frames = num_frames if num_frames is not None else s["num_frames"]
+        target_fps = target_fps if target_fps is not None else s["fps"]
+        if num_frames is not None and target_fps is not None:
+            raise ValueError("video processor: num_frames and fps are mutually exclusive; set only one")
+        n: int | None = None
+        if num_frames is not None:
+            n = round(num_frames / tp) * tp
+        elif target_fps is not None:
+            if fps is None:
+                raise ValueError("video processor: sampling at fps frames per second needs the clip's own fps")
+            most = math.floor(min(int(s["max_frames"]), total) / tp) * tp
+            want = min(max(total / fps * target_fps, int(s["min_frames"])), most, total)
+            n = math.floor(want / tp) * tp
+        if n is None:
+            return np.arange(total)
+        if n < 1 or n > total:
+            raise ValueError(f"video of {total} frames cannot be sampled to {n} frames (temporal_patch_size {tp}); give a longer clip")
+        return torch.arange(0, total, total / n).int().numpy()
+
+    def __call__(
+        self,
+        videos: Any,
+        video_metadata: Any = None,
+        return_metadata: bool = False,
+        return_tensors: Any = None,
+        do_sample_frames: bool | None = None,
+        num_frames: int | None = None,
+        fps: float | None = None,
+        **_: Any,
+    ) -> dict[str, Any]:
+        """Clips to ``{"pixel_values_videos": [sum gt*gh*gw, 3*tp*P*P], "video_grid_thw": int64
+        [B, 3]}`` (and ``"video_metadata"`` with ``return_metadata``), as transformers' video
+        processor returns them (float32 torch tensors whatever ``return_tensors`` says).
+
+        Args:
+            videos: one clip or a list of clips, each uint8 ``[T, H, W, 3]``.
+            video_metadata: one dict (or ``VideoMetadata``) per clip: ``total_num_frames``, ``fps``.
+            do_sample_frames, num_frames, fps: call overrides of the settings.
+
+        Raises:
+            ValueError: a clip is not uint8-like ``[T, H, W, 3]`` with ``T >= 1``; see :meth:`sample_indices`.
+        """
+        from transformers.video_utils import VideoMetadata
+
+        clips = [videos] if isinstance(videos, np.ndarray) and videos.ndim == 4 else list(videos)
+        metas = video_metadata if isinstance(video_metadata, (list, tuple)) else [video_metadata] * len(clips)
+        sample = self.settings["do_sample_frames"] if do_sample_frames is None else do_sample_frames
+        pixels, grids, out_meta = [], [], []
+        for clip, meta in zip(clips, metas, strict=True):
+            frames = np.asarray(clip)
+            if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
+                raise ValueError(f"video frames must be [T, H, W, 3] with T >= 1, got {tuple(frames.shape)}")
+            if meta is None:
+                md = VideoMetadata(total_num_frames=len(frames), fps=None, frames_indices=list(range(len(frames))))
+            else:
+                md = meta if isinstance(meta, VideoMetadata) else VideoMetadata(**dict(meta))
+            if sample:
+                idx = self.sample_indices(len(frames), md.fps, num_frames, fps)
+                md.frames_indices = idx.tolist()
+                frames = frames[idx]
+            patches, grid = self.clip_patches(frames)
+            pixels.append(patches)
+            grids.append(grid)
+            out_meta.append(md)
+        out: dict[str, Any] = {"pixel_values_videos": torch.cat(pixels), "video_grid_thw": torch.tensor(grids, dtype=torch.long)}
+        if return_metadata:
+            out["video_metadata"] = out_meta
+        return out
+
+    def clip_patches(self, frames: np.ndarray) -> tuple[torch.Tensor, tuple[int, int, int]]:
+        """Sampled frames uint8 ``[F, H, W, 3]`` to ``(pixel_values_videos [gt*gh*gw, 3*tp*P*P],
+        (gt, gh, gw))`` (steps 2 and 3 of the class docstring)."""
+        s, tp, p = self.settings, self.temporal_patch_size, self.patch_size
+        size = dict(s["size"])
+        if s["cap_pixels_per_frame"]:  # Qwen2VLVideoProcessor.resize: a share of the whole clip's pixel budget per frame
+            factor = p * self.merge_size
+            total_pixels = int(int(s["max_video_tokens"]) * factor * factor * 0.9)
+            size["longest_edge"] = max(min(size["longest_edge"], total_pixels * tp // len(frames)), int(size["shortest_edge"] * 1.05))
+        out = self.image_processor(images=list(frames), size=size, return_tensors="pt")
+        grid = out["image_grid_thw"][0]
+        gh, gw = int(grid[1]), int(grid[2])
+        per_frame = out["pixel_values"].reshape(len(frames), gh * gw, 3, p, p)
+        if pad := -len(frames) % tp:
+            per_frame = torch.cat([per_frame, per_frame[-1:].expand(pad, -1, -1, -1, -1)])
+        gt = per_frame.shape[0] // tp
+        tubelets = per_frame.reshape(gt, tp, gh * gw, 3, p, p).permute(0, 2, 3, 1, 4, 5)
+        return tubelets.reshape(gt * gh * gw, 3 * tp * p * p).contiguous(), (gt, gh, gw)
+
+
+class Qwen2VLMediaProcessor:
+    """The :class:`omnicore.api.Processor` of the Qwen2-VL encoder for one modality (picklable,
+    no weights).
+
+    Attributes:
+        modality: ``"image"`` or ``"video"``.
+        placeholder: ``<|image_pad|>`` or ``<|video_pad|>``; ``wrap``: ``(<|vision_start|>,
+            <|vision_end|>)``: the checkpoint's own tokens, as its chat template and processor write them.
+        image_processor: the checkpoint's image processor; video_processor: its video processor
+            (see :func:`load_video_processor`); only the one of :attr:`modality` is used.
+        merge_size: patches merged per side into one token; tokens_per_second: Qwen2.5-VL's
+            positions per second of video (None for Qwen2-VL: frame groups are counted).
+    """
+
+    wrap = WRAP
+
+    def __init__(self, modality: str, image_processor: Any, video_processor: Any, *, tokens_per_second: float | None = None) -> None:
+        if modality not in ("image", "video"):
+            raise ValueError(f"qwen2_vl processor: modality must be 'image' or 'video', got {modality!r}")
+        self.modality = modality
+        self.placeholder = IMAGE_PAD if modality == "image" else VIDEO_PAD
+        self.image_processor = image_processor
+        self.video_processor = video_processor
+        source = image_processor if modality == "image" else video_processor
+        self.merge_size = int(source.merge_size)
+        self.temporal_patch_size = int(source.temporal_patch_size)
+        self.patch_size = int(source.patch_size)
+        self.tokens_per_second = tokens_per_second
+
+    def preprocess(self, media: Any) -> dict[str, torch.Tensor]:
+        """One item to the checkpoint processor's features.
+
+        Args:
+            media: a ``PIL.Image.Image`` (image; any mode, converted to RGB as the image processor
+                does) or an :class:`omnicore.api.Video` (video: uint8 ``frames [T, H, W, 3]`` and ``fps``).
+
+        Returns:
+            image: ``{"pixel_values": float32 [gh * gw, 3 * tp * P * P], "image_grid_thw": int64
+            [3]}`` (``(1, gh, gw)``); video: ``{"pixel_values_videos": float32 [gt * gh * gw, 3 * tp
+            * P * P], "video_grid_thw": int64 [3], "second_per_grid_ts": float32 []}`` (seconds of
+            video per frame group: ``temporal_patch_size / sampled fps``, as
+            ``Qwen2_5_VLProcessor`` computes it).
+
+        Raises:
+            TypeError: the medium is not a PIL image (image) or a Video (video).
+            ValueError: the frames are not ``[T, H, W, 3]``, or the processor refuses the item
+                (an aspect ratio above 200, a clip too short to sample).
+        """
+        if self.modality == "image":
+            from PIL import Image
+
+            if not isinstance(media, Image.Image):
+                raise TypeError(f"qwen2_vl image processor expects a PIL image (omnicore.api.load_image), got {type(media).__name__}")
+            out = self.image_processor(images=[media], return_tensors="pt")
+            return {
+                "pixel_values": out["pixel_values"].to(torch.float32).contiguous(),
+                "image_grid_thw": out["image_grid_thw"][0].to(torch.long),
+            }
+        if not isinstance(media, Video):
+            raise TypeError(f"qwen2_vl video processor expects an omnicore.api.Video (omnicore.api.load_video), got {type(media).__name__}")
+        frames = np.asarray(media.frames)
+        if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
+            raise ValueError(f"video frames must be uint8 [T, H, W, 3] with T >= 1, got {frames.dtype} {tuple(frames.shape)}")
+        meta = {"total_num_frames": len(frames), "fps": float(media.fps), "height": frames.shape[1], "width": frames.shape[2]}
+        out = self.video_processor(videos=[frames], video_metadata=[meta], return_metadata=True, return_tensors="pt")
+        sampled_fps = float(out["video_metadata"][0].sampled_fps)
+        return {
+            "pixel_values_videos": out["pixel_values_videos"].to(torch.float32).contiguous(),
+            "video_grid_thw": out["video_grid_thw"][0].to(torch.long),
+            "second_per_grid_ts": torch.tensor(self.temporal_patch_size / sampled_fps, dtype=torch.float32),
+        }
+
+    def _grid_thw(self, features: dict[str, Any]) -> tuple[int, int, int]:
+        """The patch grid ``(gt, gh, gw)`` of valid features; ValueError naming what is wrong otherwise."""
+        pv_key, grid_key = ("pixel_values", "image_grid_thw") if self.modality == "image" else ("pixel_values_videos", "video_grid_thw")
+        grid = features.get(grid_key) if isinstance(features, dict) else None
+        pv = features.get(pv_key) if isinstance(features, dict) else None
+        if grid is None or pv is None or tuple(torch.as_tensor(grid).shape) != (3,):
+            raise ValueError(f"qwen2_vl {self.modality} features must hold {pv_key} and {grid_key} [3] (from preprocess)")
+        gt, gh, gw = (int(v) for v in torch.as_tensor(grid))
+        m = self.merge_size
+        if pv.shape[0] != gt * gh * gw or gh % m or gw % m:
+            raise ValueError(f"qwen2_vl {self.modality} features: {pv_key} {tuple(pv.shape)} does not fit {grid_key} {(gt, gh, gw)}")
+        return gt, gh, gw
+
+    def num_tokens(self, features: dict[str, Any]) -> int:
+        """Placeholder tokens (and merged rows) of one item: ``gt * gh * gw // merge_size**2``, as
+        the HF processor expands them.
+
+        Raises:
+            ValueError: the features are not those :meth:`preprocess` makes.
+        """
+        gt, gh, gw = self._grid_thw(features)
+        return gt * gh * gw // self.merge_size**2
+
+    def grid(self, features: dict[str, Any]) -> tuple[int, int, int]:
+        """The ``(t, h, w)`` layout of the item's tokens in the LM: ``(gt, gh / merge, gw / merge)``,
+        tokens in ``t, h, w`` raster order (the merger's order), for mRoPE."""
+        gt, gh, gw = self._grid_thw(features)
+        return gt, gh // self.merge_size, gw // self.merge_size
+
+    def time_interval(self, features: dict[str, Any]) -> float:
+        """Positions per frame group along ``t``: Qwen2.5-VL's ``tokens_per_second *
+        second_per_grid_t`` for a clip (a float32 product, as its ``get_rope_index`` computes it);
+        1 for images and for Qwen2-VL (whose ``get_rope_index`` counts frame groups)."""
+        if self.modality != "video" or self.tokens_per_second is None:
+            return 1.0
+        second = torch.as_tensor(features["second_per_grid_ts"], dtype=torch.float32)
+        return float(self.tokens_per_second * second)
+
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Concatenate items in order, under the HF model's input names: images ``pixel_values
+        [sum gh*gw, D]`` and ``image_grid_thw [B, 3]``; clips ``pixel_values_videos [sum
+        gt*gh*gw, D]``, ``video_grid_thw [B, 3]`` and ``second_per_grid_ts [B]``.
+
+        Raises:
+            ValueError: ``items`` is empty, or an item's features are invalid (its index named).
+        """
+        if not items:
+            raise ValueError(f"qwen2_vl {self.modality} processor: collate() needs at least one item")
+        for i, item in enumerate(items):
+            try:
+                self._grid_thw(item)
+            except ValueError as exc:
+                raise ValueError(f"item {i}: {exc}") from None
+        if self.modality == "image":
+            return {
+                "pixel_values": torch.cat([torch.as_tensor(it["pixel_values"]) for it in items]),
+                "image_grid_thw": torch.stack([torch.as_tensor(it["image_grid_thw"], dtype=torch.long) for it in items]),
+            }
+        return {
+            "pixel_values_videos": torch.cat([torch.as_tensor(it["pixel_values_videos"]) for it in items]),
+            "video_grid_thw": torch.stack([torch.as_tensor(it["video_grid_thw"], dtype=torch.long) for it in items]),
+            "second_per_grid_ts": torch.stack([torch.as_tensor(it["second_per_grid_ts"], dtype=torch.float32) for it in items]),
+        }
+
+
+def build_processor(options: dict[str, Any]) -> Qwen2VLMediaProcessor:
+    """The processor factory of ``encoder/qwen2_vl_encoder``: reads the checkpoint's ``config.json``
+    and processor files only.
+
+    Raises:
+        ValueError: the folder is not a Qwen2-VL / Qwen2.5-VL checkpoint, or has no processor files.
+        pydantic.ValidationError: unknown option keys or bad values.
+    """
+    opts = Qwen2VLEncoderOptions.model_validate(dict(options or {}))
+    what = f"model.encoders.{opts.modality}.options.checkpoint"
+    folder = checkpoint_folder(opts.checkpoint, what)
+    tps = tokens_per_second(folder)
+    image = load_image_processor(folder, what) if opts.modality == "image" else None
+    video = load_video_processor(folder, what) if opts.modality == "video" else None
+    return Qwen2VLMediaProcessor(opts.modality, image, video, tokens_per_second=tps)
