@@ -176,7 +176,9 @@ class LlavaImageProcessor:
             raise ValueError("llava encoder: collate() needs at least one item")
         shapes = {tuple(it["pixel_values"].shape) for it in items}
         if len(shapes) > 1:
-            raise ValueError(f"llava encoder: images of different pixel shapes {sorted(shapes)} in one batch; the image processor must give one size")
+            raise ValueError(
+                f"llava encoder: images of different pixel shapes {sorted(shapes)} in one batch; the image processor must give one size"
+            )
         return {"pixel_values": torch.stack([torch.as_tensor(it["pixel_values"]) for it in items])}
 
 

@@ -179,9 +179,7 @@ def save_standin(
                 p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(folder)
     if clip:
-        image_processor = CLIPImageProcessorPil(
-            size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
-        )
+        image_processor = CLIPImageProcessorPil(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})
     else:
         image_processor = SiglipImageProcessorPil(size={"height": image_size, "width": image_size})
     processor = LlavaProcessor(
