@@ -101,11 +101,6 @@ def checkpoint_folder(checkpoint: str, what: str) -> Path:
     return folder
 
 
-def read_config_json(folder: Path) -> dict[str, Any]:
-    """The checkpoint's ``config.json`` as a dict (no transformers config class)."""
-    return json.loads((folder / "config.json").read_text())
-
-
 def tokens_per_second(folder: Path) -> float | None:
     """Qwen2.5-VL's ``vision_config.tokens_per_second`` (transformers' default where the file has
     none); None for Qwen2-VL."""
