@@ -192,6 +192,15 @@ def add_foundation_encoders(cfg: Config, registry: Registry, foundation: Any = N
         if key in m.encoders:
             continue
         try:
+            entry = dict(entry)
+            # the foundation was given its paths resolved (relative to the working directory); a
+            # brought entry's are made absolute so that they are not taken as relative to the config again
+            options = dict(entry.get("options") or {})
+            for name in PATH_OPTIONS:
+                value = options.get(name)
+                if isinstance(value, str) and not Path(value).is_absolute() and Path(value).exists():
+                    options[name] = str(Path(value).absolute())
+            entry["options"] = options
             m.encoders[key] = ComponentConfig.model_validate(entry)
             m._brought.add(key)
         except ValueError as exc:
