@@ -1,0 +1,63 @@
+"""Each published family (stand-ins of Qwen2-Audio, Qwen2-VL and LLaVA: towers, projector or
+merger and language model from one checkpoint) trains on 2 FSDP2 processes to the losses of one
+process with the same samples per step (``grad_accum: 2`` there, 1 per rank here), on samples
+that hold their media."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import wave
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from omnicore.testing.distributed import max_rel_diff, run_distributed
+
+MODULES = {"qwen2_audio": "omnicore_family_qwen2_audio", "qwen2_vl": "omnicore_family_qwen2_vl", "llava": "omnicore_family_llava"}
+MEDIA = {"qwen2_audio": "audio", "qwen2_vl": "image", "llava": "image"}
+
+
+def _write_media(folder, family, i):
+    rng = np.random.default_rng(i)
+    if MEDIA[family] == "audio":
+        samples = (0.2 * rng.standard_normal(4000 + 800 * i)).clip(-1, 1)
+        with wave.open(str(folder / f"m{i}.wav"), "wb") as w:
+            w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+            w.writeframes((samples * 32767).astype("<i2").tobytes())
+        return [{"type": "text", "text": "Audio 1: "}, {"type": "audio", "path": f"m{i}.wav"}, {"type": "text", "text": "\nWhat?"}]
+    Image.fromarray(rng.integers(0, 256, (48 + 8 * (i % 3), 56, 3), dtype=np.uint8)).save(folder / f"m{i}.png")
+    return [{"type": "image", "path": f"m{i}.png"}, {"type": "text", "text": "What?"}]
+
+
+def losses(family, folder, data, out, grad_accum):  # module level: each spawned rank imports it by name
+    from omnicore.testing import Config, train
+
+    cfg = Config.model_validate(
+        {
+            "run": {"output_dir": out, "seed": 0},
+            "model": {"foundation": {"name": family, "options": {"checkpoint": folder}}},
+            "data": {"train": data, "max_tokens": 256},
+            "train": {"max_steps": 3, "grad_accum": grad_accum, "progress": False, "export": False, "lr": 1e-2, "warmup_steps": 0},
+            "parallel": {"strategies": ["fsdp2"], "backend": "gloo"},
+        }
+    )
+    return [row["loss"] for row in train(cfg)]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("family", sorted(MODULES))
+def test_two_fsdp2_processes_equal_one(tmp_path, family):
+    folder = importlib.import_module(f"{MODULES[family]}.standin").save_standin(tmp_path / "standin")
+    rows = []
+    for i in range(12):
+        user = _write_media(tmp_path, family, i)
+        rows.append({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": f"answer {i % 4}"}]})
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    one = losses(family, str(folder), str(data), str(tmp_path / "one"), 2)
+    two = run_distributed(losses, 2, args=(family, str(folder), str(data), str(tmp_path / "two"), 1), timeout=600)
+    assert two[0] == two[1]
+    assert max_rel_diff(two[0], one) <= 1e-5, (one, two[0])
+    assert one[-1] < one[0]  # it trains: the loss falls over the 3 steps
