@@ -14,7 +14,8 @@ What is here, by topic:
 * **Registration**: :data:`hookimpl`, :class:`ComponentSpec`, :data:`KINDS`,
   :data:`CORE_API_VERSION`; :class:`Registry` (``Registry.discover().build(kind, name, options)``
   builds any installed component, as a run does) and :class:`RegistryError`.
-* **Contracts**: :class:`Processor`, :class:`Encoder`, :class:`Decoder`, :class:`Foundation` (with
+* **Contracts**: :class:`Processor`, :class:`Encoder` (with :class:`EncoderOutput`, rows for
+  the foundation's intermediate layers), :class:`Decoder`, :class:`Foundation` (with
   :class:`FoundationOptional`),
   :class:`ParallelModel`, :class:`ParallelStrategy` (with :class:`ParallelStrategyOptional`,
   :class:`SequenceParallel`, :class:`ParallelStateView`), :class:`Kernel` (with
@@ -56,6 +57,7 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.components import CrossEntropyKernel as CrossEntropyKernel
     from omnicore.components import Decoder as Decoder
     from omnicore.components import Encoder as Encoder
+    from omnicore.components import EncoderOutput as EncoderOutput
     from omnicore.components import Foundation as Foundation
     from omnicore.components import FoundationOptional as FoundationOptional
     from omnicore.components import Kernel as Kernel
@@ -118,6 +120,7 @@ _EXPORTS: dict[str, str] = {
     # contracts: one Protocol per kind, and their parts
     "Processor": "omnicore.components",
     "Encoder": "omnicore.components",
+    "EncoderOutput": "omnicore.components",
     "Decoder": "omnicore.components",
     "Foundation": "omnicore.components",
     "FoundationOptional": "omnicore.components",

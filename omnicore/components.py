@@ -153,6 +153,13 @@ class Processor(Protocol):
     optionally ``time_interval(features) -> float``: rotary positions per frame group along ``t``
     (Qwen2.5-VL's ``tokens_per_second * second_per_grid_t``; default 1, frame groups counted).
 
+    Optional (encoders, with ``grid``): ``runs(features) -> list[tuple[str, tuple[int, int, int]]]``,
+    for an item written as several runs of placeholders with text between them (Qwen3-VL writes a
+    clip as one ``<t seconds>`` timestamp and one wrapped run per frame group): per run, the text
+    written before it (tokenized as plain text, ``""`` for none) and its ``(t, h, w)`` grid; the
+    runs' tokens add up to ``num_tokens(features)``, each run is wrapped in ``wrap`` and laid out as
+    its own mRoPE block. Without it an item is one run: its ``grid``, no text.
+
     Optional (encoders): ``placeholder``, the token string written ``num_tokens`` times for one
     item (default ``<|{modality}_pad|>``), and ``wrap``, a pair of token strings written before and
     after that run (default none). A published family names its checkpoint's own tokens
@@ -183,6 +190,26 @@ class Processor(Protocol):
         (encoder) or ``encode`` (decoder)."""
 
 
+@dataclass
+class EncoderOutput:
+    """What an encoder's ``forward`` may return instead of a plain ``[N, H]`` tensor: rows for the
+    placeholders plus rows that feed the foundation's intermediate layers (DeepStack, Meng et al.
+    2024, as Qwen3-VL uses it: features of some intermediate vision-tower layers, each through its
+    own merger, are added to the LM's hidden states at the visual positions after its first
+    decoder layers; see transformers' ``Qwen3VLTextModel``).
+
+    Attributes:
+        embeds: ``[N, H]``, scattered into the placeholders as a plain encoder output is.
+        layer_embeds: one ``[N, H]`` tensor per foundation layer they feed, in layer order, rows
+            in the same order as ``embeds``. :class:`omnicore.model.omni.OmniModel` gathers them
+            over every encoder modality in sequence order and hands them to the foundation's
+            ``layer_inputs`` (:class:`FoundationOptional`).
+    """
+
+    embeds: Any
+    layer_embeds: list[Any] = field(default_factory=list)
+
+
 @runtime_checkable
 class Encoder(Protocol):
     """An input-side modality encoder (VeOmni's ``lm_encode``): media to ``H``-wide embeddings.
@@ -202,7 +229,9 @@ class Encoder(Protocol):
 
     def forward(self, batch: dict[str, Any]) -> Any:
         """Encode a batch from :meth:`Processor.collate`: returns ``[sum(num_tokens(item)), H]`` in
-        item order."""
+        item order, or an :class:`EncoderOutput` holding those rows and, per foundation layer they
+        feed, another ``[sum(num_tokens(item)), H]`` (the foundation's ``layer_inputs`` takes them;
+        :class:`FoundationOptional`)."""
 
     def dummy_batch(self) -> dict[str, Any]:
         """A one-item collated batch used when a rank's micro-batch lacks this modality.
@@ -322,6 +351,13 @@ class FoundationOptional(Protocol):
         and processor files), from an unsharded CPU :class:`ParallelModel` whose LoRA adapters are
         merged."""
 
+    def layer_inputs(self, mask: Any, per_layer: list[Any]) -> dict[str, Any]:
+        """The foundation's keyword arguments that carry encoder rows into its intermediate layers
+        (see :class:`EncoderOutput`): ``mask`` bool ``[B, T]`` marks the positions of every encoder
+        placeholder whose encoder returned layer rows, ``per_layer`` holds one ``[n, H]`` tensor per
+        layer (``n = mask.sum()``, rows in sequence order). Read once, when the model is built;
+        required when an encoder returns :class:`EncoderOutput` with layer rows."""
+
     def part_names(self) -> dict[str, list[str]]:
         """The family's part names (``vision_tower``, ``merger``, ``language_model``) -> parameter
         name prefixes in the model, accepted by ``train.freeze`` and ``train.lr_multipliers``."""
@@ -399,7 +435,10 @@ class ParallelModel(Protocol):
         (int32 ``[n+1]``, the packed samples' boundaries in the row, FlashAttention's varlen
         convention) and ``max_seqlen`` (int); and ``foundation_kwargs`` (extra keyword arguments of
         the foundation's forward, which transformers passes down to the attention function); with an
-        mRoPE foundation also ``rope_position_ids`` ``[3, 1, T]`` (cut like ``position_ids``). A hook
+        mRoPE foundation also ``rope_position_ids`` ``[3, 1, T]`` (cut like ``position_ids``); and
+        ``layer_inputs``, the names of the ``foundation_kwargs`` that carry encoder rows into the
+        foundation's intermediate layers (``FoundationOptional.layer_inputs``; empty when none): a
+        hook that slices the sequence must slice those too, or raise. A hook
         returns the same keys, possibly sliced to this rank's part of the sequence; the losses are
         then sums over that part. ``cu_seqlens`` always describes the *whole* row (attention
         wrappers that gather the sequence use it). Returns a handle whose ``remove()`` unregisters.

@@ -463,14 +463,37 @@ class ChatProcessor:
                 features, enc = self._media(part.type, part.value, "encoder", where)
                 n = int(enc.num_tokens(features))
                 before, after = self.wrap_ids.get(part.type, ([], []))
-                out.add(before, False)
-                if self.rope is not None and callable(getattr(enc, "grid", None)):
-                    block: tuple[Any, ...] = (len(out.ids), self._grid(enc, features, n, part.type, where))
-                    interval = getattr(enc, "time_interval", None)
-                    out.blocks.append(block + (float(interval(features)),) if callable(interval) else block)
-                out.add([self.enc_ids[part.type]] * n, False)
-                out.add(after, False)
+                gridded = self.rope is not None and callable(getattr(enc, "grid", None))
+                interval = getattr(enc, "time_interval", None) if gridded else None
+                for text, count, grid in self._runs(enc, features, n, part.type, where, gridded):
+                    out.add(self._piece(text) if text else [], False)
+                    out.add(before, False)
+                    if grid is not None:
+                        block: tuple[Any, ...] = (len(out.ids), grid)
+                        out.blocks.append(block + (float(interval(features)),) if callable(interval) else block)
+                    out.add([self.enc_ids[part.type]] * count, False)
+                    out.add(after, False)
                 out.media.append(("encoder", part.type, features))
+
+    def _runs(
+        self, proc: Any, features: dict[str, Any], n: int, kind: str, where: str, gridded: bool
+    ) -> list[tuple[str, int, tuple[int, int, int] | None]]:
+        """The runs one encoder item is written as: ``(text before, placeholders, grid or None)``
+        each: the processor's optional ``runs(features)`` (text between runs, one grid each), else
+        one run of ``n`` placeholders with its ``grid`` (``gridded``: an mRoPE foundation and a
+        processor with ``grid``)."""
+        runs = getattr(proc, "runs", None)
+        if not callable(runs):
+            return [("", n, self._grid(proc, features, n, kind, where) if gridded else None)]
+        out = []
+        for text, grid in runs(features):
+            t, h, w = (int(x) for x in grid)
+            if min(t, h, w) < 1:
+                raise SampleError(f"{where}: the {kind} processor's runs give a grid {(t, h, w)} with an empty side")
+            out.append((str(text), t * h * w, (t, h, w) if gridded else None))
+        if sum(c for _, c, _ in out) != n:
+            raise SampleError(f"{where}: the {kind} processor's runs hold {sum(c for _, c, _ in out)} tokens, not its num_tokens {n}")
+        return out
 
 
 @dataclass

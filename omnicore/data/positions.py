@@ -12,8 +12,8 @@ three positions per token, one per axis (time, height, width; Wang et al. 2024, 
   token at ``(i, j, k)``;
 * the text after a media block starts at ``max + 1`` over the block (the paper's rule, and
   Qwen2.5-Omni's ``get_rope_index`` in transformers 5.24), or, for :data:`SPATIAL_ADVANCE` model
-  types, at ``s + max(h, w)``: transformers 5.24's ``get_rope_index`` of Qwen2-VL and Qwen2.5-VL
-  advances by the spatial extent only. The two agree unless ``t > max(h, w)`` (a video with more
+  types, at ``s + max(h, w)``: transformers 5.24's ``get_rope_index`` of Qwen2-VL, Qwen2.5-VL
+  and Qwen3-VL advances by the spatial extent only. The two agree unless ``t > max(h, w)`` (a video with more
   frame groups than its side has tokens); each model type follows its own library function, so a
   model trained here sees the positions its library gives it at inference.
 
@@ -32,11 +32,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen2_5_omni_thinker", "qwen2_5_omni_text"})
+MROPE_MODEL_TYPES = frozenset(
+    {"qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text", "qwen2_5_omni_thinker", "qwen2_5_omni_text"}
+)
 """transformers model types whose text model rotates by 3-D positions (mRoPE) by the rule of this
 module (the ones :mod:`omnicore.model.mrope` builds)."""
 
-SPATIAL_ADVANCE = frozenset({"qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"})
+SPATIAL_ADVANCE = frozenset({"qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text"})
 """Model types whose library rule starts the text after a media block at ``start + max(h, w)``."""
 
 AFTER_MEDIA = ("max", "spatial")
@@ -63,8 +65,10 @@ def rope_layout(config: Any) -> RopeLayout | None:
     mRoPE is recognised by the model type (:data:`MROPE_MODEL_TYPES`, of the config or its text
     config), not by an ``mrope_section`` in the rope parameters: transformers' default configs of
     these types name none (their rotary embedding then uses ``[16, 24, 24]``), and other families
-    with one (Qwen3-VL: interleaved sections, timestamps between frames) follow other rules and take
-    other inputs.
+    with one may follow other rules. Qwen3-VL follows this one: its text model interleaves the
+    axes' frequencies itself, and its processor writes each frame group of a clip as its own
+    block (``t = 1``, timestamps as text between them: ``Processor.runs``), as its
+    ``get_rope_index`` splits ``video_grid_thw`` per frame group.
     """
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     types = {getattr(config, "model_type", None), getattr(text, "model_type", None)}

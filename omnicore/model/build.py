@@ -311,6 +311,9 @@ def build_omni_model(cfg: Config, registry: Registry | None = None, *, defer_loa
         raise RegistryError(" ".join(str(exc).split())) from exc
     if "cross_entropy" in kernels:
         model.cross_entropy = kernels["cross_entropy"]
+    layer_inputs = getattr(foundation, "layer_inputs", None)
+    if callable(layer_inputs):
+        model.layer_inputs = layer_inputs
     family_parts = getattr(foundation, "part_names", None)
     if callable(family_parts):
         model.part_names = {str(k): [str(p).rstrip(".") for p in v] for k, v in dict(family_parts()).items()}

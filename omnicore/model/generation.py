@@ -2,8 +2,9 @@
 
 Several prompts run in one forward: they are left-padded to the longest (``attention_mask`` 0 on the
 padding, ``position_ids`` counted from each prompt's first real token, so every row sees the
-positions it would see alone), their media placeholders are merged by :meth:`OmniModel.embed` once
-for the whole batch, and the first forward fills the foundation's KV cache
+positions it would see alone), their media placeholders are merged by :meth:`OmniModel.embed_inputs` once
+for the whole batch, and the first forward (with the encoders' layer inputs, if any: DeepStack)
+fills the foundation's KV cache
 (``transformers.DynamicCache``). Then every row advances one token per forward. With an mRoPE
 foundation (``model.rope``) each row also carries its prompt's 3-D positions (from the processor,
 ``Encoded.rope_position_ids``), and new tokens continue one past the prompt's largest position.
@@ -97,20 +98,27 @@ class _Row:
     done: bool = False
 
 
-def _prefill_embeds(model: Any, prompts: list[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded input embeddings ``[B, T, H]`` (media merged) and the attention mask ``[B, T]``."""
+def _prefill_embeds(model: Any, prompts: list[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Left-padded input embeddings ``[B, T, H]`` (media merged), the attention mask ``[B, T]`` and
+    the foundation's layer inputs of the prompts' media (``OmniModel.layer_kwargs``: their
+    positions re-laid on the padded ``[B, T]``; ``{}`` when no encoder gives layer rows)."""
     mb = collate(prompts, encoder_processors(model), module_processors(model.decoders, "decoder"))
-    embeds, _, _ = model.embed(mb.input_ids.to(device), to_device(mb.encoder_inputs, device), {}, mb.wheres)
+    embeds, _, _, layers = model.embed_inputs(mb.input_ids.to(device), to_device(mb.encoder_inputs, device), {}, mb.wheres)
     lens = [len(p) for p in prompts]
     width = max(lens)
     x = embeds.new_zeros(len(prompts), width, embeds.shape[-1])
     mask = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
+    where = None if layers is None else torch.zeros(len(prompts), width, dtype=torch.bool, device=device)
     start = 0
     for i, n in enumerate(lens):
         x[i, width - n :] = embeds[0, start : start + n]
         mask[i, width - n :] = 1
+        if where is not None:
+            where[i, width - n :] = layers.mask[0, start : start + n]
         start += n
-    return x, mask
+    if layers is not None:  # row-major order over the padded rows is the packed row's order: the rows stay as they are
+        layers = type(layers)(where, layers.per_layer)
+    return x, mask, model.layer_kwargs(layers)
 
 
 def _rope_prefill(model: Any, prompts: list[Encoded], mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -137,9 +145,10 @@ def _with_rope(pos: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
     return pos if rope is None else torch.cat([pos.unsqueeze(0), rope], dim=0)
 
 
-def _forward(model: Any, x: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
-    """The foundation on ``x [B, t, H]`` with the cache; the last position's hidden state ``[B, H]``."""
-    out = model.lm.base_model(inputs_embeds=x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+def _forward(model: Any, x: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any, **extra: Any) -> torch.Tensor:
+    """The foundation on ``x [B, t, H]`` with the cache (``extra``: the prefill's layer inputs); the
+    last position's hidden state ``[B, H]``."""
+    out = model.lm.base_model(inputs_embeds=x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, **extra)
     return out.last_hidden_state[:, -1]
 
 
@@ -181,11 +190,11 @@ def generate_batch(
     eos = tokenizer.eos_token_id if stop_id is None else stop_id
     gens = [torch.Generator().manual_seed(s) for s in (seeds or [0] * len(prompts))]
     sampling = sampling or Sampling()
-    x, mask = _prefill_embeds(model, prompts, device)
+    x, mask, layer_kwargs = _prefill_embeds(model, prompts, device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)  # each row counts from its first real token
     rope, nxt = _rope_prefill(model, prompts, mask)
     cache = DynamicCache()
-    hidden = _forward(model, x, mask, _with_rope(pos, rope), cache)
+    hidden = _forward(model, x, mask, _with_rope(pos, rope), cache, **layer_kwargs)  # new tokens are text: no layer inputs after
     rows = [_Row() for _ in prompts]
     last = pos[:, -1:]
     while (x := _step(model, rows, hidden, sampling, gens, max_new_tokens, eos)) is not None:

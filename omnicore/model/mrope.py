@@ -1,10 +1,11 @@
 """Language models with multi-dimensional rotary positions (mRoPE), without their vision towers.
 
-transformers builds Qwen2-VL, Qwen2.5-VL and Qwen2.5-Omni's thinker only whole (vision tower,
+transformers builds Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen2.5-Omni's thinker only whole (vision tower,
 audio tower, language model, LM head; they are not ``AutoModelForCausalLM`` types). In omnicore the
 towers are encoder plugins, so the foundation is the library's own *text* model class
-(``Qwen2VLTextModel``, ``Qwen2_5_VLTextModel``, ``Qwen2_5OmniThinkerTextModel``: the decoder layers
-and the mRoPE rotary embedding) under an LM head, built by :func:`build_mrope_lm`: no vision or
+(``Qwen2VLTextModel``, ``Qwen2_5_VLTextModel``, ``Qwen3VLTextModel``, ``Qwen2_5OmniThinkerTextModel``:
+the decoder layers and the mRoPE rotary embedding; Qwen3-VL's interleaves the three axes' frequencies
+and takes DeepStack rows as ``visual_pos_masks`` / ``deepstack_visual_embeds``) under an LM head, built by :func:`build_mrope_lm`: no vision or
 audio tower is ever built. The text model takes ``position_ids`` ``[4, B, T]``: the plain 1-D
 positions (which keep packed samples apart), then the time, height and width rows
 (:mod:`omnicore.data.positions` computes them per sample).
@@ -30,6 +31,8 @@ TEXT_MODELS: dict[str, tuple[str, str]] = {
     "qwen2_vl_text": ("qwen2_vl", "Qwen2VLTextModel"),
     "qwen2_5_vl": ("qwen2_5_vl", "Qwen2_5_VLTextModel"),
     "qwen2_5_vl_text": ("qwen2_5_vl", "Qwen2_5_VLTextModel"),
+    "qwen3_vl": ("qwen3_vl", "Qwen3VLTextModel"),
+    "qwen3_vl_text": ("qwen3_vl", "Qwen3VLTextModel"),
     "qwen2_5_omni_thinker": ("qwen2_5_omni", "Qwen2_5OmniThinkerTextModel"),
     "qwen2_5_omni_text": ("qwen2_5_omni", "Qwen2_5OmniThinkerTextModel"),
 }

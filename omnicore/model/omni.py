@@ -43,6 +43,51 @@ def _in_dtype_of(module: nn.Module, batch: Any) -> Any:
     return {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in batch.items()}
 
 
+@dataclass
+class LayerRows:
+    """Encoder rows for the foundation's intermediate layers, gathered over every encoder modality
+    that gave some (:class:`~omnicore.components.EncoderOutput`), as transformers'
+    ``Qwen3VLModel.forward`` joins its image and video DeepStack features.
+
+    Attributes:
+        mask: bool ``[B, T]``, the placeholder positions of those modalities.
+        per_layer: one ``[n, H]`` per layer (``n = mask.sum()``), rows in sequence order
+            (row-major over ``mask``).
+    """
+
+    mask: torch.Tensor
+    per_layer: list[torch.Tensor]
+
+
+def _rows(out: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """An encoder's output as ``(embeds [N, H], layer rows)``: a plain tensor has no layer rows."""
+    from omnicore.components import EncoderOutput
+
+    if isinstance(out, EncoderOutput):
+        return out.embeds, list(out.layer_embeds)
+    return out, []
+
+
+def _join_layers(layered: list[tuple[torch.Tensor, list[torch.Tensor]]], where: str) -> LayerRows | None:
+    """One :class:`LayerRows` from each modality's ``(mask [B, T], rows per layer)``: per layer, the
+    modalities' rows put at their positions among the union of the masks."""
+    if not layered:
+        return None
+    depths = {len(rows) for _, rows in layered}
+    if len(depths) != 1:
+        raise PlaceholderMismatch(f"encoders gave rows for different numbers of foundation layers {sorted(depths)}{where}")
+    if len(layered) == 1:
+        return LayerRows(layered[0][0], layered[0][1])
+    union = functools.reduce(torch.logical_or, [mask for mask, _ in layered])
+    per_layer = []
+    for k in range(depths.pop()):
+        joint = layered[0][1][k].new_zeros(int(union.sum()), layered[0][1][k].shape[-1])
+        for mask, rows in layered:
+            joint = joint.masked_scatter(mask[union].unsqueeze(-1), rows[k])
+        per_layer.append(joint)
+    return LayerRows(union, per_layer)
+
+
 class PlaceholderMismatch(ValueError):
     """The number of placeholder tokens does not match the encoder/decoder output for a micro-batch."""
 
@@ -73,6 +118,12 @@ class OmniModel(nn.Module):
     cross_entropy: Any = None
     """The text loss kernel (op ``cross_entropy``, :meth:`linear_cross_entropy_sum`); None:
     ``torch_cross_entropy``. :func:`~omnicore.model.build.build_omni_model` sets it from config."""
+
+    layer_inputs: Any = None
+    """The foundation's ``layer_inputs(mask, per_layer) -> dict`` (``FoundationOptional``): how
+    encoder rows for its intermediate layers (:class:`~omnicore.components.EncoderOutput`) reach
+    its forward; None: the foundation takes none. Set by
+    :func:`~omnicore.model.build.build_omni_model`."""
 
     def __init__(
         self,
@@ -158,19 +209,36 @@ class OmniModel(nn.Module):
         wheres: list[str] | None = None,
         decoder_keys: dict[str, list[tuple[str | None, int]]] | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """Input embeddings ``[1, T, H]`` with media merged in: the first three results of
+        :meth:`embed_inputs` (which also gives the encoders' layer rows)."""
+        return self.embed_inputs(input_ids, encoder_inputs, decoder_inputs, wheres, decoder_keys)[:3]
+
+    def embed_inputs(
+        self,
+        input_ids: torch.Tensor,
+        encoder_inputs: dict[str, Any],
+        decoder_inputs: dict[str, Any],
+        wheres: list[str] | None = None,
+        decoder_keys: dict[str, list[tuple[str | None, int]]] | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, LayerRows | None]:
         """Input embeddings ``[1, T, H]`` with media merged in.
 
-        Returns ``(embeds, codes, dummy)``: the decoder codes per modality (LongTensor ``[N_m]``) and
-        a zero-valued scalar that ties the dummy passes of absent modalities into the graph.
-        ``decoder_keys``: per modality, ``(digest, num_codes)`` of each target
-        (:attr:`~omnicore.data.packing.MicroBatch.decoder_keys`), for :attr:`code_cache`.
+        Returns ``(embeds, codes, dummy, layers)``: the decoder codes per modality (LongTensor
+        ``[N_m]``), a zero-valued scalar that ties the dummy passes of absent modalities into the
+        graph, and the encoders' rows for the foundation's intermediate layers (:class:`LayerRows`;
+        None when no encoder of this batch returned any, see
+        :class:`~omnicore.components.EncoderOutput`). ``decoder_keys``: per modality,
+        ``(digest, num_codes)`` of each target (:attr:`~omnicore.data.packing.MicroBatch.decoder_keys`),
+        for :attr:`code_cache`.
 
         Raises:
-            PlaceholderMismatch: when placeholder counts differ from what the components produce.
+            PlaceholderMismatch: when placeholder counts differ from what the components produce,
+                or encoders give layer rows for different numbers of layers.
         """
         embeds = self.lm.get_input_embeddings()(input_ids)
         dummy = embeds.new_zeros(())
         where = f" (samples: {', '.join(wheres[:4])}{', ...' if wheres and len(wheres) > 4 else ''})" if wheres else ""
+        layered: list[tuple[torch.Tensor, list[torch.Tensor]]] = []  # (placeholder mask, rows per layer) per modality
         # Every rank calls every encoder module the same number of times, in the same order (module
         # order, then modality order): once per modality it encodes, on the real inputs or on its
         # dummy batch. FSDP2 all-gathers on each call, so ranks whose micro-batches hold other
@@ -181,17 +249,20 @@ class OmniModel(nn.Module):
                     continue
                 if m in encoder_inputs:
                     mask = input_ids == self.token_ids["encoder"][m]
-                    out = enc(_in_dtype_of(enc, encoder_inputs[m])).to(embeds.dtype)
-                    if out.shape[0] != int(mask.sum()):
-                        raise PlaceholderMismatch(
-                            f"{m} encoder produced {out.shape[0]} embeddings for {int(mask.sum())} placeholders{where}"
-                        )
-                    embeds = embeds.masked_scatter(mask.unsqueeze(-1), out)
+                    out, rows = _rows(enc(_in_dtype_of(enc, encoder_inputs[m])))
+                    n = int(mask.sum())
+                    if out.shape[0] != n or any(r.shape[0] != n for r in rows):
+                        got = sorted({out.shape[0], *(r.shape[0] for r in rows)})
+                        raise PlaceholderMismatch(f"{m} encoder produced {got} embeddings for {n} placeholders{where}")
+                    embeds = embeds.masked_scatter(mask.unsqueeze(-1), out.to(embeds.dtype))
+                    if rows:
+                        layered.append((mask, [r.to(embeds.dtype) for r in rows]))
                 else:  # no input for this modality: a dummy pass keeps the parameters in the graph
                     # the dummy input is data preparation (feature extractors, numpy): never under autocast
                     with torch.autocast(input_ids.device.type, enabled=False):
                         batch = enc.dummy_batch()
-                    dummy = dummy + 0.0 * enc(_in_dtype_of(enc, batch)).sum()
+                    out, rows = _rows(enc(_in_dtype_of(enc, batch)))
+                    dummy = dummy + 0.0 * sum((r.sum() for r in rows), out.sum())
         codes: dict[str, torch.Tensor] = {}
         for m, dec in self.decoders.items():
             mask = input_ids == self.token_ids["decoder"][m]
@@ -205,7 +276,23 @@ class OmniModel(nn.Module):
                 with torch.autocast(input_ids.device.type, enabled=False):
                     c = dec.dummy_codes().to(input_ids.device)
                 dummy = dummy + 0.0 * dec.head(dec.embed(c)).sum()
-        return embeds, codes, dummy
+        return embeds, codes, dummy, _join_layers(layered, where)
+
+    def layer_kwargs(self, layers: LayerRows | None) -> dict[str, Any]:
+        """The foundation's keyword arguments for ``layers`` (:meth:`embed_inputs`): ``{}`` for
+        None, else what the foundation's ``layer_inputs`` makes of them.
+
+        Raises:
+            ValueError: an encoder gave layer rows but the foundation has no ``layer_inputs``.
+        """
+        if layers is None:
+            return {}
+        if self.layer_inputs is None:
+            raise ValueError(
+                f"an encoder returned rows for {len(layers.per_layer)} foundation layers (EncoderOutput.layer_embeds), but the "
+                "foundation takes none (it has no layer_inputs); use the foundation of the same published family"
+            )
+        return dict(self.layer_inputs(layers.mask, layers.per_layer))
 
     def target_codes(self, modality: str, inputs: Any, keys: list[tuple[str | None, int]] | None, device: Any) -> torch.Tensor:
         """The codes of one modality's collated targets: LongTensor ``[sum of num_codes]`` on
@@ -252,7 +339,10 @@ class OmniModel(nn.Module):
             cu_seqlens, max_seqlen = cu_seqlens_from_position_ids(position_ids.detach().cpu())
         elif max_seqlen is None:
             max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        embeds, codes, dummy = self.embed(input_ids, batch.encoder_inputs, batch.decoder_inputs, batch.wheres, batch.decoder_keys)
+        embeds, codes, dummy, layers = self.embed_inputs(
+            input_ids, batch.encoder_inputs, batch.decoder_inputs, batch.wheres, batch.decoder_keys
+        )
+        layer_kwargs = self.layer_kwargs(layers)
         seq: dict[str, Any] = {
             "inputs_embeds": embeds,
             "position_ids": position_ids,
@@ -260,7 +350,8 @@ class OmniModel(nn.Module):
             "decoder_labels": self.decoder_labels(input_ids, codes),
             "cu_seqlens": cu_seqlens.to(position_ids.device),
             "max_seqlen": max_seqlen,
-            "foundation_kwargs": {},
+            "foundation_kwargs": layer_kwargs,
+            "layer_inputs": tuple(layer_kwargs),
         }
         if self.rope is not None:
             rope = batch.rope_position_ids

@@ -165,6 +165,12 @@ class SequenceShard:
     def __call__(self, model: Any, seq: dict[str, Any]) -> dict[str, Any]:
         from omnicore_parallel_ulysses.attention import POSITION_IDS_KWARG
 
+        if seq.get("layer_inputs"):
+            raise NotImplementedError(
+                f"ulysses does not yet slice the foundation's layer inputs {list(seq['layer_inputs'])} (encoder rows added to "
+                "intermediate layers, e.g. Qwen3-VL's DeepStack) along the sequence; train this model without sequence "
+                "parallelism (parallel.sp: 1)"
+            )
         if self.reduce_gradients and not self._hooked:
             self._hook_gradients(model)
         sp, r = self.state.size, self.state.rank
