@@ -46,7 +46,7 @@ import pytest
 import torch
 from torch import nn
 
-from omnicore.components import Decoder, Encoder, Foundation, Kernel, ParallelStrategy, Processor
+from omnicore.components import Decoder, Encoder, EncoderOutput, Foundation, Kernel, ParallelStrategy, Processor
 
 HEAVY_MODULES: tuple[str, ...] = ("torch", "transformers", "diffusers")
 """Modules a hook module must not import (``omnicore plugins`` imports every hook module)."""
@@ -254,7 +254,7 @@ class ModuleComponentContract(ComponentContract):
     def _run(self, module: Any, batch: dict[str, Any]) -> torch.Tensor:
         """The module's rows for a collated batch: ``forward`` (encoders) or ``encode`` (decoders)."""
         with torch.no_grad():
-            return module(batch) if self.kind == "encoder" else module.encode(batch)
+            return _rows(module(batch))[0] if self.kind == "encoder" else module.encode(batch)
 
     def test_builds_on_meta_device(self):
         """``with torch.device("meta")``: every parameter and buffer on meta, same names and shapes as on CPU."""
@@ -326,6 +326,11 @@ class ModuleComponentContract(ComponentContract):
 # ---- encoders --------------------------------------------------------------------------------
 
 
+def _rows(out: Any) -> list[torch.Tensor]:
+    """An encoder's outputs as a list: ``[out]``, or an :class:`EncoderOutput`'s ``embeds`` then its ``layer_embeds``."""
+    return [out.embeds, *out.layer_embeds] if isinstance(out, EncoderOutput) else [out]
+
+
 class EncoderContract(ModuleComponentContract):
     """Contract of an input-side encoder (:class:`omnicore.components.Encoder`).
 
@@ -344,8 +349,13 @@ class EncoderContract(ModuleComponentContract):
         return [proc.preprocess(m) for m in media]
 
     def _encode(self, enc: Any, feats: list[dict[str, Any]]) -> torch.Tensor:
+        """The placeholder rows ``[N, hidden_size]`` of ``feats`` (an :class:`EncoderOutput`'s ``embeds``)."""
+        return self._encode_all(enc, feats)[0]
+
+    def _encode_all(self, enc: Any, feats: list[dict[str, Any]]) -> list[torch.Tensor]:
+        """Every output of ``feats``: the placeholder rows, then the layer rows of an :class:`EncoderOutput`."""
         with torch.no_grad():
-            return enc(self._proc.collate(feats))
+            return _rows(enc(self._proc.collate(feats)))
 
     def test_implements_protocol(self):
         enc = self.build()
@@ -359,10 +369,10 @@ class EncoderContract(ModuleComponentContract):
         feats = self._features(enc)
         counts = [int(self._proc.num_tokens(f)) for f in feats]
         assert all(c >= 1 for c in counts), counts
-        out = self._encode(enc, feats)
-        assert tuple(out.shape) == (sum(counts), self.hidden_size)
-        assert out.dtype.is_floating_point
-        assert torch.isfinite(out).all()
+        for k, out in enumerate(self._encode_all(enc, feats)):  # the placeholder rows, then any layer rows (EncoderOutput)
+            assert tuple(out.shape) == (sum(counts), self.hidden_size), f"output {k}"
+            assert out.dtype.is_floating_point
+            assert torch.isfinite(out).all()
 
     def test_num_tokens_matches_forward_per_item(self):
         """Each item alone gives exactly ``num_tokens(item)`` rows."""
@@ -371,18 +381,19 @@ class EncoderContract(ModuleComponentContract):
             assert self._encode(enc, [f]).shape[0] == self._proc.num_tokens(f), f"item {i}"
 
     def test_collate_keeps_item_order(self):
-        """Item ``i`` encoded alone equals its slice of the batch output (and items differ)."""
+        """Item ``i`` encoded alone equals its slice of the batch output, layer rows too (and items differ)."""
         enc = self.build().eval()
         feats = self._features(enc)
-        out = self._encode(enc, feats)
+        outs = self._encode_all(enc, feats)
         start = 0
         slices = []
         for i, f in enumerate(feats):
             n = int(self._proc.num_tokens(f))
-            torch.testing.assert_close(
-                self._encode(enc, [f]), out[start : start + n], atol=self.atol, rtol=self.rtol, msg=lambda m, i=i: f"item {i}: {m}"
-            )
-            slices.append(out[start : start + n])
+            for k, (alone, out) in enumerate(zip(self._encode_all(enc, [f]), outs, strict=True)):
+                torch.testing.assert_close(
+                    alone, out[start : start + n], atol=self.atol, rtol=self.rtol, msg=lambda m, i=i, k=k: f"item {i}, output {k}: {m}"
+                )
+            slices.append(outs[0][start : start + n])
             start += n
         assert not torch.allclose(slices[0].mean(0), slices[1].mean(0)), "different media gave the same embeddings"
 
@@ -390,31 +401,34 @@ class EncoderContract(ModuleComponentContract):
         """Two seeds differ; loading one's state_dict into the other gives identical outputs."""
         a, b = self.build(seed=self.seed).eval(), self.build(seed=self.seed + 1).eval()
         feats = self._features(a)
-        out_a = self._encode(a, feats)
+        out_a = self._encode_all(a, feats)
         if self.seeded_init:
-            assert not torch.equal(out_a, self._encode(b, feats)), "two seeds built identical encoders"
+            assert not torch.equal(out_a[0], self._encode(b, feats)), "two seeds built identical encoders"
         b.load_state_dict(a.state_dict())
-        torch.testing.assert_close(self._encode(b, feats), out_a, atol=0, rtol=0)
+        torch.testing.assert_close(self._encode_all(b, feats), out_a, atol=0, rtol=0)
 
     def test_save_pretrained_round_trip(self, tmp_path):
         """``save_pretrained(dir)`` then ``build(checkpoint=dir)`` (under another seed): identical outputs and tensors."""
         a = self.build().eval()
         feats = self._features(a)
-        out = self._encode(a, feats)
+        out = self._encode_all(a, feats)
         a.save_pretrained(str(tmp_path / "ckpt"))
         b = self.build(self.checkpoint_options(str(tmp_path / "ckpt")), seed=self.seed + 123).eval()
-        torch.testing.assert_close(self._encode(b, self._features(b, self.checkpoint_options(str(tmp_path / "ckpt")))), out, atol=0, rtol=0)
+        feats_b = self._features(b, self.checkpoint_options(str(tmp_path / "ckpt")))
+        torch.testing.assert_close(self._encode_all(b, feats_b), out, atol=0, rtol=0)
         sa, sb = a.state_dict(), b.state_dict()
         assert sa.keys() == sb.keys()
         for k in sa:
             assert torch.equal(sa[k], sb[k]), k
 
     def test_dummy_batch_reaches_every_parameter(self):
-        """dummy_batch() forward is ``[n, hidden_size]``; ``0 * out.sum()`` backward gives every trainable parameter a grad."""
+        """dummy_batch() forward is ``[n, hidden_size]`` (each output of an :class:`EncoderOutput`); ``0 * sum`` of the
+        outputs backward gives every trainable parameter a grad, as the core's dummy pass does."""
         enc = self.build().train()
-        out = enc(enc.dummy_batch())
-        assert out.ndim == 2 and out.shape[0] >= 1 and out.shape[1] == self.hidden_size, tuple(out.shape)
-        (0 * out.sum()).backward()
+        outs = _rows(enc(enc.dummy_batch()))
+        for out in outs:
+            assert out.ndim == 2 and out.shape[0] >= 1 and out.shape[1] == self.hidden_size, tuple(out.shape)
+        (0 * sum(out.sum() for out in outs)).backward()
         trainable = [(n, p) for n, p in enc.named_parameters() if p.requires_grad]
         assert trainable, "the encoder has no trainable parameters"
         missing = [n for n, p in trainable if p.grad is None]

@@ -1,0 +1,200 @@
+"""The family's parts alone against transformers' own Qwen3-VL classes on the same inputs (fp32):
+the processors' token counts over a grid of image sizes and clip lengths, the clip resize rule,
+frame sampling and timestamps, the tower's rows (DeepStack rows included), the text LM's logits,
+the part names, both checkpoint layouts and the errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from omnicore.api import LoadError, Video
+from omnicore_family_qwen3_vl.encoder import build as build_encoder
+from omnicore_family_qwen3_vl.foundation import Qwen3VLFoundation
+from omnicore_family_qwen3_vl.loading import load_now
+from omnicore_family_qwen3_vl.processor import FrameVideoProcessor, build_processor, smart_resize, video_settings
+
+# (height, width): under min_pixels, around the rounding of 32-pixel multiples, the max_pixels cap,
+# extreme aspect ratios, odd sizes
+IMAGE_SIZES = [(10, 10), (32, 32), (64, 64), (60, 45), (47, 113), (48, 112), (128, 128), (129, 127), (200, 150), (480, 640), (20, 300)]
+# (frames, height, width, fps): short clips (sampled up to min_frames, capped by the clip), odd counts, several sizes and rates
+CLIP_SHAPES = [
+    (2, 64, 64, 2.0),
+    (3, 50, 80, 1.0),
+    (4, 40, 40, 2.0),
+    (5, 112, 100, 4.0),
+    (7, 20, 200, 3.0),
+    (9, 90, 60, 1.5),
+    (24, 64, 96, 12.0),
+]
+IMAGE_TEXT = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO_TEXT = "<|vision_start|><|video_pad|><|vision_end|>"
+
+
+def _count(inputs, hf_processor, token):
+    return int((inputs["input_ids"][0] == hf_processor.tokenizer.convert_tokens_to_ids(token)).sum())
+
+
+def test_image_tokens_and_pixels_equal_the_hf_processor(standin, hf_processor, image):
+    proc = build_processor({"checkpoint": str(standin)})
+    counts = []
+    for i, (h, w) in enumerate(IMAGE_SIZES):
+        img = image(h, w, seed=i)
+        feats = proc.preprocess(img)
+        ref = hf_processor(text=IMAGE_TEXT, images=[img], return_tensors="pt")
+        want = _count(ref, hf_processor, "<|image_pad|>")
+        assert proc.num_tokens(feats) == want, (h, w)
+        assert torch.equal(feats["pixel_values"], ref["pixel_values"]), (h, w)
+        assert torch.equal(feats["image_grid_thw"], ref["image_grid_thw"][0]), (h, w)
+        t, gh, gw = proc.grid(feats)
+        assert t == 1 and t * gh * gw == want and proc.runs(feats) == [("", (1, gh, gw))]
+        counts.append(want)
+    # the grid spans the processor's bounds: min_pixels (4 tokens) to max_pixels (16 tokens)
+    assert min(counts) == 4 and max(counts) == 16 and len(set(counts)) >= 4
+
+
+def test_clip_resize_is_transformers_rule():
+    """:func:`smart_resize` is ``video_processing_qwen3_vl.smart_resize`` over frames, sizes and bounds."""
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as hf_resize
+
+    for n in (2, 3, 4, 7, 16):
+        for h, w in [(10, 10), (50, 80), (64, 64), (20, 300), (300, 17), (480, 640), (113, 111)]:
+            for lo, hi in [(4096, 32768), (4096, 8 * 4096), (128 * 1024, 768 * 1024)]:
+                want = hf_resize(n, h, w, temporal_factor=2, factor=32, min_pixels=lo, max_pixels=hi)
+                assert smart_resize(n, h, w, 32, 2, lo, hi) == want, (n, h, w, lo, hi)
+    with pytest.raises(ValueError, match="shorter than temporal_patch_size"):
+        smart_resize(1, 64, 64, 32, 2, 4096, 32768)
+
+
+def test_clip_tokens_and_timestamps_equal_the_hf_processor(standin, hf_processor, frames):
+    """Over clip lengths, sizes and rates: the same pads, the same timestamp text between runs
+    (transformers' ``Qwen3VLProcessor`` expands the clip), and the runs add up to ``num_tokens``."""
+    proc = build_processor({"checkpoint": str(standin), "modality": "video"})
+    tok = hf_processor.tokenizer
+    for i, (n, h, w, fps) in enumerate(CLIP_SHAPES):
+        clip = frames(n, h, w, seed=i)
+        feats = proc.preprocess(Video(frames=clip, fps=fps))
+        ref = hf_processor(text=VIDEO_TEXT, videos=[clip], video_metadata=[{"total_num_frames": n, "fps": fps}], return_tensors="pt")
+        assert proc.num_tokens(feats) == _count(ref, hf_processor, "<|video_pad|>"), (n, h, w)
+        assert torch.equal(feats["video_grid_thw"], ref["video_grid_thw"][0])
+        assert torch.equal(feats["pixel_values_videos"], ref["pixel_values_videos"])
+        t, gh, gw = proc.grid(feats)
+        runs = proc.runs(feats)
+        written = "".join(text + VIDEO_TEXT.replace("<|video_pad|>", "<|video_pad|>" * (a * b * c)) for text, (a, b, c) in runs)
+        assert tok.encode(written, add_special_tokens=False) == ref["input_ids"][0].tolist(), (n, h, w, fps)
+        assert len(runs) == t and all(g == (1, gh, gw) for _, g in runs)
+
+
+def test_frame_sampling_follows_the_settings(standin):
+    """``Qwen3VLVideoProcessor.sample_frames``' rule, worked by hand."""
+    vp = FrameVideoProcessor(video_settings(standin, "test"))  # fps 2, min_frames 4
+    assert vp.sample_indices(20, 10.0).tolist() == [0, 6, 13, 19]  # 4 frames by the rate, spread over the clip
+    assert len(vp.sample_indices(30, 3.0)) == 20 and vp.sample_indices(30, 3.0)[[0, -1]].tolist() == [0, 29]
+    assert vp.sample_indices(3, 1.0).tolist() == [0, 1, 2]  # min_frames 4, capped by the clip's 3
+    assert vp.sample_indices(10, None).tolist() == vp.sample_indices(10, 24.0).tolist()  # fps unknown: 24, as transformers
+    assert FrameVideoProcessor(dict(video_settings(standin, "t"), fps=None, num_frames=5)).sample_indices(9, 3.0).tolist() == [
+        0,
+        2,
+        4,
+        6,
+        8,
+    ]
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        vp.sample_indices(10, 2.0, num_frames=4, target_fps=1.0)
+
+
+def _encoder(folder, modality="image"):
+    return load_now(build_encoder({"checkpoint": str(folder), "modality": modality}, hidden_size=64)).eval()
+
+
+def test_tower_rows_equal_the_hf_image_and_video_features(standin, hf_model, image, frames):
+    enc = _encoder(standin)
+    proc = enc.processor
+    feats = [proc.preprocess(image(h, w, seed=i)) for i, (h, w) in enumerate([(60, 45), (128, 128), (20, 300), (200, 150)])]
+    batch = proc.collate(feats)
+    with torch.no_grad():
+        got = enc(batch)
+        want = hf_model.model.get_image_features(batch["pixel_values"], batch["image_grid_thw"])
+    assert got.embeds.shape == (sum(proc.num_tokens(f) for f in feats), 64) and len(got.layer_embeds) == 2
+    torch.testing.assert_close(got.embeds, torch.cat(want.pooler_output), atol=1e-5, rtol=0)
+    for mine, theirs in zip(got.layer_embeds, want.deepstack_features, strict=True):
+        torch.testing.assert_close(mine, torch.cat(theirs), atol=1e-5, rtol=0)
+    vproc = build_processor({"checkpoint": str(standin), "modality": "video"})
+    clips = [vproc.preprocess(Video(frames=frames(n, h, w, seed=n), fps=fps)) for n, h, w, fps in CLIP_SHAPES[:4]]
+    vbatch = vproc.collate(clips)
+    with torch.no_grad():
+        got = enc(vbatch)
+        want = hf_model.model.get_video_features(vbatch["pixel_values_videos"], vbatch["video_grid_thw"])
+    torch.testing.assert_close(got.embeds, torch.cat(want.pooler_output), atol=1e-5, rtol=0)
+    for mine, theirs in zip(got.layer_embeds, want.deepstack_features, strict=True):
+        torch.testing.assert_close(mine, torch.cat(theirs), atol=1e-5, rtol=0)
+
+
+def test_lm_logits_equal_the_hf_model_on_text(standin, hf_model):
+    found = Qwen3VLFoundation({"checkpoint": str(standin)})
+    tok = found.build_tokenizer()
+    lm = load_now(found.build_model(len(tok))).eval()
+    assert type(lm.model).__name__ == "Qwen3VLTextModel"
+    ids = torch.tensor([tok.encode("<|im_start|>user\nhello there<|im_end|>\n", add_special_tokens=False)])
+    with torch.no_grad():
+        torch.testing.assert_close(lm(input_ids=ids).logits, hf_model(input_ids=ids).logits, atol=1e-5, rtol=0)
+    grown = found.build_model(len(tok) + 50)  # more rows than the checkpoint: the extra rows are filled later
+    assert grown.get_input_embeddings().weight.shape[0] == len(tok) + 50 and grown.omnicore_pending_load.rows
+
+
+def test_part_names_split_the_tower_exactly(standin):
+    enc = _encoder(standin)
+    parts = Qwen3VLFoundation({"checkpoint": str(standin)}).part_names()
+    names = ["encoders.image." + n for n, _ in enc.named_parameters()]
+    visual = [n for n in names if any(n.startswith(p) for p in parts["visual"])]
+    merger = [n for n in names if any(n.startswith(p) for p in parts["merger"])]
+    assert visual and merger and sorted(visual + merger) == sorted(names)
+    assert any(".deepstack_merger_list.1." in n for n in merger) and any(".pos_embed." in n for n in visual)
+    assert all(".merger." in n or ".deepstack_merger_list." in n for n in merger)
+
+
+def _relayout(src, dst):
+    """``src``'s checkpoint re-saved under the older top-level names (``visual.*``, ``model.*``)."""
+    shutil.copytree(src, dst)
+    names = {"model.visual.": "visual.", "model.language_model.": "model.", "lm_head.": "lm_head."}
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        tensors = {next(new + k[len(old) :] for old, new in names.items() if k.startswith(old)): f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return tensors
+
+
+def test_both_layouts_load_the_same_tensors(standin, tmp_path):
+    tensors = _relayout(standin, tmp_path / "old")
+    for folder in (standin, tmp_path / "old"):
+        enc = _encoder(folder)
+        assert torch.equal(enc.visual.pos_embed.weight, tensors["visual.pos_embed.weight"])
+        assert torch.equal(enc.visual.deepstack_merger_list[1].linear_fc2.bias, tensors["visual.deepstack_merger_list.1.linear_fc2.bias"])
+        lm = load_now(Qwen3VLFoundation({"checkpoint": str(folder)}).build_model(10))
+        assert torch.equal(lm.lm_head.weight, tensors["lm_head.weight"])
+        assert torch.equal(lm.model.layers[1].mlp.up_proj.weight, tensors["model.layers.1.mlp.up_proj.weight"])
+
+
+def test_bad_checkpoints_and_media_name_what_to_fix(standin, tmp_path, image):
+    with pytest.raises(ValueError, match=r"model.encoders.image.options.checkpoint: .* has no config.json"):
+        build_processor({"checkpoint": str(tmp_path)})
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
+    with pytest.raises(ValueError, match=r"model_type 'qwen2_vl', not one of qwen3_vl"):
+        Qwen3VLFoundation({"checkpoint": str(tmp_path)})
+    with pytest.raises(ValueError, match=r"hidden size of 64, but the foundation's is 48"):
+        build_encoder({"checkpoint": str(standin)}, hidden_size=48)
+    shutil.copytree(standin, tmp_path / "broken")
+    with safe_open(str(standin / "model.safetensors"), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys() if k != "model.visual.deepstack_merger_list.0.norm.weight"}
+    save_file(tensors, str(tmp_path / "broken" / "model.safetensors"))
+    with pytest.raises(LoadError, match=r"model.encoders.image.options.checkpoint: .*deepstack_merger_list.0.norm.weight"):
+        build_encoder({"checkpoint": str(tmp_path / "broken")}, hidden_size=64)
+    with pytest.raises(TypeError, match="expects a PIL image"):
+        build_processor({"checkpoint": str(standin)}).preprocess(np.zeros((4, 4, 3)))
+    with pytest.raises(TypeError, match="expects an omnicore.api.Video"):
+        build_processor({"checkpoint": str(standin), "modality": "video"}).preprocess(image(30, 30))
