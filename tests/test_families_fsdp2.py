@@ -1,5 +1,5 @@
-"""Each published family (stand-ins of Qwen2-Audio, Qwen2-VL and LLaVA: towers, projector or
-merger and language model from one checkpoint) trains on 2 FSDP2 processes to the losses of one
+"""Each published family (stand-ins of Qwen2-Audio, Qwen2-VL, Qwen3-VL with its DeepStack rows,
+and LLaVA: towers, projector or merger and language model from one checkpoint) trains on 2 FSDP2 processes to the losses of one
 process with the same samples per step (``grad_accum: 2`` there, 1 per rank here), on samples
 that hold their media."""
 
@@ -15,8 +15,13 @@ from PIL import Image
 
 from omnicore.testing.distributed import max_rel_diff, run_distributed
 
-MODULES = {"qwen2_audio": "omnicore_family_qwen2_audio", "qwen2_vl": "omnicore_family_qwen2_vl", "llava": "omnicore_family_llava"}
-MEDIA = {"qwen2_audio": "audio", "qwen2_vl": "image", "llava": "image"}
+MODULES = {
+    "qwen2_audio": "omnicore_family_qwen2_audio",
+    "qwen2_vl": "omnicore_family_qwen2_vl",
+    "qwen3_vl": "omnicore_family_qwen3_vl",
+    "llava": "omnicore_family_llava",
+}
+MEDIA = {"qwen2_audio": "audio", "qwen2_vl": "image", "qwen3_vl": "image", "llava": "image"}
 
 
 def _write_media(folder, family, i):

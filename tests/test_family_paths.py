@@ -9,16 +9,14 @@ from pathlib import Path
 import pytest
 
 
-@pytest.mark.parametrize("family", ["qwen2_audio", "qwen2_vl", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_audio", "qwen2_vl", "qwen3_vl", "llava"])
 def test_brought_encoders_read_the_checkpoint_next_to_a_relative_config(tmp_path, monkeypatch, family):
     import importlib
 
     from omnicore.config import load_config
     from omnicore.model.build import build_omni_model
 
-    module = {"qwen2_audio": "omnicore_family_qwen2_audio", "qwen2_vl": "omnicore_family_qwen2_vl", "llava": "omnicore_family_llava"}[
-        family
-    ]
+    module = f"omnicore_family_{family}"
     save_standin = importlib.import_module(f"{module}.standin").save_standin
     recipe = tmp_path / "recipes" / "mine"
     save_standin(recipe / "standin")

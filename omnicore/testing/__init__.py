@@ -20,6 +20,7 @@ What is here:
       :func:`init_parallel_state` and :func:`parallelize` (a model distributed as a run does),
       the data path (:func:`read_jsonl`, :class:`SampleError`, :class:`ChatProcessor`,
       :func:`encoder_token`, :func:`prepare_tokenizer`, :func:`collate`, :class:`MicroBatch`),
+      :func:`generate_batch` (greedy or sampled generation, as ``omnicore generate`` runs it),
       :func:`mrope_positions` and :func:`sdpa_varlen_attention_forward` (references to compare
       a kernel or strategy with).
 
@@ -53,6 +54,7 @@ _RUN_PATH: dict[str, tuple[str, str]] = {
     "encoder_token": ("omnicore.data.chat", "encoder_token"),
     "prepare_tokenizer": ("omnicore.model.build", "prepare_tokenizer"),
     "collate": ("omnicore.data.packing", "collate"),
+    "generate_batch": ("omnicore.model.generation", "generate_batch"),
     "MicroBatch": ("omnicore.data.packing", "MicroBatch"),
     "mrope_positions": ("omnicore.data.positions", "mrope_positions"),
     "sdpa_varlen_attention_forward": ("omnicore.kernels.attention_varlen", "sdpa_varlen_attention_forward"),

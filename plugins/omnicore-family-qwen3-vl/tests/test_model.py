@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from omnicore.api import load_image, load_video
-from omnicore.testing import ChatProcessor, Config, build_omni_model, collate, isolated_registry, read_jsonl
+from omnicore.testing import ChatProcessor, Config, build_omni_model, collate, generate_batch, isolated_registry, read_jsonl
 
 IGNORE = -100
 
@@ -226,3 +226,22 @@ def test_export_is_read_back_by_from_pretrained_with_the_same_logits(run, standi
                 assert not torch.allclose(hf_model(**inputs).logits[0], want, atol=1e-3)
     finally:
         model.load_state_dict(state)
+
+
+def test_greedy_generation_equals_transformers_generate(run, hf_model, hf_processor, data):
+    """Greedy continuation of prompts with media, DeepStack rows in the prefill: omnicore's batched
+    generation (two prompts of other lengths, left-padded together) gives each prompt the tokens
+    ``Qwen3VLForConditionalGeneration.generate`` gives it alone."""
+    model, tok, _, _, proc = run
+    samples = read_jsonl(data / "train.jsonl")
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    prompts = [proc.encode(samples[k], prompt_only=True) for k in (1, 4)]
+    got = generate_batch(model, tok, prompts, max_new_tokens=12, stop_id=stop)
+    for (k, prompt), out in zip(zip((1, 4), prompts), got):
+        inputs = _hf_inputs(hf_processor, data, k, prompt_only=True)
+        assert prompt.input_ids == inputs["input_ids"][0].tolist()
+        with torch.no_grad():
+            ids = hf_model.generate(**inputs, max_new_tokens=12, do_sample=False, eos_token_id=stop, pad_token_id=tok.pad_token_id)
+        want = ids[0, inputs["input_ids"].shape[1] :].tolist()
+        assert out["token_ids"] == want, k
+        assert len(want) >= 4  # enough tokens to pass the prefill and several cached steps
