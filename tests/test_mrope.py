@@ -271,18 +271,20 @@ def test_export_round_trip_through_the_strict_key_plan(digits_jsonl, tmp_path):
         build_omni_model(Config.model_validate(raw))
 
 
-@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen2_5_omni_thinker"])
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "qwen2_5_omni_thinker"])
 def test_other_mrope_types_build_without_towers_and_keep_samples_apart(model_type):
-    """Qwen2.5-VL and Qwen2.5-Omni's thinker build as their text model and LM head (no vision or audio
-    tower) and take ``[4, 1, T]`` positions: two packed samples give each one's logits alone."""
+    """Qwen2.5-VL, Qwen3-VL (interleaved sections) and Qwen2.5-Omni's thinker build as their text
+    model and LM head (no vision or audio tower) and take ``[4, 1, T]`` positions: two packed
+    samples give each one's logits alone."""
     from omnicore.model.foundation import HFCausalLM
 
     text = {k: v for k, v in MROPE_LM.items() if k != "model_type"}
-    config = {"model_type": model_type, **(text if model_type == "qwen2_5_vl" else {"text_config": {**text, "vocab_size": 300}})}
+    nested = {"text_config": {**text, "vocab_size": 300, "head_dim": 16}}  # Qwen3-VL's text config defaults to head_dim 128
+    config = {"model_type": model_type, **(text if model_type == "qwen2_5_vl" else nested)}
     lm = HFCausalLM({"config": config}).build_model(vocab_size=300).eval()
     assert not any("visual" in n or "audio" in n for n, _ in lm.named_parameters()) and lm.config.vocab_size == 300
     layout = rope_layout(lm.config)
-    assert layout == RopeLayout(3, "spatial" if model_type == "qwen2_5_vl" else "max")
+    assert layout == RopeLayout(3, "max" if model_type == "qwen2_5_omni_thinker" else "spatial")
     ids = torch.randint(0, 300, (1, 30), generator=torch.Generator().manual_seed(0))
     first, second = mrope_positions(18, [(3, (2, 2, 3))], layout), mrope_positions(12, [], layout)
     flat = torch.tensor([list(range(18)) + list(range(12))])
