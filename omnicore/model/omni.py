@@ -251,9 +251,11 @@ class OmniModel(nn.Module):
                     mask = input_ids == self.token_ids["encoder"][m]
                     out, rows = _rows(enc(_in_dtype_of(enc, encoder_inputs[m])))
                     n = int(mask.sum())
-                    if out.shape[0] != n or any(r.shape[0] != n for r in rows):
-                        got = sorted({out.shape[0], *(r.shape[0] for r in rows)})
-                        raise PlaceholderMismatch(f"{m} encoder produced {got} embeddings for {n} placeholders{where}")
+                    if out.shape[0] != n:
+                        raise PlaceholderMismatch(f"{m} encoder produced {out.shape[0]} embeddings for {n} placeholders{where}")
+                    if any(r.shape[0] != n for r in rows):
+                        got = [r.shape[0] for r in rows]
+                        raise PlaceholderMismatch(f"{m} encoder produced {got} layer rows for {n} placeholders{where}")
                     embeds = embeds.masked_scatter(mask.unsqueeze(-1), out.to(embeds.dtype))
                     if rows:
                         layered.append((mask, [r.to(embeds.dtype) for r in rows]))

@@ -91,6 +91,23 @@ def test_clip_tokens_and_timestamps_equal_the_hf_processor(standin, hf_processor
         assert len(runs) == t and all(g == (1, gh, gw) for _, g in runs)
 
 
+def test_sampling_and_counts_are_transformers_video_processors(standin, frames):
+    """``Qwen3VLVideoProcessor`` (built without torchvision; only its calls need it): its
+    ``sample_frames`` keeps our frames, its ``get_num_of_video_patches`` counts our tokens."""
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    settings = video_settings(standin, "test")
+    hf = Qwen3VLVideoProcessor(**{k: v for k, v in settings.items() if k not in ("video_processor_type", "processor_class")})
+    ours = FrameVideoProcessor(settings)
+    proc = build_processor({"checkpoint": str(standin), "modality": "video"})
+    for n, h, w, fps in CLIP_SHAPES + [(100, 48, 64, 30.0), (61, 32, 32, 24.0)]:
+        kept = hf.sample_frames(VideoMetadata(total_num_frames=n, fps=fps))
+        assert ours.sample_indices(n, fps).tolist() == kept.tolist(), (n, fps)
+        feats = proc.preprocess(Video(frames=frames(n, h, w), fps=fps))
+        assert proc.num_tokens(feats) == hf.get_num_of_video_patches(len(kept), h, w) // 4, (n, h, w, fps)
+
+
 def test_frame_sampling_follows_the_settings(standin):
     """``Qwen3VLVideoProcessor.sample_frames``' rule, worked by hand."""
     vp = FrameVideoProcessor(video_settings(standin, "test"))  # fps 2, min_frames 4
