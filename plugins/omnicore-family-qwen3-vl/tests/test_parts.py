@@ -215,3 +215,23 @@ def test_bad_checkpoints_and_media_name_what_to_fix(standin, tmp_path, image):
         build_processor({"checkpoint": str(standin)}).preprocess(np.zeros((4, 4, 3)))
     with pytest.raises(TypeError, match="expects an omnicore.api.Video"):
         build_processor({"checkpoint": str(standin), "modality": "video"}).preprocess(image(30, 30))
+
+
+def test_a_tied_checkpoint_reads_the_head_from_the_embeddings(standin, tmp_path):
+    """Qwen3-VL-2B and 4B tie their embeddings (no ``lm_head.weight`` in their safetensors): the LM
+    is tied and its logits are transformers'."""
+    from transformers import AutoModelForImageTextToText
+
+    folder = tmp_path / "tied"
+    shutil.copytree(standin, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, tie_word_embeddings=True)))
+    with safe_open(str(standin / "model.safetensors"), "pt") as f:
+        save_file({k: f.get_tensor(k) for k in f.keys() if k != "lm_head.weight"}, str(folder / "model.safetensors"))
+    hf = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    found = Qwen3VLFoundation({"checkpoint": str(folder)})
+    lm = load_now(found.build_model(len(found.build_tokenizer()))).eval()
+    assert lm.lm_head.weight is lm.model.embed_tokens.weight
+    ids = torch.tensor([[5, 60, 7, 250, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(lm(input_ids=ids).logits, hf(input_ids=ids).logits, atol=1e-5, rtol=0)
