@@ -381,7 +381,9 @@ class Qwen3VLMediaProcessor:
         meta = {"total_num_frames": len(frames), "fps": float(media.fps), "height": frames.shape[1], "width": frames.shape[2]}
         out = self.video_processor(videos=[frames], video_metadata=[meta], return_metadata=True, return_tensors="pt")
         md = out["video_metadata"][0]
-        seconds = frame_group_seconds(list(md.frames_indices), float(md.fps), self.temporal_patch_size)
+        seconds = frame_group_seconds(
+            list(md.frames_indices), float(md.fps or 24), self.temporal_patch_size
+        )  # 24: Qwen3VLProcessor's default
         return {
             "pixel_values_videos": out["pixel_values_videos"].to(torch.float32).contiguous(),
             "video_grid_thw": out["video_grid_thw"][0].to(torch.long),
