@@ -10,7 +10,9 @@ chatml``) the template is ours, in the style of ChatML::
 
 A media part on the *input* side (any role but assistant) becomes ``N`` copies of the encoder's
 placeholder ``<|{modality}_pad|>``, where ``N = processor.num_tokens(features)`` of the encoder's
-processor (:class:`omnicore.components.Processor`): the one formula that data and model share. A
+processor (:class:`omnicore.components.Processor`): the one formula that data and model share
+(wrapped in the processor's ``wrap`` tokens; a processor with ``runs`` splits them into several
+wrapped runs with text before each, as Qwen3-VL writes a clip's frame groups). A
 media part in an *assistant* message is a generation target: it becomes ``<|{modality}_start|>``
 followed by ``N`` copies of ``<|{modality}_out|>``, with ``N`` from the decoder's processor.
 
