@@ -355,8 +355,9 @@ class FoundationOptional(Protocol):
         """The foundation's keyword arguments that carry encoder rows into its intermediate layers
         (see :class:`EncoderOutput`): ``mask`` bool ``[B, T]`` marks the positions of every encoder
         placeholder whose encoder returned layer rows, ``per_layer`` holds one ``[n, H]`` tensor per
-        layer (``n = mask.sum()``, rows in sequence order). Read once, when the model is built;
-        required when an encoder returns :class:`EncoderOutput` with layer rows."""
+        layer (``n = mask.sum()``, rows in sequence order). Read when the model is built, called in
+        every forward and in the prefill of generation; required when an encoder returns
+        :class:`EncoderOutput` with layer rows."""
 
     def part_names(self) -> dict[str, list[str]]:
         """The family's part names (``vision_tower``, ``merger``, ``language_model``) -> parameter

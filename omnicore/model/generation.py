@@ -2,10 +2,9 @@
 
 Several prompts run in one forward: they are left-padded to the longest (``attention_mask`` 0 on the
 padding, ``position_ids`` counted from each prompt's first real token, so every row sees the
-positions it would see alone), their media placeholders are merged by :meth:`OmniModel.embed_inputs` once
-for the whole batch, and the first forward (with the encoders' layer inputs, if any: DeepStack)
-fills the foundation's KV cache
-(``transformers.DynamicCache``). Then every row advances one token per forward. With an mRoPE
+positions it would see alone), their media placeholders are merged by :meth:`OmniModel.embed_inputs`
+once for the whole batch, and the first forward (with the encoders' layer inputs, if any: DeepStack)
+fills the foundation's KV cache (``transformers.DynamicCache``). Then every row advances one token per forward. With an mRoPE
 foundation (``model.rope``) each row also carries its prompt's 3-D positions (from the processor,
 ``Encoded.rope_position_ids``), and new tokens continue one past the prompt's largest position.
 
