@@ -426,6 +426,10 @@ class ParallelModel(Protocol):
         """The foundation's repeated transformer blocks, in order: the FSDP2, checkpointing and
         compile unit."""
 
+    def layer_kwargs(self, layers: Any) -> dict[str, Any]:
+        """The foundation's keyword arguments for encoder rows of its intermediate layers
+        (``seq["layer_rows"]`` of :meth:`register_sequence_hook`, or a slice of it); ``{}`` for None."""
+
     def register_sequence_hook(self, hook: Any) -> Any:
         """Register ``hook(model, seq) -> seq``, called in every forward after the media embeddings
         are merged and before the foundation runs: the sharding point of sequence parallelism.
@@ -438,8 +442,12 @@ class ParallelModel(Protocol):
         the foundation's forward, which transformers passes down to the attention function); with an
         mRoPE foundation also ``rope_position_ids`` ``[3, 1, T]`` (cut like ``position_ids``); and
         ``layer_inputs``, the names of the ``foundation_kwargs`` that carry encoder rows into the
-        foundation's intermediate layers (``FoundationOptional.layer_inputs``; empty when none): a
-        hook that slices the sequence must slice those too, or raise. A hook
+        foundation's intermediate layers (``FoundationOptional.layer_inputs``; empty when none), and
+        ``layer_rows``, what they were made from (None when none: ``mask`` bool ``[1, T]`` and
+        ``per_layer``, one ``[mask.sum(), H]`` per layer, rows in sequence order): a hook that
+        slices the sequence slices ``mask`` alike, keeps the rows of its positions and replaces
+        those kwargs with :meth:`layer_kwargs` of the result (``dataclasses.replace`` of
+        ``layer_rows``), or raises. A hook
         returns the same keys, possibly sliced to this rank's part of the sequence; the losses are
         then sums over that part. ``cu_seqlens`` always describes the *whole* row (attention
         wrappers that gather the sequence use it). Returns a handle whose ``remove()`` unregisters.

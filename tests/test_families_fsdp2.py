@@ -36,7 +36,7 @@ def _write_media(folder, family, i):
     return [{"type": "image", "path": f"m{i}.png"}, {"type": "text", "text": "What?"}]
 
 
-def losses(family, folder, data, out, grad_accum):  # module level: each spawned rank imports it by name
+def losses(family, folder, data, out, grad_accum, parallel=None):  # module level: each spawned rank imports it by name
     from omnicore.testing import Config, train
 
     cfg = Config.model_validate(
@@ -45,24 +45,45 @@ def losses(family, folder, data, out, grad_accum):  # module level: each spawned
             "model": {"foundation": {"name": family, "options": {"checkpoint": folder}}},
             "data": {"train": data, "max_tokens": 256},
             "train": {"max_steps": 3, "grad_accum": grad_accum, "progress": False, "export": False, "lr": 1e-2, "warmup_steps": 0},
-            "parallel": {"strategies": ["fsdp2"], "backend": "gloo"},
+            "parallel": parallel or {"strategies": ["fsdp2"], "backend": "gloo"},
         }
     )
     return [row["loss"] for row in train(cfg)]
 
 
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("family", sorted(MODULES))
-def test_two_fsdp2_processes_equal_one(tmp_path, family):
-    folder = importlib.import_module(f"{MODULES[family]}.standin").save_standin(tmp_path / "standin")
+def _data(tmp_path, family):
     rows = []
     for i in range(12):
         user = _write_media(tmp_path, family, i)
         rows.append({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": f"answer {i % 4}"}]})
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("family", sorted(MODULES))
+def test_two_fsdp2_processes_equal_one(tmp_path, family):
+    folder = importlib.import_module(f"{MODULES[family]}.standin").save_standin(tmp_path / "standin")
+    data = _data(tmp_path, family)
     one = losses(family, str(folder), str(data), str(tmp_path / "one"), 2)
     two = run_distributed(losses, 2, args=(family, str(folder), str(data), str(tmp_path / "two"), 1), timeout=600)
     assert two[0] == two[1]
     assert max_rel_diff(two[0], one) <= 1e-5, (one, two[0])
     assert one[-1] < one[0]  # it trains: the loss falls over the 3 steps
+
+
+@pytest.mark.multiprocess
+def test_qwen3_vl_with_ulysses_sp2_equals_one_process(tmp_path):
+    """Qwen3-VL's DeepStack rows under sequence parallelism: Ulysses (SP 2, FSDP2 over the same two
+    ranks) cuts the visual mask and its rows with the packed row, so the two ranks, which read the
+    same samples, train to one process's losses."""
+    from omnicore_family_qwen3_vl.standin import save_standin
+
+    folder = save_standin(tmp_path / "standin")
+    data = _data(tmp_path, "qwen3_vl")
+    one = losses("qwen3_vl", str(folder), str(data), str(tmp_path / "one"), 1)
+    parallel = {"strategies": ["ulysses", "fsdp2"], "sp": 2, "backend": "gloo"}
+    two = run_distributed(losses, 2, args=("qwen3_vl", str(folder), str(data), str(tmp_path / "two"), 1, parallel), timeout=600)
+    assert two[0] == two[1]
+    assert max_rel_diff(two[0], one) <= 1e-5, (one, two[0])

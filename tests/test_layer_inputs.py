@@ -1,7 +1,7 @@
 """Encoder rows for the foundation's intermediate layers (``omnicore.api.EncoderOutput``, the core
 side of DeepStack): gathered over modalities in sequence order, handed to the foundation's
-``layer_inputs``, kept in the graph by dummy passes, refused where they cannot be used, and an
-encoder item written as several runs (``Processor.runs``). The published Qwen3-VL family checks
+``layer_inputs``, kept in the graph by dummy passes, refused where they cannot be used, cut by
+Ulysses with the sequence, and an encoder item written as several runs (``Processor.runs``). The published Qwen3-VL family checks
 the same path against transformers (``plugins/omnicore-family-qwen3-vl/tests/test_model.py``)."""
 
 from __future__ import annotations
@@ -141,12 +141,38 @@ def test_layer_rows_the_model_cannot_use_are_refused():
         _model(image_depth=1)(_batch(_inputs()))
 
 
-def test_ulysses_refuses_layer_inputs():
+def test_ulysses_cuts_the_layer_rows_with_the_sequence():
+    """Ulysses' sequence hook gives each rank its positions of the mask and their rows (the row is
+    padded to a multiple of sp first), rebuilt through the model's ``layer_kwargs``; without
+    ``layer_rows`` to cut from it refuses."""
+    from types import SimpleNamespace
+
+    from omnicore.model.omni import LayerRows
     from omnicore_parallel_ulysses.strategy import SequenceShard
 
-    seq = {"foundation_kwargs": {"visual_pos_masks": None, "deepstack_visual_embeds": []}, "layer_inputs": ("visual_pos_masks",)}
-    with pytest.raises(NotImplementedError, match=r"does not yet slice the foundation's layer inputs \['visual_pos_masks'\]"):
-        SequenceShard(None, False)(None, seq)
+    model = _model()
+    ids = torch.tensor([IDS[:-1]])  # 9 tokens: padded to 10 for sp 2
+    mask = (ids == IMG) | (ids == VID)
+    rows = LayerRows(mask, [torch.arange(6.0)[:, None].expand(6, H), 10 + torch.arange(6.0)[:, None].expand(6, H)])
+    seq = {
+        "inputs_embeds": torch.zeros(1, 9, H),
+        "position_ids": torch.arange(9)[None],
+        "labels": torch.zeros(1, 9, dtype=torch.long),
+        "decoder_labels": {},
+        "cu_seqlens": torch.tensor([0, 9], dtype=torch.int32),
+        "max_seqlen": 9,
+        "foundation_kwargs": model.layer_kwargs(rows),
+        "layer_inputs": ("visual_pos_masks", "deepstack_visual_embeds"),
+        "layer_rows": rows,
+    }
+    got = [SequenceShard(SimpleNamespace(size=2, rank=r), False)(model, dict(seq)) for r in (0, 1)]
+    assert [g["foundation_kwargs"]["visual_pos_masks"][0].tolist() for g in got] == [
+        [False, True, True, False, True],
+        [False, True, True, True, False],
+    ]
+    assert [g["foundation_kwargs"]["deepstack_visual_embeds"][1][:, 0].tolist() for g in got] == [[10, 11, 12], [13, 14, 15]]
+    with pytest.raises(NotImplementedError, match=r"cannot slice the foundation's layer inputs \['visual_pos_masks'\]"):
+        SequenceShard(SimpleNamespace(size=2, rank=0), False)(model, {**seq, "layer_rows": None, "layer_inputs": ("visual_pos_masks",)})
 
 
 def test_an_item_written_as_runs_with_text_between():

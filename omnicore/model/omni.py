@@ -354,6 +354,7 @@ class OmniModel(nn.Module):
             "max_seqlen": max_seqlen,
             "foundation_kwargs": layer_kwargs,
             "layer_inputs": tuple(layer_kwargs),
+            "layer_rows": layers,
         }
         if self.rope is not None:
             rope = batch.rope_position_ids

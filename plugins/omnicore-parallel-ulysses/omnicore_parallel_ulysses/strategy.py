@@ -155,7 +155,12 @@ class SequenceShard:
     rank rotates its own tokens by their own 3-D positions. The 1-D ``position_ids`` row, not the
     3-D rows, is what goes down as the global positions: it restarts per packed sample and so
     keeps the samples apart in the attention on the full sequence (the 3-D rows of an image do not
-    continue by one)."""
+    continue by one).
+
+    Encoder rows for the foundation's intermediate layers (``seq["layer_rows"]``, Qwen3-VL's
+    DeepStack) are cut alike: each rank keeps its part of the mask and the rows of those positions
+    (:func:`layer_rows_part`), and the model's ``layer_kwargs`` rebuilds the foundation's keyword
+    arguments from them; the foundation adds them to its own slice of the hidden states."""
 
     def __init__(self, state: Any, reduce_gradients: bool):
         self.state = state
@@ -165,11 +170,11 @@ class SequenceShard:
     def __call__(self, model: Any, seq: dict[str, Any]) -> dict[str, Any]:
         from omnicore_parallel_ulysses.attention import POSITION_IDS_KWARG
 
-        if seq.get("layer_inputs"):
+        if seq.get("layer_inputs") and seq.get("layer_rows") is None:
             raise NotImplementedError(
-                f"ulysses does not yet slice the foundation's layer inputs {list(seq['layer_inputs'])} (encoder rows added to "
-                "intermediate layers, e.g. Qwen3-VL's DeepStack) along the sequence; train this model without sequence "
-                "parallelism (parallel.sp: 1)"
+                f"ulysses cannot slice the foundation's layer inputs {list(seq['layer_inputs'])} (encoder rows added to "
+                "intermediate layers, e.g. Qwen3-VL's DeepStack): the sequence holds no layer_rows to cut them from; "
+                "train this model without sequence parallelism (parallel.sp: 1)"
             )
         if self.reduce_gradients and not self._hooked:
             self._hook_gradients(model)
@@ -188,6 +193,10 @@ class SequenceShard:
         }
         if seq.get("rope_position_ids") is not None:  # mRoPE: [3, 1, T], cut along the sequence
             out["rope_position_ids"] = seq["rope_position_ids"][..., part]
+        if seq.get("layer_inputs"):  # DeepStack-like rows: this rank's positions and their rows
+            rows = layer_rows_part(seq["layer_rows"], seq["position_ids"].shape[-1], part)
+            out["foundation_kwargs"].update(model.layer_kwargs(rows))
+            out["layer_inputs"], out["layer_rows"] = seq["layer_inputs"], rows
         return out
 
     def _hook_gradients(self, model: Any) -> None:
@@ -216,6 +225,23 @@ class SequenceShard:
             if p.requires_grad and not isinstance(p, DTensor) and id(p) not in managed:
                 p.register_hook(average)
         self._hooked = True
+
+
+def layer_rows_part(rows: Any, length: int, part: slice) -> Any:
+    """This rank's part of the encoders' rows for the foundation's intermediate layers
+    (``seq["layer_rows"]``: ``mask`` bool ``[1, T]``, ``per_layer`` ``[mask.sum(), H]`` each, rows
+    in sequence order): the mask padded with False to the padded row's ``length`` and cut to
+    ``part``, and the rows of the positions it keeps (those between the marked positions before
+    ``part`` and the ones in it)."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    mask = F.pad(rows.mask, (0, length - rows.mask.shape[-1]), value=False)
+    local = mask[..., part]
+    first = int(mask[..., : part.start].sum())
+    n = int(local.sum())
+    return dataclasses.replace(rows, mask=local, per_layer=[r[first : first + n] for r in rows.per_layer])
 
 
 def pad_row(seq: dict[str, Any], sp: int) -> dict[str, Any]:
