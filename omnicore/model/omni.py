@@ -171,8 +171,9 @@ class OmniModel(nn.Module):
 
         The contract is :meth:`omnicore.components.ParallelModel.register_sequence_hook` (what
         ``seq`` holds: ``inputs_embeds``, ``position_ids``, ``labels``, ``decoder_labels``,
-        ``cu_seqlens``, ``max_seqlen``, ``foundation_kwargs``). Returns a handle whose
-        ``remove()`` unregisters the hook.
+        ``cu_seqlens``, ``max_seqlen``, ``foundation_kwargs``, ``layer_inputs``, ``layer_rows``,
+        and ``rope_position_ids`` for an mRoPE foundation). Returns a handle whose ``remove()``
+        unregisters the hook.
         """
         from torch.utils.hooks import RemovableHandle
 
