@@ -49,6 +49,14 @@ IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 """The features of one item, under the names the HF model's ``forward`` takes."""
 
+OTHER_FAMILIES = {
+    "qwen3_vl": ("qwen3_vl", "qwen3_vl_encoder", "omnicore_family_qwen3_vl", "omnicore-family-qwen3-vl"),
+    "llava": ("llava", "llava_encoder", "omnicore_family_llava", "omnicore-family-llava"),
+    "qwen2_audio": ("qwen2_audio", "qwen2_audio_encoder", "omnicore_family_qwen2_audio", "omnicore-family-qwen2-audio"),
+}
+"""Model types that another first-party family reads: ``model_type -> (foundation, encoder, module,
+distribution)``, for the hint of :func:`checkpoint_folder`."""
+
 
 class Qwen2VLEncoderOptions(BaseModel):
     """Options of ``encoder/qwen2_vl_encoder``."""
@@ -89,7 +97,8 @@ def checkpoint_folder(checkpoint: str, what: str) -> Path:
 
     Raises:
         ValueError: naming ``what`` and what to put there, when the folder or its ``config.json`` is
-            missing or its ``model_type`` is not one of :data:`MODEL_TYPES`.
+            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the family to use
+            instead where :data:`OTHER_FAMILIES` has the model type).
     """
     folder = Path(checkpoint).expanduser()
     cfg = folder / "config.json"
@@ -97,8 +106,24 @@ def checkpoint_folder(checkpoint: str, what: str) -> Path:
         raise ValueError(f"{what}: {str(folder)!r} has no config.json; {WHAT_TO_PUT}")
     model_type = json.loads(cfg.read_text()).get("model_type")
     if model_type not in MODEL_TYPES:
-        raise ValueError(f"{what}: {cfg} has model_type {model_type!r}, not one of {', '.join(MODEL_TYPES)}; {WHAT_TO_PUT}")
+        raise ValueError(
+            f"{what}: {cfg} has model_type {model_type!r}, not one of {', '.join(MODEL_TYPES)}"
+            f"{other_family_hint(model_type, what)}; otherwise {WHAT_TO_PUT}"
+        )
     return folder
+
+
+def other_family_hint(model_type: Any, what: str) -> str:
+    """What to use instead for a checkpoint of ``model_type`` that another family in
+    :data:`OTHER_FAMILIES` reads (its foundation for ``model.foundation...``, else its encoder),
+    saying whether that family is installed; ``""`` for other model types."""
+    other = OTHER_FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if other is None:
+        return ""
+    foundation, encoder, module, dist = other
+    use = f"foundation {foundation} (model.foundation.name: {foundation})" if what.startswith("model.foundation") else f"encoder {encoder}"
+    installed = "installed" if importlib.util.find_spec(module) is not None else "not installed here"
+    return f"; this is a {model_type} checkpoint: use {use}, from {dist} ({installed})"
 
 
 def tokens_per_second(folder: Path) -> float | None:

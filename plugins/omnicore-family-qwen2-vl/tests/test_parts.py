@@ -266,3 +266,38 @@ def test_a_tied_checkpoint_reads_the_head_from_the_embeddings(standin, tmp_path)
     ids = torch.tensor([[5, 60, 7, 250, 9]])
     with torch.no_grad():
         torch.testing.assert_close(lm(input_ids=ids).logits, hf(input_ids=ids).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "foundation", "encoder"),
+    [
+        ("qwen3_vl", "qwen3_vl", "qwen3_vl_encoder"),
+        ("llava", "llava", "llava_encoder"),
+        ("qwen2_audio", "qwen2_audio", "qwen2_audio_encoder"),
+    ],
+)
+def test_a_checkpoint_of_another_family_names_the_family_to_use(tmp_path, model_type, foundation, encoder):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    with pytest.raises(
+        ValueError, match=rf"this is a {model_type} checkpoint: use foundation {foundation} \(model.foundation.name: {foundation}\)"
+    ):
+        Qwen2VLFoundation({"checkpoint": str(tmp_path)})
+    with pytest.raises(ValueError, match=rf"model.encoders.image.options.checkpoint: .*use encoder {encoder}, from omnicore-family-"):
+        build_processor({"checkpoint": str(tmp_path)})
+
+
+def test_a_model_type_no_family_reads_gets_no_hint(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(ValueError, match=r"model_type 'bert', not one of qwen2_vl, qwen2_5_vl; otherwise point options.checkpoint"):
+        Qwen2VLFoundation({"checkpoint": str(tmp_path)})
+
+
+def test_the_hint_says_when_the_other_family_is_not_installed(tmp_path, monkeypatch):
+    from omnicore_family_qwen2_vl import processor
+
+    monkeypatch.setitem(processor.OTHER_FAMILIES, "llava", ("llava", "llava_encoder", "no_such_module_here", "omnicore-family-llava"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava"}))
+    with pytest.raises(
+        ValueError, match=r"use foundation llava \(model.foundation.name: llava\), from omnicore-family-llava \(not installed here\)"
+    ):
+        Qwen2VLFoundation({"checkpoint": str(tmp_path)})
