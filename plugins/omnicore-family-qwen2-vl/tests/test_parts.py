@@ -301,3 +301,10 @@ def test_the_hint_says_when_the_other_family_is_not_installed(tmp_path, monkeypa
         ValueError, match=r"use foundation llava \(model.foundation.name: llava\), from omnicore-family-llava \(not installed here\)"
     ):
         Qwen2VLFoundation({"checkpoint": str(tmp_path)})
+
+
+def test_building_the_lm_logs_the_checkpoint_model_type(standin, family, caplog):
+    caplog.set_level("INFO", logger="omnicore_family_qwen2_vl.foundation")
+    Qwen2VLFoundation({"checkpoint": str(standin)}).build_model(10)
+    cls = "Qwen2_5_VLForConditionalGeneration" if family == "qwen2_5_vl" else "Qwen2VLForConditionalGeneration"
+    assert f"foundation qwen2_vl: {standin} is a {family} checkpoint ({cls})" in caplog.text

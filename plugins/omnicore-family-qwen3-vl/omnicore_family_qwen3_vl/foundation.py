@@ -12,6 +12,7 @@ and the same module for video; :meth:`export_pretrained` writes the published la
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from omnicore_family_qwen3_vl.loading import LM_RENAMES, TOWER_PARTS, plan_part
 from omnicore_family_qwen3_vl.processor import IMAGE_PAD, VIDEO_PAD, WRAP, Qwen3VLFoundationOptions, checkpoint_folder
 
 WHAT = "model.foundation.options.checkpoint"
+
+logger = logging.getLogger(__name__)
 
 
 class Qwen3VLFoundation:
@@ -52,7 +55,7 @@ class Qwen3VLFoundation:
 
     def build_model(self, vocab_size: int, dtype: Any = None) -> Any:
         """The text LM under its head, on the meta device with the plan that reads the checkpoint's
-        language-model tensors after sharding.
+        language-model tensors after sharding. Logs the checkpoint's model type and class.
 
         Args:
             vocab_size: input embeddings needed; the model has ``max(text_config.vocab_size,
@@ -64,6 +67,8 @@ class Qwen3VLFoundation:
             LoadError: (``ValueError``) the checkpoint's language-model tensors do not fit.
         """
         config = self.config()
+        arch = ", ".join(getattr(config, "architectures", None) or []) or "no architectures in config.json"
+        logger.info("foundation qwen3_vl: %s is a %s checkpoint (%s)", self.folder, config.model_type, arch)
         rows = int(config.text_config.vocab_size)
         with on_meta():
             model = build_mrope_lm(config, vocab_size=vocab_size, dtype=dtype)

@@ -260,3 +260,9 @@ def test_a_model_type_no_family_reads_gets_no_hint(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(ValueError, match=r"model_type 'bert', not one of qwen3_vl; otherwise point options.checkpoint"):
         Qwen3VLFoundation({"checkpoint": str(tmp_path)})
+
+
+def test_building_the_lm_logs_the_checkpoint_model_type(standin, caplog):
+    caplog.set_level("INFO", logger="omnicore_family_qwen3_vl.foundation")
+    Qwen3VLFoundation({"checkpoint": str(standin)}).build_model(10)
+    assert f"foundation qwen3_vl: {standin} is a qwen3_vl checkpoint (Qwen3VLForConditionalGeneration)" in caplog.text
