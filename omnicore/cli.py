@@ -259,8 +259,8 @@ Any config key can be overridden after CONFIG by its dotted path, for example
   --train.max_steps 50  --run.output_dir runs/try  --parallel.strategies '[ulysses]'
 The value is read as YAML (50 is an int, true a bool, [a, b] a list). A mapping merges into the
 file's; null removes a key so that it takes its default (--run.loggers null: back to [jsonl]).
-Every key is documented where it is defined, in omnicore/config.py (each field's description);
-docs/config.md explains the sections."""
+Every key is listed with its description in docs/reference/config.md (generated from
+omnicore/config.py, where the keys are defined); docs/config.md explains the sections."""
 """The part of each config-reading subcommand's ``--help`` that explains dotted overrides."""
 
 EXAMPLES = {

@@ -46,9 +46,10 @@ def test_help_ends_with_its_own_example_which_parses(name):
 
 def test_train_help_explains_overrides_and_where_keys_are_documented():
     text = _help("train")
-    for words in ("--train.max_steps 50", "null removes a key", "omnicore/config.py", "docs/config.md"):
+    for words in ("--train.max_steps 50", "null removes a key", "docs/reference/config.md", "docs/config.md"):
         assert words in text
-    assert (ROOT / "docs" / "config.md").is_file()  # the page the help points to
+    assert (ROOT / "docs" / "config.md").is_file()  # the pages the help points to
+    assert (ROOT / "docs" / "reference" / "config.md").is_file()
 
 
 def test_null_override_removes_a_key():
