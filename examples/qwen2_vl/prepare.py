@@ -4,11 +4,13 @@
 Two things are written, both deterministic for given arguments:
 
 * ``--checkpoint`` (default ``examples/qwen2_vl/standin``): a tiny random
-  ``Qwen2VLForConditionalGeneration`` (or ``Qwen2_5_VLForConditionalGeneration`` with
-  ``--family qwen2_5_vl``) with its tokenizer, chat template and processor, saved with
-  ``save_pretrained`` by the family plugin's ``save_standin``. It has the layout of
-  ``Qwen/Qwen2-VL-2B-Instruct``, at toy size and with random weights; nothing is downloaded. Skipped
-  when the folder already holds a ``config.json`` (a real checkpoint put there is kept).
+  ``Qwen2VLForConditionalGeneration`` (``Qwen2_5_VLForConditionalGeneration`` with ``--family
+  qwen2_5_vl``, ``Qwen3VLForConditionalGeneration`` with ``--family qwen3_vl``) with its tokenizer,
+  chat template and processor, saved with ``save_pretrained`` by the family plugin's
+  ``save_standin``. It has the layout of the published checkpoints (``Qwen/Qwen2-VL-2B-Instruct``),
+  at toy size and with random weights; nothing is downloaded. Skipped when the folder already holds
+  a ``config.json`` of the same model type (a real checkpoint put there is kept); refused when its
+  model type is another one, so a switch of ``--family`` never trains the old model.
 * ``--out`` (default ``examples/qwen2_vl/data``): ``train.jsonl`` and ``eval.jsonl`` in omnicore's
   chat format, and their PNG images. Each image is a filled square of one of :data:`COLOURS` at a
   random place and size on a grey background; the user asks "What colour is the square?", the
@@ -17,12 +19,16 @@ Two things are written, both deterministic for given arguments:
 
 Only numpy and PIL are needed for the data. Usage::
 
-    python examples/qwen2_vl/prepare.py [--family qwen2_vl] [--train 400] [--eval 40] [--seed 0]
+    python examples/qwen2_vl/prepare.py [--family qwen2_vl] [--checkpoint DIR] [--train 400] [--eval 40] [--seed 0]
+
+The foundation that reads the stand-in is ``qwen2_vl`` for ``qwen2_vl`` and ``qwen2_5_vl``, and
+``qwen3_vl`` for ``qwen3_vl`` (:data:`FOUNDATIONS`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -34,6 +40,8 @@ HERE = Path(__file__).resolve().parent
 COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (50, 80, 220), "yellow": (230, 210, 40)}
 """Answer -> RGB fill of the square."""
 QUESTION = "What colour is the square?"
+FOUNDATIONS = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "qwen3_vl": "qwen3_vl"}
+"""``--family`` (the stand-in's ``model_type``) -> the ``model.foundation.name`` that reads it."""
 
 
 def draw(rng: np.random.Generator, colour: tuple[int, int, int], size: int) -> Image.Image:
@@ -74,7 +82,7 @@ def write_split(out: Path, split: str, n: int, rng: np.random.Generator, size: i
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", choices=("qwen2_vl", "qwen2_5_vl"), default="qwen2_vl", help="the stand-in's class")
+    ap.add_argument("--family", choices=tuple(FOUNDATIONS), default="qwen2_vl", help="the stand-in's model type")
     ap.add_argument("--checkpoint", type=Path, default=HERE / "standin", help="where the stand-in checkpoint goes")
     ap.add_argument("--out", type=Path, default=HERE / "data", help="where the JSONL and images go")
     ap.add_argument("--train", type=int, default=400, help="training samples")
@@ -82,16 +90,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=56, help="image side in pixels (the processor resizes as published)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if (args.checkpoint / "config.json").is_file():
-        print(f"checkpoint: {args.checkpoint} already holds a config.json, kept")
-    else:
-        try:
-            from omnicore_family_qwen2_vl.standin import save_standin
-        except ImportError:
-            print("prepare.py: the Qwen2-VL family is not installed; run `bash scripts/setup.sh` first", file=sys.stderr)
+    config = args.checkpoint / "config.json"
+    if config.is_file():
+        held = json.loads(config.read_text()).get("model_type")
+        if held != args.family:
+            print(
+                f"prepare.py: {args.checkpoint} already holds a {held!r} checkpoint, not {args.family!r} (--family); "
+                f"give another --checkpoint folder, or delete {args.checkpoint} to write a {args.family} stand-in there",
+                file=sys.stderr,
+            )
             return 2
-        save_standin(args.checkpoint, family=args.family, seed=args.seed)
-        print(f"checkpoint: a tiny random {args.family} stand-in in {args.checkpoint}")
+        print(f"checkpoint: {args.checkpoint} already holds a {held} config.json, kept")
+    else:
+        plugin = "omnicore_family_qwen3_vl" if args.family == "qwen3_vl" else "omnicore_family_qwen2_vl"
+        try:
+            standin = importlib.import_module(f"{plugin}.standin")
+        except ImportError:
+            print(f"prepare.py: {plugin} (the {args.family} family) is not installed; run `bash scripts/setup.sh` first", file=sys.stderr)
+            return 2
+        if args.family == "qwen3_vl":
+            standin.save_standin(args.checkpoint, seed=args.seed)
+        else:
+            standin.save_standin(args.checkpoint, family=args.family, seed=args.seed)
+        print(f"checkpoint: a tiny random {args.family} stand-in in {args.checkpoint} (foundation {FOUNDATIONS[args.family]})")
     rng = np.random.default_rng(args.seed)
     n_train = write_split(args.out, "train", args.train, rng, args.size)
     n_eval = write_split(args.out, "eval", args.eval, rng, args.size)
