@@ -7,9 +7,14 @@ is what serving the fine-tune looks like anywhere transformers runs.
 
 Usage::
 
-    python examples/qwen2_vl/serve.py runs/qwen2_vl/export --data examples/qwen2_vl/data/eval.jsonl [--limit 8]
+    python examples/qwen2_vl/serve.py runs/qwen2_vl/export --data examples/qwen2_vl/data/eval.jsonl [--limit 8] [--max-new-tokens N]
 
-Prints each question's expected and generated answer and the share that match.
+Prints each question's expected and generated answer and the share that match. Answers stop at the
+end of the turn or after ``--max-new-tokens`` tokens (default: the export's
+``generation_config.json`` where it sets ``max_new_tokens``, else :data:`DEFAULT_MAX_NEW_TOKENS`).
+
+Elsewhere, import :func:`load_processor` from this file (``from serve import load_processor`` with
+this folder on ``sys.path``) to get the export's processor on a machine without torchvision.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+DEFAULT_MAX_NEW_TOKENS = 64
+"""``--max-new-tokens`` where neither the command line nor the export's generation config sets one."""
 
 
 def load_processor(folder: Path):
@@ -50,7 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("export", type=Path, help="the export folder (omnicore train writes <output_dir>/export)")
     ap.add_argument("--data", type=Path, required=True, help="a JSONL of chat samples with one image and a text answer")
     ap.add_argument("--limit", type=int, default=8, help="answer only the first N samples")
-    ap.add_argument("--max-new-tokens", type=int, default=8, help="as the config's generate.max_new_tokens")
+    ap.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help=(
+            "longest answer in tokens (generation stops earlier at the end of the turn); default: max_new_tokens of the "
+            f"export's generation_config.json where it sets one, else {DEFAULT_MAX_NEW_TOKENS}. The recipe passes 8, as its "
+            "config's generate.max_new_tokens"
+        ),
+    )
     ap.add_argument("--json", type=Path, help="also write [{where, expected, answer}] to this file")
     args = ap.parse_args(argv)
     if not (args.export / "config.json").is_file():
@@ -62,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForImageTextToText
 
     model = AutoModelForImageTextToText.from_pretrained(args.export, dtype=torch.float32).eval()
+    max_new_tokens = args.max_new_tokens
+    if max_new_tokens is None:
+        max_new_tokens = getattr(model.generation_config, "max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS
     processor = load_processor(args.export)
     print(f"loaded {type(model).__name__} from {args.export}")
     rows = [json.loads(line) for line in args.data.read_text().splitlines() if line.strip()][: args.limit]
@@ -74,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         text = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False)
         inputs = processor(text=[text], images=images, return_tensors="pt")
         with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False)
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
         answer = processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)[0].strip()
         right += answer == expected
         answers.append({"where": f"{args.data}:{i}", "expected": expected, "answer": answer})
