@@ -24,7 +24,7 @@ from omnicore.data.jsonl import Message, Part, Sample
 from omnicore.data.packing import collate
 from omnicore.model.build import build_omni_model, prepare_tokenizer
 from omnicore.model.foundation import byte_tokenizer
-from omnicore.model.loading import LoadError, checkpoint_index, fill_pending, plan_load
+from omnicore.model.loading import LoadError, checkpoint_index, fill_now, fill_pending, on_meta, plan_checkpoint, plan_load
 from omnicore.registry import RegistryError
 
 TEMPLATE = (
@@ -341,6 +341,29 @@ def test_plan_load_renames_read_a_part_of_a_composite_checkpoint(tmp_path):
     }
     with pytest.raises(LoadError, match=r"tower.weight"):
         plan_load(module, tmp_path, entries, prefix="", renames={"model.visual.": "tower."}, ignore_unused=["visual"])
+
+
+def test_other_parts_leave_the_rest_of_a_composite_checkpoint_unused(tmp_path):
+    """``plan_checkpoint(other_parts=...)`` leaves the tensors under those prefixes unused where
+    present, and a prefix of a layout this folder does not use is no error (an ``ignore_unused``
+    pattern that matches nothing is); without it the other part's tensors are reported unused;
+    ``fill_now`` then reads the plan's tensors on this process."""
+    save_file(
+        {"visual.weight": torch.full((3, 2), 2.0), "visual.bias": torch.zeros(3), "language_model.norm.weight": torch.ones(3)},
+        str(tmp_path / "model.safetensors"),
+    )
+    with on_meta():
+        tower = torch.nn.Linear(2, 3)
+    renames = {"visual.": ""}
+    with pytest.raises(LoadError, match=r"does not use: 'language_model.norm.weight'"):
+        plan_checkpoint(tower, tmp_path, renames=renames)
+    with pytest.raises(LoadError, match=r"ignore_unused patterns match nothing: \['model.language_model'\]"):
+        plan_checkpoint(tower, tmp_path, renames=renames, ignore_unused=["language_model", "model.language_model"])
+    tower.omnicore_pending_load = plan_checkpoint(tower, tmp_path, renames=renames, other_parts=["model.language_model", "language_model"])
+    assert tower.omnicore_pending_load.sources == {"weight": "visual.weight", "bias": "visual.bias"}
+    filled = fill_now(tower)
+    assert torch.equal(filled.weight, torch.full((3, 2), 2.0)) and torch.equal(filled.bias, torch.zeros(3))
+    assert not hasattr(filled, "omnicore_pending_load")
 
 
 def test_freeze_and_lr_multipliers_take_the_familys_part_names(family, tmp_path):

@@ -31,7 +31,7 @@ import fnmatch
 import json
 import re
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,15 +193,20 @@ def plan_checkpoint(
     what: str = "options.checkpoint",
     grow: tuple[str, ...] = (),
     seed: int = 0,
+    other_parts: Sequence[str] = (),
 ) -> PendingLoad:
     """The strict load plan of ``module`` (its parameters on the meta device, buffers real) from a
     safetensors checkpoint folder, for a component to return as ``module.omnicore_pending_load``:
     the core then shards the model and each rank reads only its own slices
     (:func:`fill_pending`). A component reading its part of a composite checkpoint (a published
-    model's vision tower) names that part with ``renames`` and the rest with ``ignore_unused``.
-    Build ``module`` under :func:`on_meta`.
+    model's vision tower) names that part with ``renames`` and the rest with ``other_parts``.
+    Build ``module`` under :func:`on_meta`; :func:`fill_now` fills it at once on one process.
 
-    Args: as :func:`plan_load` (``folder`` is read with :func:`checkpoint_index`).
+    Args: as :func:`plan_load` (``folder`` is read with :func:`checkpoint_index`), and
+        other_parts: key prefixes of the composite checkpoint's other parts (``"model.visual"``,
+            ``"lm_head"``), whose tensors are left unused on purpose where present. Unlike an
+            ``ignore_unused`` pattern, a prefix that matches no key is no error: the layouts a
+            model is published in name its parts differently, and a folder holds one of them.
 
     Raises:
         LoadError: the folder holds no safetensors (``model.safetensors`` or its index), or the
@@ -213,9 +218,10 @@ def plan_checkpoint(
         raise LoadError(
             f"{what}: {str(folder)!r} has no model.safetensors (or model.safetensors.index.json); save the checkpoint as safetensors"
         )
+    present = [p for p in other_parts if any(k.startswith(p.rstrip(".") + ".") for k in entries)]
     return plan_load(
-        module, folder, entries, prefix="", init_fresh=init_fresh, ignore_unused=ignore_unused, what=what, grow=grow, seed=seed,
-        renames=renames,
+        module, folder, entries, prefix="", init_fresh=init_fresh, ignore_unused=[*ignore_unused, *present], what=what, grow=grow,
+        seed=seed, renames=renames,
     )  # fmt: skip
 
 
@@ -511,11 +517,16 @@ def rename_pending(model: Any, renames: dict[str, str]) -> None:
 
 
 def fill_now(model: Any) -> Any:
-    """Fill a foundation model returned with its parameters on meta (an ``omnicore_pending_load``
-    attribute, as the built-in ``hf_causal_lm`` returns a safetensors checkpoint) on this process,
-    whole, and return it; a model without one is returned as it is. For code that uses a
-    foundation's ``build_model`` alone (tests, tools); :func:`omnicore.model.build.build_omni_model`
-    collects the plan instead and fills after sharding."""
+    """Fill a module returned with its parameters on meta (an ``omnicore_pending_load`` attribute,
+    as the built-in ``hf_causal_lm`` returns a safetensors checkpoint, or a family's tower from
+    :func:`plan_checkpoint`) on this process, whole, and return it; a module without one is
+    returned as it is. Tied parameters stay tied. For code that uses a foundation's
+    ``build_model`` or an encoder alone (tests, tools); :func:`omnicore.model.build.build_omni_model`
+    collects the plan instead and fills after sharding.
+
+    Raises:
+        LoadError: see :func:`fill_pending`.
+    """
     pending = getattr(model, "omnicore_pending_load", None)
     if pending is None:
         return model

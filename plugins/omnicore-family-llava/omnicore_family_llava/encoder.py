@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from omnicore.api import on_meta
-from omnicore_family_llava.loading import LM_PARTS, TOWER_RENAMES, plan_part
+from omnicore.api import on_meta, plan_checkpoint
+from omnicore_family_llava.loading import LM_PARTS, TOWER_RENAMES
 from omnicore_family_llava.processor import (
     CLASS_TOKENS,
     LlavaImageProcessor,
@@ -185,7 +185,7 @@ def build(options: dict[str, Any], *, hidden_size: int) -> LlavaVisionTower:
         )
     with on_meta():
         module = LlavaVisionTower(config, processor)
-    module.omnicore_pending_load = plan_part(module, folder, renames=TOWER_RENAMES, other_parts=LM_PARTS, what=what)
+    module.omnicore_pending_load = plan_checkpoint(module, folder, renames=TOWER_RENAMES, other_parts=LM_PARTS, what=what)
     return module
 
 

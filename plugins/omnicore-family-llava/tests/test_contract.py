@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from omnicore.api import fill_now
 from omnicore.testing import EncoderContract
-from omnicore_family_llava.loading import load_now
 
 
 class TestLlavaEncoderContract(EncoderContract):
@@ -26,4 +26,4 @@ class TestLlavaEncoderContract(EncoderContract):
 
     def build(self, options=None, *, seed=None, registry=None):
         module = super().build(options, seed=seed, registry=registry)
-        return module if torch.get_default_device().type == "meta" else load_now(module)
+        return module if torch.get_default_device().type == "meta" else fill_now(module)

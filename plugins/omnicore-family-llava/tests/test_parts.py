@@ -12,10 +12,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from omnicore.api import LoadError
+from omnicore.api import LoadError, fill_now
 from omnicore_family_llava.encoder import build as build_encoder
 from omnicore_family_llava.foundation import LlavaFoundation
-from omnicore_family_llava.loading import load_now
 from omnicore_family_llava.processor import build_processor
 from omnicore_family_llava.standin import save_standin
 
@@ -77,7 +76,7 @@ def test_encoder_rows_equal_get_image_features(tower, layer, strategy, tmp_path,
     folder = save_standin(tmp_path / "s", tower=tower, vision_feature_layer=layer, vision_feature_select_strategy=strategy, seed=3)
     hf = LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
     hf_proc = AutoProcessor.from_pretrained(folder)
-    enc = load_now(build_encoder({"checkpoint": str(folder)}, hidden_size=32)).eval()
+    enc = fill_now(build_encoder({"checkpoint": str(folder)}, hidden_size=32)).eval()
     imgs = [image(w, h, seed=i) for i, (w, h) in enumerate(SIZES[:4])]
     batch = enc.processor.collate([enc.processor.preprocess(im) for im in imgs])
     pixels = hf_proc(text="<image>" * len(imgs), images=imgs, return_tensors="pt")["pixel_values"]
@@ -127,8 +126,8 @@ def test_every_layout_loads_the_same_tensors(standin, hf_model, tmp_path, layout
 
     folder = tmp_path / layout
     _relayout(standin, folder, LAYOUTS[layout])
-    enc = load_now(build_encoder({"checkpoint": str(folder)}, hidden_size=32))
-    lm = load_now(LlavaFoundation({"checkpoint": str(folder)}).build_model(10))
+    enc = fill_now(build_encoder({"checkpoint": str(folder)}, hidden_size=32))
+    lm = fill_now(LlavaFoundation({"checkpoint": str(folder)}).build_model(10))
     want = dict(hf_model.named_parameters())
     for name, p in enc.named_parameters():
         assert torch.equal(p, want["model." + name]), name

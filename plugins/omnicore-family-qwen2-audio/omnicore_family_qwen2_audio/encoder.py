@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from omnicore.api import Audio, on_meta
-from omnicore_family_qwen2_audio.loading import LM_PARTS, TOWER_RENAMES, plan_part
+from omnicore.api import Audio, on_meta, plan_checkpoint
+from omnicore_family_qwen2_audio.loading import LM_PARTS, TOWER_RENAMES
 from omnicore_family_qwen2_audio.processor import Qwen2AudioClipProcessor, build_processor, checkpoint_folder
 
 
@@ -132,5 +132,5 @@ def build(options: dict[str, Any], *, hidden_size: int) -> Qwen2AudioTower:
         )
     with on_meta():
         module = Qwen2AudioTower(config, processor)
-    module.omnicore_pending_load = plan_part(module, folder, renames=TOWER_RENAMES, other_parts=LM_PARTS, what=what)
+    module.omnicore_pending_load = plan_checkpoint(module, folder, renames=TOWER_RENAMES, other_parts=LM_PARTS, what=what)
     return module

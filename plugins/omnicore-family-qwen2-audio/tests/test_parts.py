@@ -9,10 +9,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from omnicore.api import Audio, LoadError
+from omnicore.api import Audio, LoadError, fill_now
 from omnicore_family_qwen2_audio.encoder import build as build_encoder
 from omnicore_family_qwen2_audio.foundation import Qwen2AudioFoundation
-from omnicore_family_qwen2_audio.loading import load_now
 from omnicore_family_qwen2_audio.processor import build_processor
 
 # samples at 16 kHz: shortest clip with a token, around hop multiples (160), odd frame counts, the window
@@ -58,7 +57,7 @@ def test_resampled_clip_is_what_the_hf_processor_gives_for_the_resampled_samples
 
 
 def _encoder(folder, hidden=32):
-    return load_now(build_encoder({"checkpoint": str(folder)}, hidden_size=hidden)).eval()
+    return fill_now(build_encoder({"checkpoint": str(folder)}, hidden_size=hidden)).eval()
 
 
 def test_encoder_rows_equal_the_hf_audio_path_for_a_batch_of_clips(standin, hf_audio_rows, clip):
@@ -81,7 +80,7 @@ def test_encoder_rows_equal_the_hf_audio_path_for_a_batch_of_clips(standin, hf_a
 def test_lm_logits_equal_the_hf_model_on_text(standin, hf_model):
     found = Qwen2AudioFoundation({"checkpoint": str(standin)})
     tok = found.build_tokenizer()
-    lm = load_now(found.build_model(len(tok))).eval()
+    lm = fill_now(found.build_model(len(tok))).eval()
     ids = torch.tensor([tok.encode("<|im_start|>user\nhello there<|im_end|>\n", add_special_tokens=False)])
     with torch.no_grad():
         torch.testing.assert_close(lm(input_ids=ids).logits, hf_model(input_ids=ids).logits, atol=1e-5, rtol=0)
@@ -113,7 +112,7 @@ def test_both_layouts_load_the_same_tensors(standin, tmp_path):
         assert torch.equal(enc.audio_tower.conv1.weight, tensors["model.audio_tower.conv1.weight"])
         assert torch.equal(enc.multi_modal_projector.linear.bias, tensors["model.multi_modal_projector.linear.bias"])
         found = Qwen2AudioFoundation({"checkpoint": str(folder)})
-        lm = load_now(found.build_model(10))
+        lm = fill_now(found.build_model(10))
         assert torch.equal(lm.lm_head.weight, tensors["lm_head.weight"])
         assert torch.equal(lm.model.layers[1].mlp.up_proj.weight, tensors["model.language_model.layers.1.mlp.up_proj.weight"])
 

@@ -15,10 +15,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from omnicore.api import LoadError, Video
+from omnicore.api import LoadError, Video, fill_now
 from omnicore_family_qwen2_vl.encoder import build as build_encoder
 from omnicore_family_qwen2_vl.foundation import Qwen2VLFoundation
-from omnicore_family_qwen2_vl.loading import load_now
 from omnicore_family_qwen2_vl.processor import FrameVideoProcessor, build_processor, video_settings
 
 # (height, width): under min_pixels, around the rounding of 28-pixel multiples, the max_pixels cap,
@@ -159,7 +158,7 @@ def test_frame_video_processor_equals_transformers_video_processor(standin, fram
 
 
 def _encoder(folder, modality="image"):
-    return load_now(build_encoder({"checkpoint": str(folder), "modality": modality}, hidden_size=64)).eval()
+    return fill_now(build_encoder({"checkpoint": str(folder), "modality": modality}, hidden_size=64)).eval()
 
 
 def test_tower_rows_equal_the_hf_image_and_video_features(standin, hf_model, image, frames):
@@ -188,7 +187,7 @@ def test_tower_rows_equal_the_hf_image_and_video_features(standin, hf_model, ima
 def test_lm_logits_equal_the_hf_model_on_text(standin, hf_model):
     found = Qwen2VLFoundation({"checkpoint": str(standin)})
     tok = found.build_tokenizer()
-    lm = load_now(found.build_model(len(tok))).eval()
+    lm = fill_now(found.build_model(len(tok))).eval()
     ids = torch.tensor([tok.encode("<|im_start|>user\nhello there<|im_end|>\n", add_special_tokens=False)])
     with torch.no_grad():
         torch.testing.assert_close(lm(input_ids=ids).logits, hf_model(input_ids=ids).logits, atol=1e-5, rtol=0)
@@ -224,7 +223,7 @@ def test_both_layouts_load_the_same_tensors(standin, tmp_path):
         enc = _encoder(folder)
         assert torch.equal(enc.visual.patch_embed.proj.weight, tensors["model.visual.patch_embed.proj.weight"])
         assert torch.equal(enc.visual.merger.mlp[2].bias, tensors["model.visual.merger.mlp.2.bias"])
-        lm = load_now(Qwen2VLFoundation({"checkpoint": str(folder)}).build_model(10))
+        lm = fill_now(Qwen2VLFoundation({"checkpoint": str(folder)}).build_model(10))
         assert torch.equal(lm.lm_head.weight, tensors["lm_head.weight"])
         assert torch.equal(lm.model.layers[1].mlp.up_proj.weight, tensors["model.language_model.layers.1.mlp.up_proj.weight"])
 
@@ -261,7 +260,7 @@ def test_a_tied_checkpoint_reads_the_head_from_the_embeddings(standin, tmp_path)
         save_file({k: f.get_tensor(k) for k in f.keys() if k != "lm_head.weight"}, str(folder / "model.safetensors"))
     hf = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
     found = Qwen2VLFoundation({"checkpoint": str(folder)})
-    lm = load_now(found.build_model(len(found.build_tokenizer()))).eval()
+    lm = fill_now(found.build_model(len(found.build_tokenizer()))).eval()
     assert lm.lm_head.weight is lm.model.embed_tokens.weight
     ids = torch.tensor([[5, 60, 7, 250, 9]])
     with torch.no_grad():

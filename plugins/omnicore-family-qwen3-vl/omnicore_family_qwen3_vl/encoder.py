@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from omnicore.api import EncoderOutput, on_meta
-from omnicore_family_qwen3_vl.loading import LM_PARTS, TOWER_RENAMES, plan_part
+from omnicore.api import EncoderOutput, on_meta, plan_checkpoint
+from omnicore_family_qwen3_vl.loading import LM_PARTS, TOWER_RENAMES
 from omnicore_family_qwen3_vl.processor import Qwen3VLMediaProcessor, build_processor, checkpoint_folder
 
 PROCESSOR_FILES = (
@@ -139,5 +139,5 @@ def build(options: dict[str, Any], *, hidden_size: int) -> Qwen3VLVisionTower:
         )
     with on_meta():
         module = Qwen3VLVisionTower(config, processor, folder)
-    module.omnicore_pending_load = plan_part(module, folder, renames=TOWER_RENAMES, other_parts=LM_PARTS, what=what)
+    module.omnicore_pending_load = plan_checkpoint(module, folder, renames=TOWER_RENAMES, other_parts=LM_PARTS, what=what)
     return module

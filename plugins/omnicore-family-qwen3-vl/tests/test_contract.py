@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from omnicore.api import Video
+from omnicore.api import Video, fill_now
 from omnicore.testing import EncoderContract
-from omnicore_family_qwen3_vl.loading import load_now
 
 
 class TestQwen3VLImageEncoderContract(EncoderContract):
@@ -31,7 +30,7 @@ class TestQwen3VLImageEncoderContract(EncoderContract):
 
     def build(self, options=None, *, seed=None, registry=None):
         module = super().build(options, seed=seed, registry=registry)
-        return module if torch.get_default_device().type == "meta" else load_now(module)
+        return module if torch.get_default_device().type == "meta" else fill_now(module)
 
 
 class TestQwen3VLVideoEncoderContract(TestQwen3VLImageEncoderContract):
