@@ -38,8 +38,8 @@ What is here, by topic:
 * **Foundations and weights**: :func:`byte_tokenizer`, :func:`load_hf_pretrained`,
   :func:`save_extra_weights`, :func:`load_extra_weights`, :func:`build_mrope_lm` (an mRoPE text
   model under its LM head); sharded loading of a component's part of a checkpoint:
-  :func:`on_meta`, :func:`plan_checkpoint` (its key ``renames`` and ``other_parts``), :func:`fill_now`
-  (fill such a plan at once, for a component used alone) and :class:`LoadError`.
+  :func:`on_meta`, :func:`plan_checkpoint` (its key ``renames`` and ``other_parts``), :func:`embedding_names` (its
+  ``grow`` for a language model), :func:`fill_now` (fill such a plan at once, for a component used alone) and :class:`LoadError`.
 * **Training**: :func:`warmup_cosine` (the LR schedule of the training loop, for a plugin's own
   fits).
 """
@@ -93,6 +93,7 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.model.codebook import CodebookDecoder as CodebookDecoder
     from omnicore.model.foundation import byte_tokenizer as byte_tokenizer
     from omnicore.model.loading import LoadError as LoadError
+    from omnicore.model.loading import embedding_names as embedding_names
     from omnicore.model.loading import fill_now as fill_now
     from omnicore.model.loading import on_meta as on_meta
     from omnicore.model.loading import plan_checkpoint as plan_checkpoint
@@ -181,6 +182,7 @@ _EXPORTS: dict[str, str] = {
     "on_meta": "omnicore.model.loading",
     "plan_checkpoint": "omnicore.model.loading",
     "fill_now": "omnicore.model.loading",
+    "embedding_names": "omnicore.model.loading",
     "LoadError": "omnicore.model.loading",
     "save_extra_weights": "omnicore.model.weights",
     "load_extra_weights": "omnicore.model.weights",

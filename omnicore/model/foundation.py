@@ -160,13 +160,12 @@ class HFCausalLM:
         """The model with its parameters on meta (buffers real) and the plan to fill them."""
         from accelerate import init_empty_weights
 
-        from omnicore.model.loading import plan_load
+        from omnicore.model.loading import embedding_names, plan_load
 
         with init_empty_weights(include_buffers=False):
             model = _new_model(config, vocab_size, dtype)
         model.tie_weights()  # accelerate's meta parameters come untied (tie_word_embeddings); one tensor, as from_pretrained leaves it
-        ids = {id(p): n for n, p in model.named_parameters()}
-        grow = tuple(ids[id(m.weight)] for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None)
+        grow = embedding_names(model)
         strip = f"{model.base_model_prefix}." if model.base_model_prefix else ""
         model.omnicore_pending_load = plan_load(
             model, folder, entries, prefix="", init_fresh=self.options.init_fresh, ignore_unused=self.options.ignore_unused,

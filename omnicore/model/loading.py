@@ -225,6 +225,15 @@ def plan_checkpoint(
     )  # fmt: skip
 
 
+def embedding_names(model: Any) -> tuple[str, ...]:
+    """The parameter names of ``model``'s input and output embeddings (one name when they are tied):
+    the ``grow`` of :func:`plan_checkpoint` for a language model whose vocabulary may exceed its
+    checkpoint's (omnicore's special tokens added); a checkpoint with as many rows fills them as
+    any parameter."""
+    ids = {id(p): n for n, p in model.named_parameters()}
+    return tuple(dict.fromkeys(ids[id(m.weight)] for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None))
+
+
 @contextlib.contextmanager
 def on_meta() -> Iterator[None]:
     """Build modules inside with their parameters on the meta device and their buffers real

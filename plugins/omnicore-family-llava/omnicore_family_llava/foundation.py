@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from omnicore.api import on_meta, plan_checkpoint
+from omnicore.api import embedding_names, on_meta, plan_checkpoint
 from omnicore_family_llava.loading import LM_RENAMES, TOWER_PARTS
 from omnicore_family_llava.processor import LlavaFoundationOptions, checkpoint_folder
 
@@ -75,11 +75,9 @@ class LlavaFoundation:
         with on_meta():
             model = AutoModelForCausalLM.from_config(text, dtype=dtype or torch.float32)
         model.tie_weights()
-        grow: tuple[str, ...] = ()
-        if text.vocab_size > rows:
-            ids = {id(p): n for n, p in model.named_parameters()}
-            grow = tuple(ids[id(m.weight)] for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None)
-        model.omnicore_pending_load = plan_checkpoint(model, self.folder, renames=LM_RENAMES, other_parts=TOWER_PARTS, what=WHAT, grow=grow)
+        model.omnicore_pending_load = plan_checkpoint(
+            model, self.folder, renames=LM_RENAMES, other_parts=TOWER_PARTS, what=WHAT, grow=embedding_names(model)
+        )
         return model
 
     def encoders(self) -> dict[str, dict[str, Any]]:

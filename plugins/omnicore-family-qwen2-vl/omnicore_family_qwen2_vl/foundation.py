@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from omnicore.api import build_mrope_lm, on_meta, plan_checkpoint
+from omnicore.api import build_mrope_lm, embedding_names, on_meta, plan_checkpoint
 from omnicore_family_qwen2_vl.loading import LM_RENAMES, TOWER_PARTS
 from omnicore_family_qwen2_vl.processor import IMAGE_PAD, VIDEO_PAD, WRAP, Qwen2VLFoundationOptions, checkpoint_folder
 
@@ -70,15 +70,12 @@ class Qwen2VLFoundation:
         config = self.config()
         arch = ", ".join(getattr(config, "architectures", None) or []) or "no architectures in config.json"
         logger.info("foundation qwen2_vl: %s is a %s checkpoint (%s)", self.folder, config.model_type, arch)
-        rows = int(config.text_config.vocab_size)
         with on_meta():
             model = build_mrope_lm(config, vocab_size=vocab_size, dtype=dtype)
         model.tie_weights()
-        grow: tuple[str, ...] = ()
-        if int(model.config.vocab_size) > rows:
-            ids = {id(p): n for n, p in model.named_parameters()}
-            grow = tuple(ids[id(m.weight)] for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None)
-        model.omnicore_pending_load = plan_checkpoint(model, self.folder, renames=LM_RENAMES, other_parts=TOWER_PARTS, what=WHAT, grow=grow)
+        model.omnicore_pending_load = plan_checkpoint(
+            model, self.folder, renames=LM_RENAMES, other_parts=TOWER_PARTS, what=WHAT, grow=embedding_names(model)
+        )
         return model
 
     def encoders(self) -> dict[str, dict[str, Any]]:
