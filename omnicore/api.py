@@ -21,10 +21,12 @@ What is here, by topic:
   :class:`SequenceParallel`, :class:`ParallelStateView`), :class:`Kernel` (with
   :class:`CrossEntropyKernel`), :class:`Logger`.
 * **Decoders**: :class:`CodebookDecoder` (the base of a decoder over a discrete tokenizer: the LM
-  adapter, freezing, saving).
+  adapter, freezing, saving; several codebooks per frame with a depth decoder of
+  :class:`DepthOptions`).
 * **Data**: :data:`IGNORE_INDEX` (the label of positions that are not trained), :class:`Audio`,
   :func:`load_audio`, :func:`load_image`, :func:`resample`, :class:`Video`, :func:`load_video`,
-  :class:`MediaError` (what a processor raises on media it cannot read).
+  :class:`MediaError` (what a processor raises on media it cannot read), :class:`ItemLayout` (an
+  item a processor writes itself: interleaved placeholders of several encoders, its own positions).
 * **Varlen (packed samples)**: :func:`cu_seqlens_from_position_ids`, :func:`plan_varlen`,
   :func:`mark_varlen`, :func:`is_varlen`, :data:`CU_SEQLENS_KWARGS`, :func:`varlen_from_kwargs`.
 * **Kernels**: :func:`cuda_and_package` (the build-time check of a GPU kernel), :func:`plain_weight`
@@ -72,6 +74,7 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.components import StrategyPlan as StrategyPlan
     from omnicore.components import Violation as Violation
     from omnicore.data.chat import IGNORE_INDEX as IGNORE_INDEX
+    from omnicore.data.chat import ItemLayout as ItemLayout
     from omnicore.data.media import Audio as Audio
     from omnicore.data.media import MediaError as MediaError
     from omnicore.data.media import Video as Video
@@ -91,6 +94,7 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.kernels.varlen import plan_varlen as plan_varlen
     from omnicore.kernels.varlen import varlen_from_kwargs as varlen_from_kwargs
     from omnicore.model.codebook import CodebookDecoder as CodebookDecoder
+    from omnicore.model.codebook import DepthOptions as DepthOptions
     from omnicore.model.foundation import byte_tokenizer as byte_tokenizer
     from omnicore.model.loading import LoadError as LoadError
     from omnicore.model.loading import embedding_names as embedding_names
@@ -137,10 +141,12 @@ _EXPORTS: dict[str, str] = {
     "Logger": "omnicore.components",
     # decoders
     "CodebookDecoder": "omnicore.model.codebook",
+    "DepthOptions": "omnicore.model.codebook",
     "Registry": "omnicore.registry",
     "RegistryError": "omnicore.registry",
     # data
     "IGNORE_INDEX": "omnicore.data.chat",
+    "ItemLayout": "omnicore.data.chat",
     "Audio": "omnicore.data.media",
     "MediaError": "omnicore.data.media",
     "load_audio": "omnicore.data.media",

@@ -160,12 +160,26 @@ class Processor(Protocol):
     runs' tokens add up to ``num_tokens(features)``, each run is wrapped in ``wrap`` and laid out as
     its own mRoPE block. Without it an item is one run: its ``grid``, no text.
 
+    Optional (encoders): ``layout(features) -> ItemLayout``, for an item that writes its tokens
+    itself (:class:`omnicore.api.ItemLayout`): every token of the item (its wrap included), the
+    items of each modality whose rows fill its placeholders, and its rotary positions for an mRoPE
+    foundation. Qwen2.5-Omni writes a clip with its sound track so: 2-second chunks of video and
+    audio placeholders in turn, the audio rows from the audio encoder, time-aligned positions. With
+    it, the item's ``runs``, ``grid`` and ``wrap`` are not used to write it.
+
+    Optional (video processors): ``audio_track``, true to receive the clip's sound track as
+    ``Video.audio`` (``omnicore.api.load_video(..., audio=True)``; None for a silent file).
+
     Optional (encoders): ``placeholder``, the token string written ``num_tokens`` times for one
     item (default ``<|{modality}_pad|>``), and ``wrap``, a pair of token strings written before and
     after that run (default none). A published family names its checkpoint's own tokens
     (``<|image_pad|>`` wrapped in ``<|vision_start|>``/``<|vision_end|>``, ``<image>``,
     ``<|AUDIO|>``), so that a sample's ids are those of the checkpoint's processor; the core adds
     a token only when the tokenizer lacks it. Each modality needs its own placeholder.
+
+    Optional (decoders): ``codes_per_token``, the codes trained at each placeholder (an int,
+    default 1): ``K`` for a decoder with ``K`` codebooks per frame (:class:`Decoder`), so that the
+    data side counts a sample's targets as the model does.
     """
 
     modality: str
@@ -266,6 +280,19 @@ class Decoder(Protocol):
     items of its batch; the core then encodes each target once and reuses its codes
     (``train.code_cache_mb``, :mod:`omnicore.model.code_cache`). Absent or false: every target is
     encoded on every step. The contract suite checks the promise.
+
+    Optional: **several codebooks per frame** (one LM position a frame; the depth decoder design of
+    CSM and Moshi, built by :class:`omnicore.api.CodebookDecoder` with ``num_codebooks=K``). A
+    decoder with a ``num_codebooks`` attribute ``K > 1`` has codes ``[N, K]`` wherever codes
+    ``[N]`` are written below (``codebook_size`` is then the entries of each codebook, ``N`` the
+    frames, one placeholder each), :meth:`head` scores codebook 0, and it has two more members:
+
+    * ``depth_logits(hidden [N, H], codes [N, K]) -> [N, K-1, C]``: teacher-forced logits of
+      codebooks ``1..K-1`` from the foundation's hidden state that :meth:`head` scored and the
+      frame's earlier codes; the core adds their cross-entropy as the part ``"<modality>.depth"``;
+    * ``depth_generate(hidden [N, H], first [N], pick) -> [N, K]``: the frame's codes, codebook 0
+      being ``first`` and codebook ``k`` ``pick(logits [N, C], k)``; greedy ``pick`` must give the
+      argmax of ``depth_logits`` on the returned codes (generation equals teacher forcing).
     """
 
     modality: str
@@ -436,7 +463,8 @@ class ParallelModel(Protocol):
 
         ``seq`` holds, for the whole packed row: ``inputs_embeds`` ``[1, T, H]``; ``position_ids``
         and ``labels`` ``[1, T]`` (labels already shifted, ``-100`` where not trained);
-        ``decoder_labels`` (modality -> ``[1, T]`` codes, ``-100`` elsewhere); ``cu_seqlens``
+        ``decoder_labels`` (modality -> ``[1, T]`` codes, or ``[1, T, K]`` for a decoder with ``K``
+        codebooks per frame, ``-100`` elsewhere: cut and pad them along ``T``); ``cu_seqlens``
         (int32 ``[n+1]``, the packed samples' boundaries in the row, FlashAttention's varlen
         convention) and ``max_seqlen`` (int); and ``foundation_kwargs`` (extra keyword arguments of
         the foundation's forward, which transformers passes down to the attention function); with an

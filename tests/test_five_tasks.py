@@ -77,9 +77,10 @@ def five_jsonl(digits_jsonl, tmp_path_factory) -> Path:
     return path
 
 
-def _config(train: Path, out: Path, foundation: str, shared: bool = False, **train_kw) -> dict:
+def _config(train: Path, out: Path, foundation: str, shared: bool = False, codebooks: str = "flat", **train_kw) -> dict:
     """``shared``: images go through the video tower (``video_frames_image``) and the video entry
-    shares that module (``share: image``), as five.yaml has it."""
+    shares that module (``share: image``), as five.yaml has it. ``codebooks``: the speech codes'
+    layout (``depth``: one LM position per frame, a depth decoder for codebook 1)."""
     cfg = tiny_config_dict(str(train), output_dir=str(out), **{"max_steps": STEPS, **train_kw})
     model = cfg["model"]
     if foundation == "qwen2_vl":
@@ -91,7 +92,12 @@ def _config(train: Path, out: Path, foundation: str, shared: bool = False, **tra
     if shared:
         model["encoders"]["image"] = {"name": "video_frames_image", "options": {"config": dict(TINY_VIDEO), "image_size": 32}}
         model["encoders"]["video"]["share"] = "image"
-    model["decoders"]["audio"] = {"name": "encodec", "options": {"config": dict(TINY_CODEC), "max_seconds": 0.5, "long_audio": "crop"}}
+    model["decoders"]["audio"] = {
+        "name": "encodec",
+        "options": {"config": dict(TINY_CODEC), "max_seconds": 0.5, "long_audio": "crop", "codebooks": codebooks},
+    }
+    if codebooks == "depth":
+        model["decoders"]["audio"]["options"]["depth"] = {"layers": 1, "hidden_size": 16, "heads": 2}
     # in file order, one window of the five tasks per micro-batch (the budget holds the whole window)
     cfg["data"].update(shuffle=False, packing_window=len(TASKS), max_tokens=1024, num_workers=1)
     return cfg
@@ -136,21 +142,25 @@ def _rows(run: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "foundation,shared", [("qwen2", False), ("qwen2_vl", False), ("qwen2_vl", True)], ids=["qwen2", "qwen2_vl", "shared_tower"]
+    "foundation,shared,codebooks",
+    [("qwen2", False, "flat"), ("qwen2_vl", False, "flat"), ("qwen2_vl", True, "flat"), ("qwen2", False, "depth")],
+    ids=["qwen2", "qwen2_vl", "shared_tower", "speech_depth"],
 )
-def test_two_processes_match_one_process_on_five_tasks(five_jsonl, tmp_path, foundation, shared):
+def test_two_processes_match_one_process_on_five_tasks(five_jsonl, tmp_path, foundation, shared, codebooks):
     """1 process x grad_accum 2 and FSDP2 on 2 processes (gloo) x grad_accum 1 read the same
     micro-batches, each holding all five tasks: the same loss and the same loss of every part (text,
-    image codes, audio codes) at every step (rtol 1e-5), and the loss falls. ``shared_tower``: one
-    module encodes images and video (five.yaml's layout)."""
-    one = _config(five_jsonl, tmp_path / "one", foundation, shared, grad_accum=SHARDS)
+    image codes, audio codes; with ``speech_depth`` also the depth decoder's codebook) at every step
+    (rtol 1e-5), and the loss falls. ``shared_tower``: one module encodes images and video
+    (five.yaml's layout)."""
+    parts = PARTS + (("loss/decoder.audio.depth",) if codebooks == "depth" else ())
+    one = _config(five_jsonl, tmp_path / "one", foundation, shared, codebooks, grad_accum=SHARDS)
     plan = _plan(one)
     assert len(plan) == STEPS and all(len(step) == SHARDS for step in plan)
     assert all(sorted(t for t, _ in mb) == sorted(TASKS) for step in plan for mb in step), plan
     # mRoPE: the image and the video samples get grid positions (t, h, w differ), the others none
     laid_out = {pair for step in plan for mb in step for pair in mb}
     assert laid_out == {(t, None if foundation == "qwen2" else t in ("image_to_text", "video_to_text")) for t in TASKS}
-    two = _config(five_jsonl, tmp_path / "two", foundation, shared, grad_accum=1)
+    two = _config(five_jsonl, tmp_path / "two", foundation, shared, codebooks, grad_accum=1)
     logs = {}
     for cfg, nproc in ((one, 1), (two, 2)):
         path = tmp_path / f"{nproc}.yaml"
@@ -159,14 +169,14 @@ def test_two_processes_match_one_process_on_five_tasks(five_jsonl, tmp_path, fou
     assert "dp_shard=2 x ep=1 x sp=1 (world 2); strategies: fsdp2;" in logs[2]
     rows_one, rows_two = _rows(tmp_path / "one"), _rows(tmp_path / "two")
     assert len(rows_one) == len(rows_two) == STEPS
-    for key in ("loss", *PARTS):
+    for key in ("loss", *parts):
         a, b = [r[key] for r in rows_one], [r[key] for r in rows_two]
         print(f"{foundation} {key}: one {a}, two {b}")
         assert b == pytest.approx(a, rel=1e-5), key
     # 5 samples per micro-batch, 2 micro-batches per step (the source is named after the file)
     assert [r["samples/five"] for r in rows_one] == [r["samples/five"] for r in rows_two] == [10 * (s + 1) for s in range(STEPS)]
     assert [r["targets"] for r in rows_one] == [r["targets"] for r in rows_two]
-    assert all(rows_one[-1][k] < rows_one[0][k] for k in ("loss", *PARTS))  # it learns, every part
+    assert all(rows_one[-1][k] < rows_one[0][k] for k in ("loss", *parts))  # it learns, every part
 
 
 def test_a_shared_tower_is_exported_once_and_its_export_evaluates_as_the_checkpoint(five_jsonl, tmp_path):

@@ -12,7 +12,9 @@ A media part on the *input* side (any role but assistant) becomes ``N`` copies o
 placeholder ``<|{modality}_pad|>``, where ``N = processor.num_tokens(features)`` of the encoder's
 processor (:class:`omnicore.components.Processor`): the one formula that data and model share
 (wrapped in the processor's ``wrap`` tokens; a processor with ``runs`` splits them into several
-wrapped runs with text before each, as Qwen3-VL writes a clip's frame groups). A
+wrapped runs with text before each, as Qwen3-VL writes a clip's frame groups; a processor with
+``layout`` writes the item's tokens itself, :class:`ItemLayout`, as Qwen2.5-Omni interleaves a
+clip's video and audio placeholders). A
 media part in an *assistant* message is a generation target: it becomes ``<|{modality}_start|>``
 followed by ``N`` copies of ``<|{modality}_out|>``, with ``N`` from the decoder's processor.
 
@@ -33,7 +35,7 @@ from typing import Any
 from omnicore.data.chat_template import TemplateInfo, has_template, inspect_template, render_pieces
 from omnicore.data.jsonl import Sample, SampleError
 from omnicore.data.media import MediaError, describe_media, load_audio, load_image, load_video
-from omnicore.data.positions import mrope_positions
+from omnicore.data.positions import FixedRows, mrope_positions
 
 IGNORE_INDEX = -100
 """The label of a position that is not trained (PyTorch's ``cross_entropy`` default ``ignore_index``):
@@ -75,6 +77,37 @@ def media_tokens(modality: str, processor: Any = None) -> tuple[str, tuple[str, 
         if len(wrap) != 2 or not all(isinstance(t, str) and t for t in wrap):
             raise ValueError(f"the {modality} processor's wrap is {wrap!r}; give two token strings (before, after) or None")
     return placeholder, wrap  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class ItemLayout:
+    """How one encoder item is written when its processor writes it itself
+    (``Processor.layout(features)``): every token of the item, the items of each modality that fill
+    its placeholders, and (for an mRoPE foundation) its positions. Qwen2.5-Omni writes a clip with
+    its sound track as ``<|vision_bos|><|audio_bos|>``, then 2-second chunks of ``<|VIDEO|>`` and
+    ``<|AUDIO|>`` placeholders in turn, then ``<|audio_eos|><|vision_eos|>``, the audio rows coming
+    from the audio encoder; its positions are time-aligned across the two (TMRoPE).
+
+    Attributes:
+        tokens: in order, each either a token string written once (``"<|vision_bos|>"``; it must be
+            one token of the tokenizer) or ``(modality, count)``: ``count`` placeholders of that
+            encoder modality (its processor's ``placeholder``). The item's ``wrap`` is not added:
+            list it here.
+        items: ``(modality, features)`` of the encoder items whose rows fill those placeholders, in
+            order; per modality, their ``num_tokens`` (by that modality's processor) add up to its
+            placeholders here. Replaces the item's own features in the sample's media: list them
+            too (without what the other items carry), as ``("video", {...})``.
+        positions: ``[3][len(tokens written)]`` rotary offsets (time, height, width) of every token
+            written, from the position the first would take as text; None: laid out as text. Read
+            for an mRoPE foundation only.
+        advance: where the text after the item resumes, as such an offset; None: one past the
+            largest offset.
+    """
+
+    tokens: tuple[str | tuple[str, int], ...]
+    items: tuple[tuple[str, dict[str, Any]], ...]
+    positions: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
+    advance: int | None = None
 
 
 def _encoder_table(encoders: Any) -> dict[str, Any]:
@@ -351,7 +384,8 @@ class ChatProcessor:
             have = ", ".join(sorted(table)) or "none"
             raise SampleError(f"{where}: a {kind} part on the {side} side needs a {kind} {side} in model.{side}s (configured: {have})")
         try:
-            media = LOADERS[kind](path)
+            # a video processor with audio_track: true reads the clip's sound track too (Video.audio)
+            media = load_video(path, audio=True) if kind == "video" and getattr(comp, "audio_track", False) else LOADERS[kind](path)
         except MediaError as exc:
             raise SampleError(f"{where}: {exc}") from exc
         try:
@@ -460,9 +494,16 @@ class ChatProcessor:
                 out.add([self.dec_start_ids[part.type]], True)
                 out.add([self.dec_ids[part.type]] * n, False)  # scored by the decoder head, not in labels
                 out.media.append(("decoder", part.type, features))
-                out.n_dec += n
+                out.n_dec += n * int(getattr(dec, "codes_per_token", 1))  # K codes a frame with a depth decoder
             else:
                 features, enc = self._media(part.type, part.value, "encoder", where)
+                if callable(getattr(enc, "layout", None)):
+                    try:
+                        layout = enc.layout(features)
+                    except Exception as exc:
+                        raise SampleError(f"{where}: the {part.type} processor cannot lay out its item: {type(exc).__name__}: {exc}") from exc
+                    self._layout(part.type, layout, out, where)
+                    continue
                 n = int(enc.num_tokens(features))
                 before, after = self.wrap_ids.get(part.type, ([], []))
                 gridded = self.rope is not None and callable(getattr(enc, "grid", None))
@@ -476,6 +517,44 @@ class ChatProcessor:
                     out.add([self.enc_ids[part.type]] * count, False)
                     out.add(after, False)
                 out.media.append(("encoder", part.type, features))
+
+    def _layout(self, kind: str, layout: Any, out: _Tokens, where: str) -> None:
+        """Write one item as its processor laid it out (:class:`ItemLayout`): its tokens, its items
+        in the sample's media, and its positions as one fixed mRoPE block.
+
+        Raises:
+            SampleError: a token string that is not one token, a placeholder modality without an
+                encoder, placeholder counts that differ from the items' ``num_tokens``, or positions
+                of another length than the tokens.
+        """
+        if not isinstance(layout, ItemLayout):
+            raise SampleError(f"{where}: the {kind} processor's layout() returned {type(layout).__name__}, not an omnicore.api.ItemLayout")
+        start, counts = len(out.ids), dict.fromkeys(self.enc_ids, 0)
+        for token in layout.tokens:
+            if isinstance(token, str):
+                i = _token_id(self.tokenizer, token)
+                if i is None:
+                    raise SampleError(f"{where}: the {kind} processor's layout writes {token!r}, which is not one token of the tokenizer")
+                out.add([i], False)
+                continue
+            m, count = token
+            if m not in self.enc_ids:
+                have = ", ".join(sorted(self.enc_ids)) or "none"
+                raise SampleError(f"{where}: a {kind} item holds {m} placeholders, which need a {m} encoder in model.encoders (configured: {have})")
+            out.add([self.enc_ids[m]] * int(count), False)
+            counts[m] += int(count)
+        for m, placed in counts.items():
+            have = sum(int(self.encoders[m].num_tokens(f)) for k, f in layout.items if k == m)
+            if have != placed:
+                raise SampleError(f"{where}: the {kind} processor's layout writes {placed} {m} placeholders for items of {have} tokens")
+        out.media.extend(("encoder", m, f) for m, f in layout.items)
+        if self.rope is not None:
+            n = len(out.ids) - start
+            rows = layout.positions if layout.positions is not None else (tuple(range(n)),) * 3
+            if len(rows) != 3 or any(len(r) != n for r in rows):
+                raise SampleError(f"{where}: the {kind} processor's layout gives positions {[len(r) for r in rows]} for {n} tokens; give [3][{n}]")
+            advance = layout.advance if layout.advance is not None else max(max(r, default=-1) for r in rows) + 1
+            out.blocks.append((start, FixedRows(tuple(tuple(int(x) for x in r) for r in rows), int(advance))))  # type: ignore[arg-type]
 
     def _runs(
         self, proc: Any, features: dict[str, Any], n: int, kind: str, where: str, gridded: bool

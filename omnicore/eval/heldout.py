@@ -257,7 +257,7 @@ def heldout_loss(
     skipped: list[str] = []
     tasks: dict[str, None] = {}
     items = _encoded(path, processor, max_tokens, data_rank, data_size, max_samples, on_error, skipped, tasks)
-    tally = _Tally(sorted({"text", *(f"decoder.{m}" for m in processor.decoders)}))
+    tally = _Tally(model.loss_parts())
     modes = [(m, m.training) for m in model.modules()]  # restored exactly: frozen parts may stay in eval mode
     model.eval()
     try:

@@ -62,26 +62,30 @@ class CodeCache:
     def __len__(self) -> int:
         return len(self._codes)
 
-    def lookup(self, modality: str, keys: list[tuple[str | None, int]], device: Any = None) -> torch.Tensor | None:
+    def lookup(self, modality: str, keys: list[tuple[str | None, int]], device: Any = None, *, width: int = 1) -> torch.Tensor | None:
         """The codes of every item of ``keys`` (``(digest, num_codes)`` in item order), concatenated:
-        LongTensor ``[sum(num_codes)]`` on ``device``; None (and every item counted as a miss) when
-        any item is absent or has no digest, since the decoder then encodes the whole batch anyway."""
+        LongTensor ``[sum(num_codes)]`` on ``device`` (``[sum(num_codes), width]`` for a decoder with
+        ``width`` codebooks per frame); None (and every item counted as a miss) when any item is
+        absent, has no digest or was kept with another width, since the decoder then encodes the
+        whole batch anyway."""
         found = [self._codes.get((modality, d)) if d is not None else None for d, _ in keys]
-        if not keys or any(b is None or len(b) != 1 + _DTYPE[b[:1]].itemsize * n for b, (_, n) in zip(found, keys)):
+        if not keys or any(b is None or len(b) != 1 + _DTYPE[b[:1]].itemsize * n * width for b, (_, n) in zip(found, keys)):
             self.misses += len(keys)
             return None
         for d, _ in keys:
             self._codes.move_to_end((modality, d))  # type: ignore[arg-type]
         parts = [np.frombuffer(b, dtype=_DTYPE[b[:1]], offset=1) for b in found]  # type: ignore[index]
         self.hits += len(keys)
-        return torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(device)
+        codes = torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(device)
+        return codes if width == 1 else codes.reshape(-1, width)
 
     def store(self, modality: str, keys: list[tuple[str | None, int]], codes: torch.Tensor) -> bool:
-        """Keep ``codes`` (LongTensor ``[sum(num_codes)]``, the batch's codes in item order) per item of
-        ``keys`` (an item without a digest is not kept); returns False (nothing kept) when the counts
-        do not add up to ``codes``' length or the budget is 0."""
+        """Keep ``codes`` (LongTensor ``[sum(num_codes)]``, or ``[sum(num_codes), K]`` with ``K``
+        codebooks per frame: the batch's codes in item order) per item of ``keys`` (an item without a
+        digest is not kept); returns False (nothing kept) when the counts do not add up to ``codes``'
+        length or the budget is 0."""
         counts = [n for _, n in keys]
-        if sum(counts) != codes.numel() or self.max_bytes == 0:
+        if sum(counts) != codes.shape[0] or self.max_bytes == 0:
             return False
         small = codes.numel() == 0 or (
             int(codes.min()) >= torch.iinfo(torch.int16).min and int(codes.max()) <= torch.iinfo(torch.int16).max
@@ -90,7 +94,7 @@ class CodeCache:
         stored = codes.detach().cpu().numpy().astype(_DTYPE[tag])
         start = 0
         for d, n in keys:
-            part, start = tag + stored[start : start + n].tobytes(), start + n
+            part, start = tag + stored[start : start + n].reshape(-1).tobytes(), start + n
             if d is None:
                 continue
             key = (modality, d)

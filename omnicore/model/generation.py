@@ -10,7 +10,11 @@ foundation (``model.rope``) each row also carries its prompt's 3-D positions (fr
 
 Text tokens come from the LM head; when a row emits a decoder's ``<|m_start|>`` token, its next
 ``n`` positions are codes: each is chosen from ``decoder.head(hidden)`` and fed back through
-``decoder.embed``, where ``n`` is the length of the decoder's ``dummy_codes()`` (one full item);
+``decoder.embed``, where ``n`` is the length of the decoder's ``dummy_codes()`` (one full item). A
+decoder with ``K > 1`` codebooks per frame (``num_codebooks``) fills a whole frame per position:
+codebook 0 from ``head``, then codebooks ``1..K-1`` from its depth decoder
+(``decoder.depth_generate``, drawing with the row's own generator), and the frame's ``K`` codes are
+embedded together;
 ``decoder.decode(codes)`` then turns them into the medium (a PIL image). Rows in text mode and rows
 inside an item advance in the same forward. A row stops at the end-of-turn id or after
 ``max_new_tokens`` text tokens (an item it has opened is finished first); finished rows are fed a
@@ -228,9 +232,15 @@ def _step(
         if not idx:
             continue
         dec = model.decoders[m]
-        codes = _pick_rows(dec.head(hidden[idx]), idx, sampling, gens)
-        x[idx] = dec.embed(torch.tensor(codes, device=x.device)).to(x.dtype)
-        n = int(dec.dummy_codes().numel())
+        first = torch.tensor(_pick_rows(dec.head(hidden[idx]), idx, sampling, gens), device=x.device)
+        if int(getattr(dec, "num_codebooks", 1) or 1) > 1:  # the frame's other codebooks from the depth decoder
+            frames = dec.depth_generate(hidden[idx], first, lambda logits, _k, idx=idx: _pick_rows(logits, idx, sampling, gens))
+            codes = frames.tolist()
+            x[idx] = dec.embed(frames.to(x.device)).to(x.dtype)
+        else:
+            codes = first.tolist()
+            x[idx] = dec.embed(first).to(x.dtype)
+        n = int(dec.dummy_codes().shape[0])
         for i, code in zip(idx, codes):
             r = rows[i]
             r.codes.append(code)

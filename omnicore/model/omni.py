@@ -26,6 +26,11 @@ from omnicore.model.code_cache import CodeCache
 
 
 @functools.cache
+def _codebooks(decoder: Any) -> int:
+    """``K``, a decoder's codes per frame (its optional ``num_codebooks``; 1 without it)."""
+    return int(getattr(decoder, "num_codebooks", 1) or 1)
+
+
 def _default_cross_entropy() -> Any:
     """The one shared ``torch_cross_entropy`` instance (stateless), not a new one per forward."""
     from omnicore.kernels.cross_entropy import TorchCrossEntropy
@@ -95,7 +100,11 @@ class PlaceholderMismatch(ValueError):
 @dataclass
 class ModelOutput:
     """Sums, not means: ``loss_sum`` (scalar fp32) = ``text_loss_sum`` + sum of ``decoder_loss_sums``;
-    ``n_targets`` counts the targets behind them. ``logits`` (``[1, T, V]``) only when asked."""
+    ``n_targets`` counts the targets behind them. ``logits`` (``[1, T, V]``) only when asked.
+
+    ``decoder_loss_sums`` and ``decoder_targets`` are keyed by decoder modality (its codes, or for
+    a decoder with ``K > 1`` codebooks per frame its codebook 0) and, for such a decoder, also by
+    ``"<modality>.depth"`` (the depth decoder's codebooks ``1..K-1``, ``K - 1`` targets a frame)."""
 
     loss_sum: torch.Tensor
     n_targets: int
@@ -278,8 +287,19 @@ class OmniModel(nn.Module):
             else:
                 with torch.autocast(input_ids.device.type, enabled=False):
                     c = dec.dummy_codes().to(input_ids.device)
-                dummy = dummy + 0.0 * dec.head(dec.embed(c)).sum()
+                h = dec.embed(c)
+                dummy = dummy + 0.0 * dec.head(h).sum()
+                if _codebooks(dec) > 1:  # the depth decoder too
+                    dummy = dummy + 0.0 * dec.depth_logits(h, c).sum()
         return embeds, codes, dummy, _join_layers(layered, where)
+
+    def loss_parts(self) -> list[str]:
+        """The names of the loss's parts, sorted, as metrics rows carry them (``loss/<part>``):
+        ``"text"``, ``"decoder.<m>"`` per decoder and ``"decoder.<m>.depth"`` per decoder with
+        ``K > 1`` codebooks per frame (its depth decoder's codebooks, :class:`ModelOutput`)."""
+        parts = {"text", *(f"decoder.{m}" for m in self.decoders)}
+        parts |= {f"decoder.{m}.depth" for m, dec in self.decoders.items() if _codebooks(dec) > 1}
+        return sorted(parts)
 
     def layer_kwargs(self, layers: LayerRows | None) -> dict[str, Any]:
         """The foundation's keyword arguments for ``layers`` (:meth:`embed_inputs`): ``{}`` for
@@ -305,7 +325,7 @@ class OmniModel(nn.Module):
         dec = self.decoders[modality]
         cache = self.code_cache if keys and getattr(dec, "fixed_codes", False) else None
         if cache is not None:
-            hit = cache.lookup(modality, keys, device)  # type: ignore[arg-type]
+            hit = cache.lookup(modality, keys, device, width=_codebooks(dec))  # type: ignore[arg-type]
             if hit is not None:
                 return hit
         codes = dec.encode(_in_dtype_of(dec, inputs)).to(device)
@@ -397,13 +417,18 @@ class OmniModel(nn.Module):
 
     def decoder_labels(self, input_ids: torch.Tensor, codes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Per decoder modality, ``[1, T]``: the code that each position's hidden state predicts (the
-        position *before* each code placeholder), ``-100`` elsewhere."""
+        position *before* each code placeholder), ``-100`` elsewhere; ``[1, T, K]`` (the frame's
+        ``K`` codes) for a decoder with ``K > 1`` codebooks per frame."""
         out: dict[str, torch.Tensor] = {}
         for m, c in codes.items():
             mask = input_ids == self.token_ids["decoder"][m]
             pred = torch.zeros_like(mask)
             pred[:, :-1] = mask[:, 1:]
-            out[m] = torch.full_like(input_ids, IGNORE_INDEX).masked_scatter(pred, c)
+            if c.dim() == 2:  # [N, K]: every codebook of the frame at the predicting position
+                full = torch.full((*input_ids.shape, c.shape[1]), IGNORE_INDEX, dtype=c.dtype, device=c.device)
+                out[m] = full.masked_scatter(pred.unsqueeze(-1), c)
+            else:
+                out[m] = torch.full_like(input_ids, IGNORE_INDEX).masked_scatter(pred, c)
         return out
 
     def losses(
@@ -426,10 +451,18 @@ class OmniModel(nn.Module):
         dec_sums: dict[str, torch.Tensor] = {}
         dec_counts: dict[str, int] = {}
         for m, lab in dec_labels.items():
-            sel = lab != IGNORE_INDEX
-            dec_logits = self.decoders[m].head(hidden[sel]).float()
-            dec_sums[m] = F.cross_entropy(dec_logits, lab[sel], reduction="sum")
+            dec = self.decoders[m]
+            frames = lab if lab.dim() == 2 else lab[..., 0]
+            sel = frames != IGNORE_INDEX
+            h, target = hidden[sel], lab[sel]  # [N, H]; [N] or [N, K]
+            dec_logits = dec.head(h).float()
+            dec_sums[m] = F.cross_entropy(dec_logits, target if target.dim() == 1 else target[:, 0], reduction="sum")
             dec_counts[m] = int(sel.sum())
             n += dec_counts[m]
+            if target.dim() == 2:  # codebooks 1..K-1 from the depth decoder: their own part, "<m>.depth"
+                depth = dec.depth_logits(h, target).float()
+                dec_sums[f"{m}.depth"] = F.cross_entropy(depth.reshape(-1, depth.shape[-1]), target[:, 1:].reshape(-1), reduction="sum")
+                dec_counts[f"{m}.depth"] = target[:, 1:].numel()
+                n += dec_counts[f"{m}.depth"]
         loss = text_sum + sum(dec_sums.values(), torch.zeros((), device=text_sum.device)) + dummy.float()
         return ModelOutput(loss, n, text_sum.detach(), {k: v.detach() for k, v in dec_sums.items()}, logits, dec_counts)

@@ -462,12 +462,14 @@ class DecoderContract(ModuleComponentContract):
         assert dec.modality in self._row().spec.modalities
 
     def test_encode_gives_codes_in_range(self):
-        """encode(batch) is int64 ``[sum num_tokens]`` with every code in ``[0, codebook_size)``."""
+        """encode(batch) is int64 ``[sum num_tokens]`` (``[sum num_tokens, K]`` with ``num_codebooks``
+        K > 1) with every code in ``[0, codebook_size)``."""
         dec = self.build().eval()
         feats, batch = self._batch(dec)
         with torch.no_grad():
             codes = dec.encode(batch)
-        assert codes.dtype == torch.long and codes.ndim == 1
+        k = _codebooks(dec)
+        assert codes.dtype == torch.long and (codes.ndim == 1 if k == 1 else tuple(codes.shape[1:]) == (k,))
         assert codes.shape[0] == sum(int(self._proc.num_tokens(f)) for f in feats)
         assert int(codes.min()) >= 0 and int(codes.max()) < dec.codebook_size
 
@@ -503,9 +505,13 @@ class DecoderContract(ModuleComponentContract):
             assert torch.equal(dec.encode(batch), before), "fixed_codes is true, but an optimizer step changed the codes"
 
     def test_embed_and_head_shapes(self):
-        """embed: ``[N] -> [N, hidden_size]`` float; head: ``[N, hidden_size] -> [N, codebook_size]`` float."""
+        """embed: ``[N] -> [N, hidden_size]`` float (``[N, K]`` codes with K codebooks); head:
+        ``[N, hidden_size] -> [N, codebook_size]`` float."""
         dec = self.build().eval()
         codes = torch.tensor([0, 1, dec.codebook_size - 1, 1])
+        k = _codebooks(dec)
+        if k > 1:  # every codebook of a frame takes the same entry
+            codes = codes.unsqueeze(1).expand(4, k).contiguous()
         e = dec.embed(codes)
         assert tuple(e.shape) == (4, self.hidden_size) and e.dtype.is_floating_point
         assert torch.equal(e[1], e[3]) and not torch.equal(e[0], e[1])
@@ -540,9 +546,14 @@ class DecoderContract(ModuleComponentContract):
         """dummy_codes() are in range; ``0 * head(embed(codes)).sum()`` backward reaches every trainable parameter."""
         dec = self.build().train()
         codes = dec.dummy_codes()
-        assert codes.dtype == torch.long and codes.ndim == 1 and codes.numel() >= 1
+        k = _codebooks(dec)
+        assert codes.dtype == torch.long and codes.ndim == (1 if k == 1 else 2) and codes.numel() >= 1
         assert int(codes.min()) >= 0 and int(codes.max()) < dec.codebook_size
-        (0 * dec.head(dec.embed(codes)).sum()).backward()
+        h = dec.embed(codes)
+        dummy = 0 * dec.head(h).sum()
+        if k > 1:
+            dummy = dummy + 0 * dec.depth_logits(h, codes).sum()
+        dummy.backward()
         trainable = [(n, p) for n, p in dec.named_parameters() if p.requires_grad]
         assert trainable, "the decoder has no trainable parameters"
         missing = [n for n, p in trainable if p.grad is None]
@@ -551,7 +562,33 @@ class DecoderContract(ModuleComponentContract):
     def _outputs(self, dec: Any, batch: dict[str, Any]) -> list[torch.Tensor]:
         with torch.no_grad():
             codes = dec.encode(batch)
-            return [codes, dec.embed(codes), dec.head(torch.linspace(-1, 1, 3 * self.hidden_size).reshape(3, self.hidden_size))]
+            hidden = torch.linspace(-1, 1, 3 * self.hidden_size).reshape(3, self.hidden_size)
+            out = [codes, dec.embed(codes), dec.head(hidden)]
+            if _codebooks(dec) > 1:
+                out.append(dec.depth_logits(hidden, codes[:3]))
+            return out
+
+    def test_depth_generation_equals_teacher_forcing(self):
+        """With ``num_codebooks`` K > 1: ``depth_logits`` is ``[N, K-1, C]``, its row ``k - 1`` does not
+        depend on codes ``k..K-1`` (causal), and greedy ``depth_generate`` gives codes whose
+        teacher-forced argmax is themselves."""
+        dec = self.build().eval()
+        k = _codebooks(dec)
+        if k == 1:
+            pytest.skip("one codebook per frame: no depth decoder")
+        g = torch.Generator().manual_seed(0)
+        hidden = torch.randn(5, self.hidden_size, generator=g)
+        codes = torch.randint(0, dec.codebook_size, (5, k), generator=g)
+        with torch.no_grad():
+            logits = dec.depth_logits(hidden, codes)
+            assert tuple(logits.shape) == (5, k - 1, dec.codebook_size)
+            changed = codes.clone()
+            changed[:, -1] = (changed[:, -1] + 1) % dec.codebook_size
+            torch.testing.assert_close(dec.depth_logits(hidden, changed), logits, rtol=0, atol=0)
+            first = dec.head(hidden).argmax(-1)
+            got = dec.depth_generate(hidden, first, lambda lg, _k: lg.argmax(-1))
+            assert tuple(got.shape) == (5, k) and torch.equal(got[:, 0], first)
+            assert torch.equal(dec.depth_logits(hidden, got).argmax(-1), got[:, 1:])
 
     def test_state_dict_round_trip(self):
         a, b = self.build(seed=self.seed).eval(), self.build(seed=self.seed + 1).eval()
@@ -576,6 +613,11 @@ class DecoderContract(ModuleComponentContract):
             n = int(proc_b.num_tokens(proc_b.preprocess(self.make_media(b.modality)[0])))
             ia, ib = a.decode(want[0][:n]), b.decode(want[0][:n])
         assert np.array_equal(_medium_array(ia), _medium_array(ib))
+
+
+def _codebooks(decoder: Any) -> int:
+    """A decoder's codes per frame (its optional ``num_codebooks``; 1 without it)."""
+    return int(getattr(decoder, "num_codebooks", 1) or 1)
 
 
 def _medium_array(medium: Any) -> np.ndarray:

@@ -415,7 +415,7 @@ class _StepTotals:
     loss_sum: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
     tokens: float = 0
     flops: float = 0.0
-    part_sums: dict[str, float] = field(default_factory=dict)  # per part: "text", "decoder.<m>"
+    part_sums: dict[str, float] = field(default_factory=dict)  # per part: "text", "decoder.<m>"[".depth"]
     part_counts: dict[str, int] = field(default_factory=dict)
 
     def add(self, out: Any) -> None:
@@ -447,7 +447,7 @@ def train_step(run: Run, step: int) -> dict[str, Any] | None:
         totals.tokens += mb.num_tokens / run.replicas
     # one all-reduce for every figure of the step's metrics and any rank's stop signal (before the
     # update: the target check below must stop a wrong run before its first optimizer step)
-    keys = sorted({"text", *(f"decoder.{m}" for m in run.processor.decoders)})
+    keys = run.model.loss_parts()
     sums = state.all_reduce_named(_step_sums(run, totals, keys))
     run.stop_signal = signal_from_flags([sums[f"signal/{s.name}"] for s in SIGNALS])
     check_target_split(run, n_global, sum(sums[f"targets/{k}"] for k in keys))

@@ -17,6 +17,11 @@ section 2.2), the exact autoregressive factorisation of the RVQ codes; no delay 
 At a position of codebook ``k``, :meth:`EncodecAudioDecoder.decode` reads any id as
 ``id mod bins`` (an id of another codebook, which a sampling LM may emit, is not an error).
 
+**Or one LM position per frame** (option ``codebooks: depth``): codes are ``[F, n_q]`` (entry ``j``
+of every codebook is ``j``), a frame's input embedding is the sum of its codes' embeddings, the LM
+head scores codebook 0 and a depth decoder the rest (:class:`omnicore.api.CodebookDecoder` with
+``num_codebooks=n_q``; CSM's design). A clip then costs ``F`` LM positions instead of ``F * n_q``.
+
 Data flow (R = the codec's sample rate, hop = ``hop_length``, H = the foundation's hidden size):
 
 * :meth:`preprocess`: :class:`omnicore.api.Audio` -> mono at R, padded with silence to
@@ -27,7 +32,8 @@ Data flow (R = the codec's sample rate, hop = ``hop_length``, H = the foundation
 * :meth:`decode`: ``[F * n_q]`` -> ``EncodecModel.decode`` -> ``F * hop`` samples, clamped to
   [-1, 1], resampled to 16 kHz -> :class:`omnicore.api.Audio`.
 
-The one formula shared by the data side and the model: ``num_tokens = ceil(samples / hop) * n_q``.
+The one formula shared by the data side and the model: ``num_tokens = ceil(samples / hop) * n_q``
+(flat) or ``ceil(samples / hop)`` (depth).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from omnicore_audio_codec.processor import (
     CodecProcessor,
     EncodecOptions,
     build_processor,
+    layout_of,
     make_codec_config,
     num_quantizers_at,
     processor_for,
@@ -67,11 +74,14 @@ class EncodecAudioDecoder(CodebookDecoder):
         max_seconds: targets are padded to this length (and generation writes this many seconds).
         long_audio: ``"refuse"`` or ``"crop"`` for longer targets.
         freeze_codec: freeze the codec (``requires_grad=False``, kept in eval mode).
+        codebooks: ``"flat"`` (n_q LM positions a frame) or ``"depth"`` (one, with a depth decoder).
+        depth: the depth decoder's sizes (``omnicore.api.DepthOptions`` keys), with ``"depth"``.
 
     Attributes:
         modality: ``"audio"``.
         bins: entries per codebook (the codec's ``codebook_size``); num_quantizers: n_q.
-        codebook_size: C = n_q * bins (the flattened id space, module docstring).
+        codebook_size: C = n_q * bins (the flattened id space, module docstring), or ``bins`` with
+            ``codebooks="depth"`` (then ``num_codebooks`` = n_q).
         processor: the data side (:class:`~omnicore_audio_codec.processor.CodecProcessor`).
         codec: the wrapped ``EncodecModel``; ``code_embed`` and ``lm_head``: the LM adapter.
     """
@@ -88,18 +98,24 @@ class EncodecAudioDecoder(CodebookDecoder):
         max_seconds: float = 1.0,
         long_audio: str = "refuse",
         freeze_codec: bool = True,
+        codebooks: str = "flat",
+        depth: dict[str, Any] | None = None,
     ) -> None:
         bandwidth, _ = num_quantizers_at(codec.config, bandwidth)
-        processor: CodecProcessor = processor_for(codec.config, bandwidth, max_seconds, long_audio)
+        processor: CodecProcessor = processor_for(codec.config, bandwidth, max_seconds, long_audio, codebooks)
         bins = int(codec.config.codebook_size)
+        stacked = codebooks == "depth" and processor.num_quantizers > 1  # one codebook: depth and flat are alike
         super().__init__(
             codec,
             processor,
             hidden_size=hidden_size,
-            codebook_size=processor.num_quantizers * bins,
+            codebook_size=bins if stacked else processor.num_quantizers * bins,
             freeze_tokenizer=freeze_codec,
             tokenizer_attr="codec",
+            num_codebooks=processor.num_quantizers if stacked else 1,
+            depth=(depth or {}) if stacked else None,
         )
+        self.codebooks = "depth" if stacked else "flat"
         self.bandwidth = bandwidth
         self.num_quantizers = processor.num_quantizers
         self.bins = bins
@@ -122,18 +138,28 @@ class EncodecAudioDecoder(CodebookDecoder):
         return self.codec.encode(x, bandwidth=self.bandwidth).audio_codes[0, 0]
 
     def flatten(self, rvq: torch.Tensor) -> torch.Tensor:
-        """RVQ codes ``[n_q, F]`` -> flattened ids ``[F * n_q]`` (frame-major, codebook ``k`` offset
-        by ``k * bins``; module docstring)."""
+        """RVQ codes ``[n_q, F]`` -> the LM's codes: flattened ids ``[F * n_q]`` (frame-major, codebook
+        ``k`` offset by ``k * bins``; module docstring), or ``[F, n_q]`` with ``codebooks="depth"``."""
+        if self.codebooks == "depth":
+            return rvq.long().t().contiguous()
         offsets = torch.arange(self.num_quantizers, device=rvq.device).unsqueeze(1) * self.bins
         return (rvq.long() + offsets).t().reshape(-1)
 
     def unflatten(self, codes: torch.Tensor) -> torch.Tensor:
-        """Flattened ids ``[F * n_q]`` -> RVQ codes ``[n_q, F]`` in ``[0, bins)`` (``id mod bins``).
+        """The LM's codes -> RVQ codes ``[n_q, F]`` in ``[0, bins)``: flattened ids ``[F * n_q]``
+        (``id mod bins``), or ``[F, n_q]`` with ``codebooks="depth"``.
 
         Raises:
             ValueError: if the count is not a positive multiple of n_q or an id is outside [0, C).
         """
-        codes = torch.as_tensor(codes).long().reshape(-1)
+        codes = torch.as_tensor(codes).long()
+        if self.codebooks == "depth":
+            if codes.dim() != 2 or codes.shape[1] != self.num_quantizers or codes.shape[0] == 0:
+                raise ValueError(f"encodec decoder: decode needs codes [frames, {self.num_quantizers}], got {tuple(codes.shape)}")
+            if int(codes.min()) < 0 or int(codes.max()) >= self.bins:
+                raise ValueError(f"encodec decoder: codes must lie in [0, {self.bins}); got [{int(codes.min())}, {int(codes.max())}]")
+            return codes.t()
+        codes = codes.reshape(-1)
         if codes.numel() == 0 or codes.numel() % self.num_quantizers:
             raise ValueError(f"encodec decoder: decode needs a positive multiple of n_q={self.num_quantizers} codes, got {codes.numel()}")
         if int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size:
@@ -141,7 +167,8 @@ class EncodecAudioDecoder(CodebookDecoder):
         return (codes % self.bins).reshape(-1, self.num_quantizers).t()
 
     def encode(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Waveforms to codes: LongTensor ``[sum_i ceil(num_samples_i / hop) * n_q]``, item by item.
+        """Waveforms to codes: LongTensor ``[sum_i ceil(num_samples_i / hop) * n_q]``, item by item
+        (``[sum_i ceil(num_samples_i / hop), n_q]`` with ``codebooks="depth"``).
 
         Each item is encoded alone (its first ``num_samples[i]`` samples, so padding added by
         :meth:`collate` never changes its codes). ``input_values`` may be ``[B, L]`` or ``[L]``.
@@ -172,8 +199,11 @@ class EncodecAudioDecoder(CodebookDecoder):
 
     def dummy_codes(self) -> torch.Tensor:
         """One item's worth of codes, ``ceil(max_samples / hop) * n_q`` (also the generation length):
-        entry 0 of each codebook, ``k * bins`` at the positions of codebook ``k``."""
+        entry 0 of each codebook, ``k * bins`` at the positions of codebook ``k``; zeros
+        ``[frames, n_q]`` with ``codebooks="depth"``."""
         frames = self.processor.frames(self.processor.max_samples)
+        if self.codebooks == "depth":
+            return torch.zeros(frames, self.num_quantizers, dtype=torch.long, device=self.device)
         return (torch.arange(self.num_quantizers, device=self.device) * self.bins).repeat(frames)
 
     def saved_settings(self) -> dict[str, Any]:
@@ -239,6 +269,8 @@ def build(options: dict[str, Any] | EncodecOptions, *, hidden_size: int) -> Enco
         max_seconds=max_seconds,
         long_audio=opts.long_audio,
         freeze_codec=opts.freeze_codec,
+        codebooks=layout_of(opts, meta),
+        depth=opts.depth if opts.depth is not None else (meta or {}).get("depth"),
     )
     if meta is not None:
         dec.load_adapter(opts.checkpoint)

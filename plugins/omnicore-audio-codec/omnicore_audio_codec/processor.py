@@ -109,6 +109,19 @@ class EncodecOptions(BaseModel):
         True,
         description="Keep the codec frozen (a fixed tokenizer during LM training); only the code embedding and the head train.",
     )
+    codebooks: Literal["flat", "depth"] | None = Field(
+        None,
+        description=(
+            "How a frame's n_q codes reach the LM. flat: one LM position per code, frame by frame (n_q positions a "
+            "frame). depth: one LM position per frame (the sum of its codes' embeddings); the LM head scores codebook 0 "
+            "and a depth decoder (omnicore.api.DepthOptions, option 'depth') the others. None: the layout saved with the "
+            "checkpoint's LM adapter, else flat."
+        ),
+    )
+    depth: dict[str, Any] | None = Field(
+        None,
+        description="Sizes of the depth decoder (codebooks: depth): omnicore.api.DepthOptions keys (layers, hidden_size, heads, ...).",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> EncodecOptions:
@@ -196,16 +209,22 @@ class CodecProcessor:
         sample_rate: the codec's rate in Hz; targets are resampled to it.
         hop_length: samples per frame (the product of the encoder strides).
         num_quantizers: n_q, codes per frame.
+        codebooks: ``"flat"`` (n_q LM positions a frame) or ``"depth"`` (one; see :class:`EncodecOptions`).
+        codes_per_token: the codes trained at each LM position: n_q with ``"depth"``, else 1.
         max_seconds: targets are padded with silence to ``max_samples = round(max_seconds * sample_rate)``.
         long_audio: ``"refuse"`` or ``"crop"`` (see :class:`EncodecOptions`).
     """
 
     modality = "audio"
 
-    def __init__(self, *, sample_rate: int, hop_length: int, num_quantizers: int, max_seconds: float, long_audio: str = "refuse") -> None:
+    def __init__(
+        self, *, sample_rate: int, hop_length: int, num_quantizers: int, max_seconds: float, long_audio: str = "refuse", codebooks: str = "flat"
+    ) -> None:
         self.sample_rate = int(sample_rate)
         self.hop_length = int(hop_length)
         self.num_quantizers = int(num_quantizers)
+        self.codebooks = codebooks
+        self.codes_per_token = self.num_quantizers if codebooks == "depth" else 1
         self.max_seconds = float(max_seconds)
         self.long_audio = long_audio
         self.max_samples = max(1, round(self.max_seconds * self.sample_rate))
@@ -245,8 +264,9 @@ class CodecProcessor:
         return {"input_values": torch.from_numpy(out)}
 
     def num_tokens(self, features: dict[str, Any]) -> int:
-        """``ceil(num_samples / hop_length) * n_q`` for ``input_values`` of ``[num_samples]``."""
-        return self.frames(features["input_values"].shape[-1]) * self.num_quantizers
+        """LM positions of ``input_values`` ``[num_samples]``: ``ceil(num_samples / hop_length)``
+        frames, times n_q when flattened."""
+        return self.frames(features["input_values"].shape[-1]) * (self.num_quantizers if self.codebooks == "flat" else 1)
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """``{"input_values": [B, L] (zero-padded to the longest), "num_samples": long [B]}``.
@@ -287,6 +307,14 @@ def read_codec_config(folder: str | Path) -> Any:
     return cfg
 
 
+def layout_of(opts: EncodecOptions, meta: dict[str, Any] | None) -> str:
+    """``"flat"`` or ``"depth"``: the option, else the layout saved with the LM adapter (a depth
+    decoder records ``num_codebooks``), else flat."""
+    if opts.codebooks is not None:
+        return opts.codebooks
+    return "depth" if (meta or {}).get("num_codebooks", 1) > 1 else "flat"
+
+
 def resolve(opts: EncodecOptions) -> tuple[Any, dict[str, Any] | None, float, float]:
     """``(EncodecConfig, saved adapter meta or None, bandwidth, max_seconds)`` of validated options:
     an explicit option wins, then the value saved with a checkpoint's LM adapter, then the default."""
@@ -302,11 +330,16 @@ def resolve(opts: EncodecOptions) -> tuple[Any, dict[str, Any] | None, float, fl
     return cfg, meta, bandwidth, float(max_seconds)
 
 
-def processor_for(cfg: Any, bandwidth: float, max_seconds: float, long_audio: str) -> CodecProcessor:
+def processor_for(cfg: Any, bandwidth: float, max_seconds: float, long_audio: str, codebooks: str = "flat") -> CodecProcessor:
     """The :class:`CodecProcessor` of a resolved codec config."""
     _, n_q = num_quantizers_at(cfg, bandwidth)
     return CodecProcessor(
-        sample_rate=cfg.sampling_rate, hop_length=cfg.hop_length, num_quantizers=n_q, max_seconds=max_seconds, long_audio=long_audio
+        sample_rate=cfg.sampling_rate,
+        hop_length=cfg.hop_length,
+        num_quantizers=n_q,
+        max_seconds=max_seconds,
+        long_audio=long_audio,
+        codebooks=codebooks,
     )
 
 
@@ -319,5 +352,5 @@ def build_processor(options: dict[str, Any]) -> CodecProcessor:
         pydantic.ValidationError: on invalid options.
     """
     opts = EncodecOptions.model_validate(dict(options or {}))
-    cfg, _, bandwidth, max_seconds = resolve(opts)
-    return processor_for(cfg, bandwidth, max_seconds, opts.long_audio)
+    cfg, meta, bandwidth, max_seconds = resolve(opts)
+    return processor_for(cfg, bandwidth, max_seconds, opts.long_audio, layout_of(opts, meta))

@@ -19,3 +19,17 @@ class TestEncodecContract(DecoderContract):
         "max_seconds": 1.2,
     }
     hidden_size = 32
+
+
+@pytest.mark.slow
+class TestEncodecDepthContract(DecoderContract):
+    """The same codec with one LM position per frame: codes ``[frames, 2]``, a depth decoder for codebook 1."""
+
+    name = "encodec"
+    options = {
+        "config": {"num_filters": 4, "hidden_size": 8, "codebook_size": 16, "upsampling_ratios": [8, 5, 4], "num_quantizers": 2},
+        "max_seconds": 1.2,
+        "codebooks": "depth",
+        "depth": {"layers": 1, "hidden_size": 16, "heads": 2},
+    }
+    hidden_size = 32

@@ -264,7 +264,8 @@ def pad_row(seq: dict[str, Any], sp: int) -> dict[str, Any]:
     out["inputs_embeds"] = F.pad(seq["inputs_embeds"], (0, 0, 0, pad))
     out["position_ids"] = torch.cat([pos, fill.expand(pos.shape[0], pad)], dim=1)
     out["labels"] = F.pad(seq["labels"], (0, pad), value=IGNORE_INDEX)
-    out["decoder_labels"] = {m: F.pad(x, (0, pad), value=IGNORE_INDEX) for m, x in seq["decoder_labels"].items()}
+    # [1, T] codes, or [1, T, K] for a decoder with K codebooks per frame: padded along T either way
+    out["decoder_labels"] = {m: F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad), value=IGNORE_INDEX) for m, x in seq["decoder_labels"].items()}
     rope = seq.get("rope_position_ids")
     if rope is not None:
         out["rope_position_ids"] = torch.cat([rope, fill.to(rope.device).expand(*rope.shape[:-1], pad)], dim=-1)
