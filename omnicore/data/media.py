@@ -34,10 +34,13 @@ class Audio:
 @dataclass
 class Video:
     """Decoded video: ``frames`` uint8 ``[T, H, W, 3]`` (RGB), frame ``i`` shown at ``i / fps``
-    seconds (a constant frame rate, FFmpeg's average rate for the stream); ``fps`` in frames per second."""
+    seconds (a constant frame rate, FFmpeg's average rate for the stream); ``fps`` in frames per second;
+    ``audio``: the clip's sound track from its start (:func:`load_video` with ``audio=True``), None
+    when not read or the file has none."""
 
     frames: np.ndarray
     fps: float
+    audio: Audio | None = None
 
     @property
     def seconds(self) -> float:
@@ -173,20 +176,25 @@ MAX_VIDEO_BYTES = 1 << 31
 minutes of 320 x 240 at 30 fps): every frame is decoded before an encoder samples it."""
 
 
-def load_video(source: str | Path | bytes, *, name: str | None = None) -> Video:
+def load_video(source: str | Path | bytes, *, name: str | None = None, audio: bool = False) -> Video:
     """Decode the first video stream of a file (or its encoded bytes: MP4, MKV, WebM, ...) with
     PyAV into RGB frames and the stream's frame rate.
 
     Every frame is decoded (frames are converted to ``rgb24`` by FFmpeg's swscale); audio streams
-    are ignored. The frame rate is the stream's average rate (``av``'s ``average_rate``, else its
-    guessed rate); variable-rate clips are treated as constant-rate at that average.
+    are ignored unless ``audio``. The frame rate is the stream's average rate (``av``'s
+    ``average_rate``, else its guessed rate); variable-rate clips are treated as constant-rate at
+    that average.
 
     Args:
         source: a path, or the bytes of an encoded video (as a table column holds them).
         name: where bytes came from (for example ``data.parquet row 12``), for error messages.
+        audio: also decode the first audio stream, as :func:`load_audio` reads a file (float32,
+            its channels averaged to mono, at the stream's own rate) into ``Video.audio``; a file
+            without one gives ``None`` there. A video processor asks for it with ``audio_track``
+            (see :class:`omnicore.components.Processor`).
 
     Returns:
-        a :class:`Video` with ``frames`` uint8 ``[T, H, W, 3]`` and ``fps`` (> 0).
+        a :class:`Video` with ``frames`` uint8 ``[T, H, W, 3]``, ``fps`` (> 0) and ``audio``.
 
     Raises:
         MediaError: if PyAV is not installed (install the ``av`` package), the file is missing, the
@@ -212,6 +220,7 @@ def load_video(source: str | Path | bytes, *, name: str | None = None) -> Video:
             stream = container.streams.video[0]
             rate = stream.average_rate or stream.guessed_rate
             frames = _decode_frames(container, stream, what)
+        track = _decode_audio(source, what) if audio else None
     except MediaError:
         raise
     except Exception as exc:  # noqa: BLE001 - PyAV raises av.FFmpegError subclasses, OSError, ValueError on bad files
@@ -220,7 +229,27 @@ def load_video(source: str | Path | bytes, *, name: str | None = None) -> Video:
         raise MediaError(f"video {what} holds no frames")
     if not rate or float(rate) <= 0:
         raise MediaError(f"video {what} has no frame rate; re-encode it with a constant frame rate (ffmpeg -r)")
-    return Video(frames=np.stack(frames), fps=float(rate))
+    return Video(frames=np.stack(frames), fps=float(rate), audio=track)
+
+
+def _decode_audio(source: Path | bytes, what: str) -> Audio | None:
+    """The first audio stream of a video file as mono float32 (channels averaged, as
+    :func:`load_audio`), or None when it has none."""
+    import io
+
+    import av
+
+    with av.open(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else str(source)) as container:
+        if not container.streams.audio:
+            return None
+        stream = container.streams.audio[0]
+        resampler = av.AudioResampler(format="fltp")  # planar float32, the stream's layout and rate
+        chunks = [out.to_ndarray() for frame in container.decode(stream) for out in resampler.resample(frame)]
+        chunks += [out.to_ndarray() for out in resampler.resample(None)]
+        rate = int(stream.rate or 0)
+    if not chunks or rate <= 0:
+        raise MediaError(f"video {what} has an audio stream without samples or sample rate")
+    return Audio(samples=np.concatenate(chunks, axis=1).mean(axis=0).astype(np.float32), sample_rate=rate)
 
 
 def _decode_frames(container, stream, what: str) -> list[np.ndarray]:

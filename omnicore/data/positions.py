@@ -22,6 +22,11 @@ a time interval (``Processor.time_interval``): then frame group ``i`` sits at ``
 interval)``, Qwen2.5-VL's absolute-time scaling (``tokens_per_second * second_per_grid_t``, computed
 in float32 as transformers does).
 
+A block may also come with its positions computed by its processor (:class:`FixedRows`, from
+``Processor.layout``: Qwen2.5-Omni interleaves a clip's video and audio tokens in time-aligned
+chunks whose positions follow no grid rule): its tokens take ``start + offset`` and the text after
+it ``start + advance``, ``start`` being the position its first token would take as text.
+
 Pure Python (no torch, no numpy): it runs in data workers for every sample.
 """
 
@@ -42,6 +47,20 @@ SPATIAL_ADVANCE = frozenset({"qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5
 """Model types whose library rule starts the text after a media block at ``start + max(h, w)``."""
 
 AFTER_MEDIA = ("max", "spatial")
+
+
+@dataclass(frozen=True)
+class FixedRows:
+    """The positions of one media block as its processor computed them (``ItemLayout.positions``).
+
+    Attributes:
+        rows: ``[3][n]`` offsets (time, height, width) of the block's ``n`` tokens from ``start``,
+            the position its first token would take as text.
+        advance: where the text after the block resumes, as such an offset.
+    """
+
+    rows: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+    advance: int
 
 
 @dataclass(frozen=True)
@@ -102,7 +121,8 @@ def mrope_positions(length: int, blocks: Sequence[tuple[Any, ...]], layout: Rope
             holds the ``t * h * w`` tokens from ``start``, in ``t, h, w`` raster order. Tokens in no
             block are laid out as text. A third item, the block's time interval (positions per
             frame group, :func:`time_rows`; from the processor's optional ``time_interval``), spaces
-            the temporal row out by time, as Qwen2.5-VL does for video.
+            the temporal row out by time, as Qwen2.5-VL does for video. Or ``(start, FixedRows)``:
+            the block's own positions (:class:`FixedRows`).
         layout: the foundation's :class:`RopeLayout`.
 
     Raises:
@@ -112,6 +132,19 @@ def mrope_positions(length: int, blocks: Sequence[tuple[Any, ...]], layout: Rope
     rows: list[list[int]] = [[], [], []]
     at, nxt = 0, 0  # the next token index; the next text position
     for block in blocks:
+        if isinstance(block[1], FixedRows):
+            start, fixed = block[0], block[1]
+            n = len(fixed.rows[0])
+            if start < at or start + n > length or any(len(r) != n for r in fixed.rows):
+                raise ValueError(f"mrope_positions: fixed block at {start} of {n} tokens does not fit tokens {at}..{length}")
+            for r in rows:  # the text before the block
+                r.extend(range(nxt, nxt + start - at))
+            nxt += start - at
+            for r, offsets in zip(rows, fixed.rows, strict=True):
+                r.extend(nxt + o for o in offsets)
+            nxt += fixed.advance
+            at = start + n
+            continue
         start, (t, h, w) = block[0], block[1]
         interval = block[2] if len(block) > 2 else None
         if min(t, h, w) < 1 or start < at or start + t * h * w > length:
