@@ -139,7 +139,9 @@ def _write(path, frames, wave=None, channels=1):
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode())
         if sound is not None:
-            chunk = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave).reshape(1, -1), format="flt", layout=layout)  # packed: [1, samples * channels]
+            chunk = av.AudioFrame.from_ndarray(
+                np.ascontiguousarray(wave).reshape(1, -1), format="flt", layout=layout
+            )  # packed: [1, samples * channels]
             chunk.sample_rate, chunk.pts = 8000, 0
             container.mux(sound.encode(chunk))
             container.mux(sound.encode())

@@ -501,7 +501,9 @@ class ChatProcessor:
                     try:
                         layout = enc.layout(features)
                     except Exception as exc:
-                        raise SampleError(f"{where}: the {part.type} processor cannot lay out its item: {type(exc).__name__}: {exc}") from exc
+                        raise SampleError(
+                            f"{where}: the {part.type} processor cannot lay out its item: {type(exc).__name__}: {exc}"
+                        ) from exc
                     self._layout(part.type, layout, out, where)
                     continue
                 n = int(enc.num_tokens(features))
@@ -540,7 +542,9 @@ class ChatProcessor:
             m, count = token
             if m not in self.enc_ids:
                 have = ", ".join(sorted(self.enc_ids)) or "none"
-                raise SampleError(f"{where}: a {kind} item holds {m} placeholders, which need a {m} encoder in model.encoders (configured: {have})")
+                raise SampleError(
+                    f"{where}: a {kind} item holds {m} placeholders, which need a {m} encoder in model.encoders (configured: {have})"
+                )
             out.add([self.enc_ids[m]] * int(count), False)
             counts[m] += int(count)
         for m, placed in counts.items():
@@ -552,7 +556,9 @@ class ChatProcessor:
             n = len(out.ids) - start
             rows = layout.positions if layout.positions is not None else (tuple(range(n)),) * 3
             if len(rows) != 3 or any(len(r) != n for r in rows):
-                raise SampleError(f"{where}: the {kind} processor's layout gives positions {[len(r) for r in rows]} for {n} tokens; give [3][{n}]")
+                raise SampleError(
+                    f"{where}: the {kind} processor's layout gives positions {[len(r) for r in rows]} for {n} tokens; give [3][{n}]"
+                )
             advance = layout.advance if layout.advance is not None else max(max(r, default=-1) for r in rows) + 1
             out.blocks.append((start, FixedRows(tuple(tuple(int(x) for x in r) for r in rows), int(advance))))  # type: ignore[arg-type]
 
