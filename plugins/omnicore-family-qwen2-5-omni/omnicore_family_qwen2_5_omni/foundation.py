@@ -1,0 +1,245 @@
+"""``foundation/qwen2_5_omni``: a published Qwen2.5-Omni checkpoint as one config entry.
+
+The LM in omnicore's model is the thinker's mRoPE text model under its LM head
+(:func:`omnicore.api.build_mrope_lm`: ``Qwen2_5OmniThinkerTextModel``, keys ``model.*`` and
+``lm_head.*``), read from the checkpoint's thinker tensors in any of its layouts; the tokenizer
+and chat template are the checkpoint's, unchanged; :meth:`Qwen2_5OmniFoundation.encoders` brings
+the thinker's vision tower (images, and clips through the same module) and audio tower. The
+talker and token2wav (the speech side) are never built: they are not trained, and
+:meth:`~Qwen2_5OmniFoundation.export_pretrained` copies their tensors from the checkpoint into the
+export unchanged, next to the trained thinker, so that
+``Qwen2_5OmniForConditionalGeneration.from_pretrained`` loads the whole model back (a thinker-only
+checkpoint exports a thinker-only folder).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from omnicore.api import build_mrope_lm, embedding_names, on_meta, plan_checkpoint
+from omnicore_family_qwen2_5_omni.loading import AUDIO_PARTS, LM_RENAMES, SPEECH_PARTS, VISION_PARTS
+from omnicore_family_qwen2_5_omni.processor import (
+    AUDIO_PAD,
+    AUDIO_WRAP,
+    IMAGE_PAD,
+    VIDEO_PAD,
+    VISION_WRAP,
+    Qwen2_5OmniFoundationOptions,
+    checkpoint_folder,
+)
+
+WHAT = "model.foundation.options.checkpoint"
+TOKEN_IDS = {
+    "audio_token_index": AUDIO_PAD,
+    "image_token_index": IMAGE_PAD,
+    "video_token_index": VIDEO_PAD,
+    "audio_start_token_id": AUDIO_WRAP[0],
+    "audio_end_token_id": AUDIO_WRAP[1],
+    "vision_start_token_id": VISION_WRAP[0],
+    "vision_end_token_id": VISION_WRAP[1],
+}
+"""The media token ids the thinker (and talker) configs hold -> their token strings."""
+SPEECH_FILES = ("spk_dict.pt", "generation_config.json")
+"""Files of a published folder the export copies as they are (the speakers the talker reads;
+``from_pretrained`` of the whole model requires ``spk_dict.pt``)."""
+
+logger = logging.getLogger(__name__)
+
+
+class Qwen2_5OmniFoundation:
+    """The :class:`omnicore.api.Foundation` of a Qwen2.5-Omni checkpoint (reads no weights until
+    :meth:`build_model`'s plan is filled).
+
+    Args:
+        options: :class:`~omnicore_family_qwen2_5_omni.processor.Qwen2_5OmniFoundationOptions`.
+
+    Raises:
+        ValueError: the checkpoint folder is not a Qwen2.5-Omni one (naming the field).
+    """
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = Qwen2_5OmniFoundationOptions.model_validate(dict(options or {}))
+        self.folder = checkpoint_folder(self.options.checkpoint, WHAT)
+
+    def config(self) -> Any:
+        """The checkpoint's ``Qwen2_5OmniConfig`` (or ``Qwen2_5OmniThinkerConfig``, thinker alone)."""
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(str(self.folder))
+
+    def thinker_config(self, config: Any = None) -> Any:
+        """The thinker's config of ``config`` (default: the checkpoint's)."""
+        config = self.config() if config is None else config
+        return config.thinker_config if config.model_type == "qwen2_5_omni" else config
+
+    def build_tokenizer(self) -> Any:
+        """The checkpoint's tokenizer with its chat template (``AutoTokenizer.from_pretrained``)."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(self.folder))
+
+    def build_model(self, vocab_size: int, dtype: Any = None) -> Any:
+        """The thinker's mRoPE text LM under its head, on the meta device with the plan that reads
+        the checkpoint's thinker text tensors (any layout) after sharding. Logs the model type.
+
+        Args:
+            vocab_size: input embeddings needed; the model has ``max(text_config.vocab_size,
+                vocab_size)`` rows (rows beyond the checkpoint's get the mean of its rows).
+            dtype: floating-point dtype of the parameters (default float32).
+
+        Raises:
+            ValueError: the text config's ``mrope_section`` does not fit its head dim.
+            LoadError: (``ValueError``) the checkpoint's thinker text tensors do not fit.
+        """
+        config = self.config()
+        speech = (
+            "with its talker and token2wav, carried into the export unchanged" if config.model_type == "qwen2_5_omni" else "thinker only"
+        )
+        logger.info("foundation qwen2_5_omni: %s is a %s checkpoint (%s)", self.folder, config.model_type, speech)
+        with on_meta():
+            model = build_mrope_lm(self.thinker_config(config), vocab_size=vocab_size, dtype=dtype)
+        model.tie_weights()
+        model.omnicore_pending_load = plan_checkpoint(
+            model,
+            self.folder,
+            renames=LM_RENAMES,
+            other_parts=AUDIO_PARTS + VISION_PARTS + SPEECH_PARTS,
+            what=WHAT,
+            grow=embedding_names(model),
+        )
+        return model
+
+    def encoders(self) -> dict[str, dict[str, Any]]:
+        """The entries the checkpoint brings: ``image`` (``encoder/qwen2_5_omni_vision``, the tower
+        with its merger), ``video`` (its processor only; its clips go to the image module:
+        ``share: image``) and ``audio`` (``encoder/qwen2_5_omni_audio``)."""
+        folder, o = str(self.folder), self.options
+        video = {"checkpoint": folder, "modality": "video", "use_audio_in_video": o.use_audio_in_video}
+        video.update({"long_audio": o.long_audio, "video_fps": o.video_fps})
+        return {
+            "image": {"name": "qwen2_5_omni_vision", "options": {"checkpoint": folder}},
+            "video": {"name": "qwen2_5_omni_vision", "options": video, "share": "image"},
+            "audio": {"name": "qwen2_5_omni_audio", "options": {"checkpoint": folder, "long_audio": o.long_audio}},
+        }
+
+    def part_names(self) -> dict[str, list[str]]:
+        """Family part names for ``train.freeze`` / ``train.lr_multipliers``: ``audio_tower``,
+        ``visual`` (the vision tower's patch embedding and blocks), ``merger`` (its patch merger)
+        and ``language_model``, with the towers under the keys :meth:`encoders` gives them. The
+        talker and token2wav are no part of the model (never trained)."""
+        return {
+            "audio_tower": ["encoders.audio.audio_tower."],
+            "visual": ["encoders.image.visual.patch_embed.", "encoders.image.visual.blocks."],
+            "merger": ["encoders.image.visual.merger."],
+            "language_model": ["lm."],
+        }
+
+    def thinker_tensors(self, model: Any) -> dict[str, Any]:
+        """The trained thinker's tensors under the thinker's own names (``audio_tower.*``,
+        ``visual.*``, ``model.*``, ``lm_head.*``; no ``lm_head`` when the embeddings are tied), on
+        the CPU.
+
+        Raises:
+            ValueError: the model has not exactly one audio and one vision encoder of this family.
+        """
+        from omnicore_family_qwen2_5_omni.encoder import Qwen2_5OmniAudioTower, Qwen2_5OmniVisionTower
+
+        tensors: dict[str, Any] = {}
+        for cls, name in ((Qwen2_5OmniAudioTower, "encoder/qwen2_5_omni_audio"), (Qwen2_5OmniVisionTower, "encoder/qwen2_5_omni_vision")):
+            towers = [m for m in model.encoders.values() if isinstance(m, cls)]
+            if len(towers) != 1:
+                raise ValueError(f"qwen2_5_omni export: the model needs exactly one {name} module, found {len(towers)}")
+            tensors.update(towers[0].state_dict())
+        lm = model.lm
+        tied = bool(getattr(lm.config, "tie_word_embeddings", False))
+        tensors.update({k: v for k, v in lm.state_dict().items() if not (tied and k.startswith("lm_head."))})
+        return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+
+    def speech_tensors(self) -> dict[str, Any]:
+        """The checkpoint's ``talker.*`` and ``token2wav.*`` tensors as stored (dtype and values
+        unchanged), read shard by shard; empty for a thinker-only checkpoint.
+
+        Raises:
+            ValueError: a whole-model checkpoint holds none of them.
+        """
+        from safetensors import safe_open
+
+        index = self.folder / "model.safetensors.index.json"
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+        out: dict[str, Any] = {}
+        for name in files:
+            with safe_open(str(self.folder / name), "pt") as f:
+                for key in f.keys():
+                    if key.split(".", 1)[0] in SPEECH_PARTS:
+                        out[key] = f.get_tensor(key)
+        if not out and self.config().model_type == "qwen2_5_omni" and self.config().enable_audio_output:
+            raise ValueError(
+                f"qwen2_5_omni export: {self.folder} is a whole Qwen2.5-Omni checkpoint without talker.* or token2wav.* tensors"
+            )
+        return out
+
+    def export_pretrained(self, model: Any, tokenizer: Any, folder: Path) -> None:
+        """Write ``folder`` in the published layout of the checkpoint's class: for a whole model,
+        ``config.json`` (the checkpoint's, with the trained vocabulary size and the tokenizer's ids
+        of the media tokens), the trained thinker under ``thinker.audio_tower.*``,
+        ``thinker.visual.*``, ``thinker.model.*``, ``thinker.lm_head.*`` in
+        ``model-00001-of-00002.safetensors``, the checkpoint's ``talker.*`` and ``token2wav.*``
+        tensors unchanged in ``model-00002-of-00002.safetensors`` (with the index), and its
+        ``spk_dict.pt``; for a thinker alone, its names without ``thinker.`` in
+        ``model.safetensors``. Then the tokenizer with its chat template, the source's processor
+        files and ``generation_config.json``. ``Qwen2_5OmniForConditionalGeneration`` (or the
+        thinker's class) ``from_pretrained`` loads it.
+
+        Args:
+            model: an unsharded CPU OmniModel (LoRA merged) whose encoders are this family's.
+
+        Raises:
+            ValueError: the model lacks this family's audio or vision encoder; see :meth:`speech_tensors`.
+        """
+        from safetensors.torch import save_file
+
+        from omnicore_family_qwen2_5_omni.encoder import copy_processor_files
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = self.config()
+        whole = config.model_type == "qwen2_5_omni"
+        thinker = self.thinker_tensors(model)
+        thinker_cfg = self.thinker_config(config)
+        thinker_cfg.text_config.vocab_size = int(model.lm.get_input_embeddings().weight.shape[0])
+        for key, token in TOKEN_IDS.items():
+            value = int(tokenizer.convert_tokens_to_ids(token))
+            setattr(thinker_cfg, key, value)
+            if whole and hasattr(config.talker_config, key):
+                setattr(config.talker_config, key, value)
+        meta = {"format": "pt"}
+        for stale in ("model.safetensors", "model.safetensors.index.json"):  # a former export's layout
+            (folder / stale).unlink(missing_ok=True)
+        if whole:
+            speech = self.speech_tensors()
+            shards = {"model-00001-of-00002.safetensors": {"thinker." + k: v for k, v in thinker.items()}}
+            shards["model-00002-of-00002.safetensors"] = speech
+            weight_map = {k: name for name, tensors in shards.items() for k in tensors}
+            for name, tensors in shards.items():
+                save_file(tensors, str(folder / name), metadata=meta)
+            size = sum(v.numel() * v.element_size() for tensors in shards.values() for v in tensors.values())
+            index = {"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))}
+            (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        else:
+            save_file(thinker, str(folder / "model.safetensors"), metadata=meta)
+        config.save_pretrained(folder)
+        copy_processor_files(self.folder, folder)
+        tokenizer.save_pretrained(folder)
+        if self.folder.resolve() != folder.resolve():
+            for name in SPEECH_FILES:
+                if (self.folder / name).is_file():
+                    shutil.copyfile(self.folder / name, folder / name)
+
+
+def build(options: dict[str, Any]) -> Qwen2_5OmniFoundation:
+    """The foundation factory (``ComponentSpec.target`` of ``foundation/qwen2_5_omni``)."""
+    return Qwen2_5OmniFoundation(options)
