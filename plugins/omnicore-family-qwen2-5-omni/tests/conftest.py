@@ -87,6 +87,42 @@ def hf_processor_of():
     return load_hf_processor
 
 
+def hf_inputs_for(hf_processor, data, user, answer, *, prompt_only=False):
+    """transformers' processor outputs of one conversation (``user`` parts as omnicore's samples
+    write them, files under ``data``; each clip's sound track taken from its file, as
+    ``load_audio_from_video`` takes it) and whether a clip carries sound (the thinker's
+    ``use_audio_in_video``)."""
+    from omnicore.api import load_audio, load_image, load_video
+
+    content = [p if p["type"] == "text" else {"type": p["type"]} for p in user]
+    messages = [{"role": "user", "content": content}] + ([] if prompt_only else [{"role": "assistant", "content": answer}])
+    text = hf_processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt_only)
+    images, clips, sound, slots = [], [], [], []
+    for p in user:
+        if p["type"] == "image":
+            images.append(load_image(Path(data) / p["path"]))
+        elif p["type"] == "audio":
+            sound.append(load_audio(Path(data) / p["path"]).samples)
+            slots.append(None)
+        elif p["type"] == "video":
+            clip = load_video(Path(data) / p["path"], audio=True)
+            if clip.audio is not None:
+                sound.append(clip.audio.samples)
+                slots.append(len(clips))
+            clips.append(clip.frames)
+    kwargs = {"images": images or None, "videos": clips or None, "audio": sound or None}
+    with_sound = any(s is not None for s in slots)
+    if with_sound:
+        kwargs.update(load_audio_from_video=True, audio_from_video_indices=slots)
+    return hf_processor(text=text, return_tensors="pt", **kwargs), with_sound
+
+
+@pytest.fixture(scope="session")
+def hf_call():
+    """:func:`hf_inputs_for` (test modules cannot import this conftest by name)."""
+    return hf_inputs_for
+
+
 _BUILT: dict[tuple, tuple] = {}
 
 

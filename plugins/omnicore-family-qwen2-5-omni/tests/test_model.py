@@ -1,4 +1,4 @@
-"""The whole family through omnicore's run path (one foundation entry) against transformers'
+"""The whole family through omnicore's run path (one foundation entry, hf_inputs) against transformers'
 ``Qwen2_5OmniThinkerForConditionalGeneration`` and ``Qwen2_5OmniProcessor`` on the same images,
 clips and sound (fp32): input ids, logits (text only, an image, audio, a silent clip, a clip with
 its sound track, and all at once), the 3-D positions against ``get_rope_index``, a packed row, the
@@ -18,7 +18,6 @@ import json
 import pytest
 import torch
 
-from omnicore.api import load_audio, load_image, load_video
 from omnicore.testing import collate, generate_batch, read_jsonl
 
 IGNORE = -100
@@ -41,12 +40,6 @@ SAMPLES = [
     ),
 ]
 NAMES = ["text", "image", "audio", "silent_video", "video_with_audio", "audio_image_video"]
-
-
-def _hf_messages(user, answer):
-    """The same conversation as transformers' processors take it (parts in order)."""
-    content = [p if p["type"] == "text" else {"type": p["type"]} for p in user]
-    return [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]
 
 
 @pytest.fixture(scope="session")
@@ -76,30 +69,11 @@ def run(standin, data, omni_run):
     return model, tok, [proc.encode(s) for s in read_jsonl(data / "train.jsonl")], registry, proc
 
 
-def hf_inputs(hf_processor, data, k, *, prompt_only=False):
-    """transformers' processor outputs of sample ``k`` (each clip's sound track taken from its file,
-    as ``load_audio_from_video`` does) and whether a clip carries sound (``use_audio_in_video``)."""
-    user, answer = SAMPLES[k]
-    messages = _hf_messages(user, answer)[:1] if prompt_only else _hf_messages(user, answer)
-    text = hf_processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt_only)
-    images, clips, sound, slots = [], [], [], []
-    for p in user:
-        if p["type"] == "image":
-            images.append(load_image(data / p["path"]))
-        elif p["type"] == "audio":
-            sound.append(load_audio(data / p["path"]).samples)
-            slots.append(None)
-        elif p["type"] == "video":
-            clip = load_video(data / p["path"], audio=True)
-            if clip.audio is not None:
-                sound.append(clip.audio.samples)
-                slots.append(len(clips))
-            clips.append(clip.frames)
-    kwargs = {"images": images or None, "videos": clips or None, "audio": sound or None}
-    with_sound = any(s is not None for s in slots)
-    if with_sound:
-        kwargs.update(load_audio_from_video=True, audio_from_video_indices=slots)
-    return hf_processor(text=text, return_tensors="pt", **kwargs), with_sound
+@pytest.fixture
+def hf_inputs(hf_call):
+    """``(hf_processor, data, k, prompt_only=False) ->`` transformers' processor outputs of sample
+    ``k`` and whether a clip carries sound (conftest's ``hf_inputs_for``)."""
+    return lambda hf_processor, data, k, *, prompt_only=False: hf_call(hf_processor, data, *SAMPLES[k], prompt_only=prompt_only)
 
 
 def _logits(model, encoded):
@@ -122,7 +96,7 @@ def test_one_entry_brings_both_towers(run, standin):
 
 
 @pytest.mark.parametrize("k", range(len(SAMPLES)), ids=NAMES)
-def test_ids_and_logits_equal_transformers(run, hf_thinker, hf_processor, data, k):
+def test_ids_and_logits_equal_transformers(run, hf_thinker, hf_processor, data, k, hf_inputs):
     model, _, encoded, _, _ = run
     inputs, with_sound = hf_inputs(hf_processor, data, k)
     assert encoded[k].input_ids == inputs["input_ids"][0].tolist()
@@ -148,7 +122,7 @@ def test_the_clip_with_sound_is_interleaved_in_two_second_chunks(run, hf_process
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5], ids=NAMES[1:])
-def test_positions_equal_get_rope_index(run, hf_thinker, hf_processor, data, k):
+def test_positions_equal_get_rope_index(run, hf_thinker, hf_processor, data, k, hf_inputs):
     """The data side's 3-D positions are transformers' ``get_rope_index`` (with
     ``use_audio_in_video`` where a clip carries sound)."""
     _, _, encoded, _, _ = run
@@ -176,7 +150,7 @@ def test_packed_row_equals_each_sample_alone(run):
         start += len(e.input_ids)
 
 
-def test_loss_equals_transformers_loss_on_the_assistant_tokens(run, hf_thinker, hf_processor, data):
+def test_loss_equals_transformers_loss_on_the_assistant_tokens(run, hf_thinker, hf_processor, data, hf_inputs):
     model, tok, encoded, _, _ = run
     k = 5
     inputs, with_sound = hf_inputs(hf_processor, data, k)
@@ -193,7 +167,7 @@ def test_loss_equals_transformers_loss_on_the_assistant_tokens(run, hf_thinker, 
     torch.testing.assert_close(out.loss_sum / out.n_targets, want, atol=1e-5, rtol=0)
 
 
-def test_greedy_generation_equals_transformers_generate(run, hf_thinker, hf_processor, data):
+def test_greedy_generation_equals_transformers_generate(run, hf_thinker, hf_processor, data, hf_inputs):
     """Greedy continuation of prompts with an image and with a clip and its sound: omnicore's
     batched generation (two prompts of other lengths, left-padded together) gives each prompt the
     tokens ``Qwen2_5OmniThinkerForConditionalGeneration.generate`` gives it alone."""
