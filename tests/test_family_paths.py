@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 
-@pytest.mark.parametrize("family", ["qwen2_audio", "qwen2_vl", "qwen3_vl", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_audio", "qwen2_vl", "qwen3_vl", "llava", "qwen2_5_omni"])
 def test_brought_encoders_read_the_checkpoint_next_to_a_relative_config(tmp_path, monkeypatch, family):
     import importlib
 
