@@ -46,7 +46,7 @@ def video_settings(folder: Path, what: str, fix: str) -> dict[str, Any]:
 class FrameVideoProcessor:
     """transformers' ``Qwen2VLVideoProcessor`` steps for machines where it cannot be built (it
     needs torchvision): the same settings (read from the checkpoint's video processor file) and
-    the same call signature, so transformers' ``Qwen2VLProcessor`` can hold it too.
+    the same call signature, so transformers' ``Qwen2_5OmniProcessor`` can hold it too.
 
     Per clip of ``T`` frames at ``fps`` (uint8 ``[T, H, W, 3]``):
 

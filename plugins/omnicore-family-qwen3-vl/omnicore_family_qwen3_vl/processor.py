@@ -47,6 +47,8 @@ OTHER_FAMILIES = {
     "qwen2_5_vl": ("qwen2_vl", "qwen2_vl_encoder", "omnicore_family_qwen2_vl", "omnicore-family-qwen2-vl"),
     "llava": ("llava", "llava_encoder", "omnicore_family_llava", "omnicore-family-llava"),
     "qwen2_audio": ("qwen2_audio", "qwen2_audio_encoder", "omnicore_family_qwen2_audio", "omnicore-family-qwen2-audio"),
+    "qwen2_5_omni": ("qwen2_5_omni", "qwen2_5_omni_vision", "omnicore_family_qwen2_5_omni", "omnicore-family-qwen2-5-omni"),
+    "qwen2_5_omni_thinker": ("qwen2_5_omni", "qwen2_5_omni_vision", "omnicore_family_qwen2_5_omni", "omnicore-family-qwen2-5-omni"),
 }
 """Model types that another first-party family reads: ``model_type -> (foundation, encoder, module,
 distribution)``, for the hint of :func:`checkpoint_folder`."""
