@@ -180,6 +180,13 @@ class Processor(Protocol):
     Optional (decoders): ``codes_per_token``, the codes trained at each placeholder (an int,
     default 1): ``K`` for a decoder with ``K`` codebooks per frame (:class:`Decoder`), so that the
     data side counts a sample's targets as the model does.
+
+    Optional (decoders): ``placeholder``, the token string written once per code position
+    (default ``<|{modality}_out|>``), and ``start``, the token that opens a generated item (default
+    ``<|{modality}_start|>``): a text target before the placeholders, and the token whose emission
+    makes generation switch to the decoder. A published family names its checkpoint's own (CSM
+    writes ``<|end_of_text|>`` then ``<|AUDIO|>`` per frame), so that a sample's ids are those of
+    the checkpoint's processor; as for encoders, the core adds a token only when the tokenizer lacks it.
     """
 
     modality: str

@@ -443,3 +443,56 @@ def test_plan_shows_each_family_part(family, tmp_path):
         == report.param_bytes_per_rank + report.grad_bytes_per_rank + report.optimizer_bytes_per_rank
     )
     assert "  vision_tower: 40 parameters (trainable 0)" in report.render()
+
+
+def test_a_decoder_processor_names_its_own_start_and_placeholder_tokens(tmp_path):
+    """A decoder processor's ``start`` and ``placeholder`` (CSM's ``<|end_of_text|>`` and
+    ``<|AUDIO|>``) replace ``<|m_start|>`` / ``<|m_out|>``: the tokenizer keeps its vocabulary, the
+    start token is a text target, the placeholders are not; a start token that is a placeholder
+    is refused."""
+    from omnicore.data.chat import placeholder_ids
+
+    class Speech:
+        modality, start, placeholder, codes_per_token = "audio", "<s>", "<vid>", 2
+
+        def preprocess(self, media):
+            return {"n": 3}
+
+        def num_tokens(self, features):
+            return features["n"]
+
+        def collate(self, items):
+            return {"n": [it["n"] for it in items]}
+
+    tok = family_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<s>"]}, replace_extra_special_tokens=False)
+    before = dict(tok.get_vocab())
+    prepare_tokenizer(tok, {}, {"audio": Speech()})
+    assert tok.get_vocab() == before
+    ids = placeholder_ids(tok, {}, {"audio": Speech()})
+    start, out = tok.convert_tokens_to_ids("<s>"), tok.convert_tokens_to_ids("<vid>")
+    assert ids["decoder"] == {"audio": out} and ids["decoder_start"] == {"audio": start}
+    wav = tmp_path / "a.wav"
+    wav.write_bytes(b"")
+    proc = ChatProcessor(tok, {}, {"audio": Speech()})
+    proc._media = lambda kind, path, side, where: (Speech().preprocess(None), Speech())  # no file to read
+    sample = Sample([Message("user", [Part("text", "hi")]), Message("assistant", [Part("audio", str(wav))])], "x.jsonl", 1)
+    enc = proc.encode(sample)
+    i = enc.input_ids.index(start)
+    assert enc.input_ids[i + 1 : i + 4] == [out] * 3 and enc.labels[i - 1] == start
+    assert enc.labels[i : i + 3] == [-100] * 3 and enc.n_targets == 2 + 3 * 2  # start, <|im_end|>; 3 frames of 2 codes
+
+    class Clash(Speech):
+        start = "<vid>"
+
+    with pytest.raises(ValueError, match=r"start and placeholder are both '<vid>'"):
+        placeholder_ids(tok, {}, {"audio": Clash()})
+
+    class OnImage(Speech):
+        start = "<img>"
+
+    class Img:
+        placeholder = "<img>"
+
+    with pytest.raises(ValueError, match=r"decoder modalities \['audio'\] share a placeholder token"):
+        placeholder_ids(tok, {"image": Img()}, {"audio": OnImage()})

@@ -16,7 +16,8 @@ wrapped runs with text before each, as Qwen3-VL writes a clip's frame groups; a 
 ``layout`` writes the item's tokens itself, :class:`ItemLayout`, as Qwen2.5-Omni interleaves a
 clip's video and audio placeholders). A
 media part in an *assistant* message is a generation target: it becomes ``<|{modality}_start|>``
-followed by ``N`` copies of ``<|{modality}_out|>``, with ``N`` from the decoder's processor.
+followed by ``N`` copies of ``<|{modality}_out|>``, with ``N`` from the decoder's processor (a
+published family's decoder processor names its checkpoint's own two tokens, :func:`decoder_tokens`).
 
 Labels are shifted here, on the full sequence, before any packing or sharding: ``labels[i]`` is the
 target for position ``i`` (the id of token ``i + 1``) or ``-100``. Text targets are the assistant
@@ -56,6 +57,26 @@ def decoder_start_token(modality: str) -> str:
 def decoder_token(modality: str) -> str:
     """Placeholder for one generated code, e.g. ``<|image_out|>``."""
     return f"<|{modality}_out|>"
+
+
+def decoder_tokens(modality: str, processor: Any = None) -> tuple[str, str]:
+    """``(start, placeholder)`` of one decoder modality: the token that opens a generated item and
+    the token written once per code position. The processor's own ``start`` and ``placeholder``
+    token strings where it has them (a published family's: CSM opens its audio with
+    ``<|end_of_text|>`` and writes ``<|AUDIO|>`` per frame), else :func:`decoder_start_token` and
+    :func:`decoder_token` (see :class:`omnicore.components.Processor`).
+
+    Raises:
+        ValueError: ``start`` or ``placeholder`` is not a non-empty string, or they are the same token.
+    """
+    start = getattr(processor, "start", None) or decoder_start_token(modality)
+    placeholder = getattr(processor, "placeholder", None) or decoder_token(modality)
+    for name, value in (("start", start), ("placeholder", placeholder)):
+        if not isinstance(value, str):
+            raise ValueError(f"the {modality} decoder processor's {name} is {value!r}; give one token string")
+    if start == placeholder:
+        raise ValueError(f"the {modality} decoder processor's start and placeholder are both {start!r}; they must differ")
+    return start, placeholder
 
 
 def media_tokens(modality: str, processor: Any = None) -> tuple[str, tuple[str, str] | None]:
@@ -118,18 +139,22 @@ def _encoder_table(encoders: Any) -> dict[str, Any]:
 def special_tokens(encoders: Any, decoder_modalities: Any) -> list[str]:
     """Every special token a model with these encoders and decoders needs, in a fixed order: ChatML's
     three, then per encoder modality (sorted) its placeholder and wrap tokens
-    (:func:`media_tokens`), then per decoder modality its start and code tokens.
+    (:func:`media_tokens`), then per decoder modality (sorted) its start and code tokens
+    (:func:`decoder_tokens`).
 
     ``encoders``: a list of modalities (omnicore's ``<|m_pad|>`` placeholders), or a mapping
     modality -> processor, whose ``placeholder`` / ``wrap`` are used where it has them.
+    ``decoder_modalities``: likewise a list of modalities (``<|m_start|>``, ``<|m_out|>``), or a
+    mapping modality -> processor, whose ``start`` / ``placeholder`` are used where it has them.
     """
     toks = [IM_START, IM_END, PAD]
     table = _encoder_table(encoders)
     for m in sorted(table):
         placeholder, wrap = media_tokens(m, table[m])
         toks += [placeholder] + (list(wrap) if wrap else [])
-    for m in sorted(decoder_modalities):
-        toks += [decoder_start_token(m), decoder_token(m)]
+    decoders = _encoder_table(decoder_modalities)
+    for m in sorted(decoders):
+        toks += list(decoder_tokens(m, decoders[m]))
     return list(dict.fromkeys(toks))
 
 
@@ -147,33 +172,46 @@ def placeholder_ids(tokenizer: Any, encoders: Any, decoder_modalities: Any) -> d
     Args:
         encoders: encoder modalities, or a mapping modality -> processor (its ``placeholder`` and
             ``wrap`` tokens, :func:`media_tokens`).
+        decoder_modalities: decoder modalities, or a mapping modality -> processor (its ``start``
+            and ``placeholder`` tokens, :func:`decoder_tokens`).
 
     Returns:
         ``{"encoder": {modality: placeholder id}, "decoder": {modality: id of <|m_out|>},
-        "decoder_start": {modality: id of <|m_start|>}}``. The wrap tokens are checked here but
-        not listed (:class:`ChatProcessor` writes them; the model never looks for them).
+        "decoder_start": {modality: id of <|m_start|>}}`` (a decoder processor's own tokens in
+        place of ``<|m_out|>`` and ``<|m_start|>`` where it names them). The wrap tokens are
+        checked here but not listed (:class:`ChatProcessor` writes them; the model never looks
+        for them).
 
     Raises:
         ValueError: the tokenizer lacks one of these tokens (build it with
-            :func:`omnicore.model.build.prepare_tokenizer`, which adds what is missing).
+            :func:`omnicore.model.build.prepare_tokenizer`, which adds what is missing); two
+            modalities share a placeholder token, or a decoder's start token is a placeholder.
     """
     table = _encoder_table(encoders)
     media = {m: media_tokens(m, p) for m, p in table.items()}
+    decoders = {m: decoder_tokens(m, p) for m, p in _encoder_table(decoder_modalities).items()}
     needed = [t for m in media for t in [media[m][0], *(media[m][1] or ())]]
-    needed += [t for m in decoder_modalities for t in (decoder_start_token(m), decoder_token(m))]
+    needed += [t for m in decoders for t in decoders[m]]
     missing = [t for t in needed if _token_id(tokenizer, t) is None]
     if missing:
         raise ValueError(f"tokenizer lacks the special tokens {missing}; build it with omnicore.model.build.prepare_tokenizer")
     ids = functools.partial(_token_id, tokenizer)
     out: dict[str, dict[str, int]] = {
         "encoder": {m: ids(media[m][0]) for m in table},
-        "decoder": {m: ids(decoder_token(m)) for m in decoder_modalities},
-        "decoder_start": {m: ids(decoder_start_token(m)) for m in decoder_modalities},
+        "decoder": {m: ids(decoders[m][1]) for m in decoders},
+        "decoder_start": {m: ids(decoders[m][0]) for m in decoders},
     }
     shared = [m for m in table if list(out["encoder"].values()).count(out["encoder"][m]) > 1]
     if shared:
         raise ValueError(
             f"encoder modalities {shared} use one placeholder token; each modality needs its own (its processor's placeholder)"
+        )
+    placeholders = [*out["encoder"].values(), *out["decoder"].values()]
+    clash = [m for m in decoders if placeholders.count(out["decoder"][m]) > 1 or out["decoder_start"][m] in placeholders]
+    if clash:
+        raise ValueError(
+            f"decoder modalities {clash} share a placeholder token with another modality, or open their items with one; "
+            "each modality needs its own placeholder, and a start token that is no placeholder"
         )
     return out
 
@@ -313,7 +351,7 @@ class ChatProcessor:
         self.special_tokens_in_text = special_tokens_in_text
         self.max_tokens = max_tokens
         self.rope = rope
-        self.token_ids = placeholder_ids(tokenizer, encoders, list(decoders))
+        self.token_ids = placeholder_ids(tokenizer, encoders, decoders)
         self.im_start, self.im_end = _token_id(tokenizer, IM_START), _token_id(tokenizer, IM_END)
         self.enc_ids, self.dec_ids, self.dec_start_ids = (self.token_ids[k] for k in ("encoder", "decoder", "decoder_start"))
         self.wrap_ids: dict[str, tuple[list[int], list[int]]] = {}
@@ -323,7 +361,7 @@ class ChatProcessor:
             if wrap:
                 self.wrap_ids[m] = ([tokenizer.convert_tokens_to_ids(wrap[0])], [tokenizer.convert_tokens_to_ids(wrap[1])])
         self.reserved = {i for table in self.token_ids.values() for i in table.values()}
-        self.reserved_strings = [t for t in special_tokens(encoders, list(decoders)) if tokenizer.convert_tokens_to_ids(t) in self.reserved]
+        self.reserved_strings = [t for t in special_tokens(encoders, decoders) if tokenizer.convert_tokens_to_ids(t) in self.reserved]
         self.control = control_tokens(tokenizer)
         self.control_ids = set(self.control.values()) | self.reserved
         self.template: TemplateInfo | None = None

@@ -28,7 +28,8 @@ def prepare_tokenizer(tokenizer: Any, encoders: Any, decoder_modalities: Any, *,
     Args:
         encoders: encoder modalities, or a mapping modality -> processor (see
             :func:`omnicore.data.chat.media_tokens`).
-        decoder_modalities: decoder modalities.
+        decoder_modalities: decoder modalities, or a mapping modality -> processor (see
+            :func:`omnicore.data.chat.decoder_tokens`).
         chat_template: ``data.chat_template`` (``auto`` or ``chatml``).
     """
     from omnicore.data.chat import IM_END, IM_START, PAD, _token_id
@@ -283,8 +284,8 @@ def build_omni_model(cfg: Config, registry: Registry | None = None, *, defer_loa
     kernels = build_kernels(m, registry)
     foundation = _build(registry, "model.foundation", "foundation", m.foundation.name, _options("model.foundation", m.foundation, base))
     add_foundation_encoders(cfg, registry, foundation)
-    processors, _ = build_processors(cfg, registry)
-    tokenizer = prepare_tokenizer(foundation.build_tokenizer(), processors, list(m.decoders), chat_template=cfg.data.chat_template)
+    processors, dec_processors = build_processors(cfg, registry)
+    tokenizer = prepare_tokenizer(foundation.build_tokenizer(), processors, dec_processors, chat_template=cfg.data.chat_template)
     try:
         lm = _build_lm(foundation, len(tokenizer), component_dtype(cfg, m.foundation))
     except ValueError as exc:
@@ -306,7 +307,8 @@ def build_omni_model(cfg: Config, registry: Registry | None = None, *, defer_loa
         kernel.activate(lm)
     table = {k: processors[k] for k in m.encoders}
     try:
-        model = OmniModel(lm, parts["encoder"], parts["decoder"], placeholder_ids(tokenizer, table, list(parts["decoder"])), shared=shared)
+        ids = placeholder_ids(tokenizer, table, {k: dec_processors[k] for k in parts["decoder"]})
+        model = OmniModel(lm, parts["encoder"], parts["decoder"], ids, shared=shared)
     except ValueError as exc:
         raise RegistryError(" ".join(str(exc).split())) from exc
     if "cross_entropy" in kernels:
