@@ -213,6 +213,7 @@ def cmd_generate(args: argparse.Namespace, extra: list[str]) -> int:
         checkpoint=args.checkpoint,
         export=args.export,
         num_samples=args.num_samples,
+        speak=args.speak,
     ):
         print(line)
     return 0
@@ -398,6 +399,11 @@ def _add_generate(sub: Any) -> None:
     sp.add_argument("--batch-size", type=int, metavar="N", help="answers per forward (sets generate.batch_size)")
     sp.add_argument("--image", help="an input image file")
     sp.add_argument("--audio", help="an input audio file")
+    sp.add_argument(
+        "--speak",
+        action="store_true",
+        help="also speak each answer, saved as a WAV (a family whose foundation speaks, e.g. qwen2_5_omni; needs --export)",
+    )
     sp.add_argument(
         "--out", metavar="DIR", help="folder for generated images (PNG; default: RUN_DIR/generated, RUN_DIR being run.output_dir)"
     )

@@ -370,7 +370,7 @@ class Foundation(Protocol):
 class FoundationOptional(Protocol):
     """The optional members of a :class:`Foundation`, with their exact signatures, for a published
     model family. The core reads each with ``getattr`` and a default
-    (:mod:`omnicore.model.build`, :mod:`omnicore.checkpoint.export`),
+    (:mod:`omnicore.model.build`, :mod:`omnicore.checkpoint.export`, :mod:`omnicore.eval.generate`),
     so a plain language model implements none of them."""
 
     def encoders(self) -> dict[str, dict[str, Any]]:
@@ -396,6 +396,13 @@ class FoundationOptional(Protocol):
     def part_names(self) -> dict[str, list[str]]:
         """The family's part names (``vision_tower``, ``merger``, ``language_model``) -> parameter
         name prefixes in the model, accepted by ``train.freeze`` and ``train.lr_multipliers``."""
+
+    def speak(self, prompt: Any, processors: dict[str, Any], *, max_new_tokens: int, seed: int, stop_id: Any = None) -> dict[str, Any]:
+        """The answer to one encoded prompt (``ChatProcessor.encode(..., prompt_only=True)``),
+        written and spoken by the family's own generation from its checkpoint folder (an export:
+        Qwen2.5-Omni's thinker, talker and token2wav), for ``omnicore generate --speak``:
+        ``{"text": str, "token_ids": [int], "audio": Audio}``. ``processors``: the encoders'
+        (modality -> :class:`Processor`) to collate the prompt's media; ``seed`` seeds the voice."""
 
 
 PHASES: tuple[str, ...] = ("attention", "experts", "checkpointing", "compile", "sharding")

@@ -81,6 +81,7 @@ def generate_cli(
     checkpoint: str | None,
     export: str | None,
     num_samples: int = 1,
+    speak: bool = False,
 ) -> Iterator[str]:
     """``omnicore generate``: yields lines to print: ``text: '...'`` (the generated text, quoted, so
     that text the model wrote after an image is not mistaken for an answer), then ``saved PATH``
@@ -90,14 +91,17 @@ def generate_cli(
 
     ``image`` / ``audio`` go with every prompt. Runs on :func:`eval_device`, ``generate.batch_size``
     rows per forward, with the ``generate`` section's sampling; answer ``k`` (prompt-major) draws
-    with seed ``run.seed + k``.
+    with seed ``run.seed + k``. With ``speak`` the answers are also spoken (:func:`speak_cli`).
 
     Raises:
         ConfigError: ``num_samples`` < 1, or > 1 with greedy decoding (``generate.temperature: 0``
-            would give identical answers), or ``run.device: cuda`` without a GPU.
+            would give identical answers), or ``run.device: cuda`` without a GPU; see :func:`speak_cli`.
     """
     if num_samples < 1 or (num_samples > 1 and cfg.generate.temperature <= 0):
         raise ConfigError(f"--num-samples {num_samples}: needs 1, or more with sampling (--temperature > 0; greedy answers are all alike)")
+    if speak:
+        yield from speak_cli(cfg, prompts=prompts, image=image, audio=audio, out_dir=out_dir, export=export, num_samples=num_samples)
+        return
     model, tokenizer, processor = load_on_device(cfg, checkpoint, export)
     media = [Part(k, v) for k, v in (("image", image), ("audio", audio)) if v]
     encoded = [processor.encode(user_prompt(p, media), prompt_only=True) for p in prompts]
@@ -107,6 +111,45 @@ def generate_cli(
         multi = len(jobs) > 1
         label, stem = (f"prompt {p + 1}, sample {s + 1}: ", f"p{p + 1}-s{s + 1}-") if multi else ("", "")
         yield from _answer_lines(out, Path(out_dir), stem, label)
+
+
+def speak_cli(
+    cfg: Config, *, prompts: list[str], image: str | None, audio: str | None, out_dir: str, export: str | None, num_samples: int = 1
+) -> Iterator[str]:
+    """``omnicore generate --speak``: each answer written and spoken by a published family whose
+    foundation speaks (``FoundationOptional.speak``: Qwen2.5-Omni's talker and token2wav, through
+    transformers' own generation of the exported whole model), read from ``export``. Yields the
+    lines of :func:`generate_cli`, the speech saved as ``generated-STEMspeech-0.wav``; answer ``k``
+    (prompt-major) seeds its speech with ``run.seed + k``. omnicore's own model is built on the meta
+    device only for its processors: the family's generation reads the weights.
+
+    Raises:
+        ConfigError: no ``export``, or its foundation has no ``speak``.
+    """
+    from omnicore.eval.loading import model_config_from_export
+    from omnicore.model.build import build_foundation, build_omni_model
+
+    if export is None:
+        raise ConfigError(
+            "--speak: the voice is read from an export (the family's whole model with the trained weights); pass --export EXPORT"
+        )
+    cfg = cfg.model_copy(update={"model": model_config_from_export(export)})
+    speak = getattr(build_foundation(cfg), "speak", None)
+    if not callable(speak):
+        name = cfg.model.foundation.name
+        raise ConfigError(f"--speak: foundation {name} does not speak (it has no speak(); foundation qwen2_5_omni does); drop --speak")
+    model, tokenizer = build_omni_model(cfg, defer_load=True)  # on meta: its processors and positions are all that is read
+    processor = ChatProcessor.for_model(tokenizer, model, cfg.data)
+    processors = model.encoder_processors()
+    media = [Part(k, v) for k, v in (("image", image), ("audio", audio)) if v]
+    jobs = [(p, s) for p in range(len(prompts)) for s in range(num_samples)]
+    for k, (p, s) in enumerate(jobs):
+        encoded = processor.encode(user_prompt(prompts[p], media), prompt_only=True)
+        out = speak(
+            encoded, processors, max_new_tokens=cfg.generate.max_new_tokens, seed=cfg.run.seed + k, stop_id=processor.end_of_turn_id
+        )
+        label, stem = (f"prompt {p + 1}, sample {s + 1}: ", f"p{p + 1}-s{s + 1}-") if len(jobs) > 1 else ("", "")
+        yield from _answer_lines({"text": out["text"], "images": {"speech": [out["audio"]]}}, Path(out_dir), stem, label)
 
 
 def _answer_lines(out: dict[str, Any], folder: Path, stem: str, label: str) -> Iterator[str]:

@@ -239,6 +239,92 @@ class Qwen2_5OmniFoundation:
                 if (self.folder / name).is_file():
                     shutil.copyfile(self.folder / name, folder / name)
 
+    def speak(
+        self, prompt: Any, processors: dict[str, Any], *, max_new_tokens: int, seed: int, stop_id: int | None = None
+    ) -> dict[str, Any]:
+        """The answer to one encoded prompt, written by the thinker and spoken by the talker and
+        token2wav: transformers' ``Qwen2_5OmniForConditionalGeneration.generate`` on this
+        checkpoint folder (an export holds the trained thinker next to the talker), the thinker
+        greedy, the talker sampling as transformers' defaults do (seeded by ``seed``). Pixels go to
+        the thinker alone (``thinker_pixel_values``: transformers 5.25 hands unprefixed inputs to
+        the talker's ``generate`` too, which refuses them); the grids go to both.
+
+        Args:
+            prompt: ``ChatProcessor.encode(sample, prompt_only=True)``: ``input_ids`` and ``media``
+                (their features under the thinker's input names, as the processors collate them).
+            processors: modality -> the encoders' processors (``OmniModel.encoder_processors()``).
+            max_new_tokens: text tokens at most; stop_id: the end-of-turn id (the thinker's eos).
+
+        Returns:
+            ``{"text": str, "token_ids": [int], "audio": omnicore.api.Audio}`` (mono float32 at
+            24 kHz, token2wav's rate; ``token_ids`` as ``omnicore generate`` gives them).
+
+        Raises:
+            ValueError: the folder holds a thinker alone, or the speaker is not in its ``spk_dict.pt``.
+        """
+        import torch
+
+        from omnicore.api import Audio
+
+        config = self.config()
+        if config.model_type != "qwen2_5_omni" or not config.enable_audio_output:
+            raise ValueError(
+                f"{WHAT}: {self.folder} holds no talker (a thinker alone, or enable_audio_output: false); speak with a whole "
+                "Qwen2_5OmniForConditionalGeneration folder or its export"
+            )
+        model = self._speech_model()
+        if self.options.speaker not in model.speaker_map:
+            have = ", ".join(sorted(model.speaker_map)) or "none"
+            raise ValueError(
+                f"model.foundation.options.speaker: {self.options.speaker!r} is not in {self.folder}/spk_dict.pt (speakers: {have})"
+            )
+        ids = torch.tensor([list(prompt.input_ids)])
+        inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        groups: dict[str, list[Any]] = {}
+        for side, m, features in prompt.media:
+            if side == "encoder":
+                groups.setdefault(m, []).append(features)
+        for m, items in groups.items():
+            inputs.update(processors[m].collate(items))
+        if "video_second_per_grid" in inputs:  # float32, as transformers' processor hands it over
+            inputs["video_second_per_grid"] = inputs["video_second_per_grid"].float()
+        for key in ("pixel_values", "pixel_values_videos"):  # the thinker's alone: generate hands other inputs to the talker too
+            if key in inputs:
+                inputs["thinker_" + key] = inputs.pop(key)
+        thinker = self.thinker_config(config)
+        pairs = zip(prompt.input_ids, prompt.input_ids[1:])
+        with_sound = any(a == thinker.vision_start_token_id and b == thinker.audio_start_token_id for a, b in pairs)
+        talker = config.talker_config
+        extra = {} if stop_id is None else {"thinker_eos_token_id": stop_id}
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            sequences, wav = model.generate(
+                **inputs,
+                speaker=self.options.speaker,
+                use_audio_in_video=with_sound,
+                thinker_max_new_tokens=max_new_tokens,
+                thinker_do_sample=False,
+                talker_eos_token_id=[talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id],
+                **extra,
+            )
+        new = sequences[0, ids.shape[1] :].tolist()
+        tok = self._speech_tokenizer()
+        text = tok.decode([t for t in new if t != stop_id], skip_special_tokens=True)
+        return {"text": text, "token_ids": new, "audio": Audio(samples=wav.reshape(-1).float().cpu().numpy(), sample_rate=24000)}
+
+    def _speech_model(self) -> Any:
+        """transformers' whole model of this folder (read once, kept), in eval mode."""
+        if getattr(self, "_speech", None) is None:
+            from transformers import Qwen2_5OmniForConditionalGeneration
+
+            self._speech = Qwen2_5OmniForConditionalGeneration.from_pretrained(str(self.folder), dtype="auto").eval()
+        return self._speech
+
+    def _speech_tokenizer(self) -> Any:
+        if getattr(self, "_tokenizer", None) is None:
+            self._tokenizer = self.build_tokenizer()
+        return self._tokenizer
+
 
 def build(options: dict[str, Any]) -> Qwen2_5OmniFoundation:
     """The foundation factory (``ComponentSpec.target`` of ``foundation/qwen2_5_omni``)."""

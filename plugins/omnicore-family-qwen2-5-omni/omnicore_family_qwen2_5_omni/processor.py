@@ -86,6 +86,10 @@ class Qwen2_5OmniFoundationOptions(BaseModel):
     use_audio_in_video: bool = Field(default=False, description=USE_AUDIO_IN_VIDEO)
     long_audio: LongAudio = Field(default="refuse", description=LONG_AUDIO)
     video_fps: float = Field(default=2.0, gt=0, description=VIDEO_FPS)
+    speaker: str = Field(
+        default="Chelsie",
+        description="the voice `omnicore generate --speak` answers in: a speaker of the checkpoint's spk_dict.pt (Chelsie, Ethan as published)",
+    )
 
 
 class Qwen2_5OmniVisionOptions(BaseModel):

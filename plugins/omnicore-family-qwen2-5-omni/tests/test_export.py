@@ -163,3 +163,56 @@ def test_export_pretrained_reads_back_with_the_trained_logits(
                 )  # the moves are in
     finally:
         model.load_state_dict(state)
+
+
+def test_generate_speaks_the_answer_through_the_talker(trained, standin, data, tmp_path, capsys, hf_processor_of, hf_call):
+    """``omnicore generate --export EXPORT --speak``: the text is ``omnicore generate``'s own (greedy)
+    answer, and the WAV is what transformers' ``Qwen2_5OmniForConditionalGeneration.generate``
+    of the export speaks for the same prompt and seed (token2wav's 24 kHz, written as 16-bit PCM)."""
+    import numpy as np
+    import soundfile as sf
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    from omnicore.testing import cli_main
+
+    export = trained / "export"
+    config = tmp_path / "speak.yaml"
+    options = {"checkpoint": str(standin), "use_audio_in_video": True}
+    data_section = {"train": str(data / "train.jsonl")}
+    config.write_text(
+        json.dumps({"model": {"foundation": {"name": "qwen2_5_omni", "options": options}}, "data": data_section, "run": {"seed": 3}})
+    )
+    base = ["generate", str(config), "--export", str(export), "--prompt", "Say hi", "--image", str(data / "a.png"), "--max-new-tokens", "6"]
+    assert cli_main([*base, "--out", str(tmp_path / "text")]) == 0
+    text_only = capsys.readouterr().out.strip().splitlines()
+    assert cli_main([*base, "--speak", "--out", str(tmp_path / "spoken")]) == 0
+    spoken = capsys.readouterr().out.strip().splitlines()
+    assert spoken[0] == text_only[0] and spoken[0].startswith("text: ")
+    wav = tmp_path / "spoken" / "generated-speech-0.wav"
+    assert spoken[1:] == [f"saved {wav}"]
+    got, rate = sf.read(wav, dtype="float32")
+    whole = Qwen2_5OmniForConditionalGeneration.from_pretrained(export, dtype=torch.float32).eval()
+    user = [{"type": "image", "path": "a.png"}, {"type": "text", "text": "Say hi"}]
+    inputs, _ = hf_call(hf_processor_of(export), data, user, None, prompt_only=True)
+    inputs["thinker_pixel_values"] = inputs.pop("pixel_values")  # unprefixed, generate hands them to the talker, which refuses them
+    torch.manual_seed(3)
+    talker = whole.config.talker_config
+    with torch.no_grad():
+        _, want = whole.generate(
+            **inputs,
+            thinker_max_new_tokens=6,
+            thinker_do_sample=False,
+            talker_eos_token_id=[talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id],
+        )
+    assert rate == 24000 and got.shape[0] == want.numel() > 0 and float(want.abs().max()) > 0
+    np.testing.assert_allclose(got, np.clip(want.numpy(), -1, 1), atol=1 / 32767, rtol=0)
+
+
+def test_speaking_needs_an_export(standin, data, tmp_path, capsys):
+    from omnicore.testing import cli_main
+
+    config = tmp_path / "speak.yaml"
+    model = {"foundation": {"name": "qwen2_5_omni", "options": {"checkpoint": str(standin)}}}
+    config.write_text(json.dumps({"model": model, "data": {"train": str(data / "train.jsonl")}}))
+    assert cli_main(["generate", str(config), "--prompt", "hi", "--speak", "--out", str(tmp_path / "o")]) == 2
+    assert "--speak: the voice is read from an export" in capsys.readouterr().err
