@@ -303,3 +303,19 @@ def test_bad_checkpoints_and_media_name_what_to_fix(standin, tmp_path, image):
         build_vision_processor({"checkpoint": str(standin), "modality": "video"}).preprocess(image(30, 30))
     with pytest.raises(ValueError, match=r"video_fps"):
         Qwen2_5OmniFoundation({"checkpoint": str(standin), "video_fps": 0})
+
+
+def test_the_clip_processor_with_sound_pickles_as_data_workers_need(standin, frames, wave):
+    """Data workers may be spawned: the processor crosses processes and gives the same features."""
+    import pickle
+
+    proc = build_vision_processor({"checkpoint": str(standin), "modality": "video", "use_audio_in_video": True})
+    assert proc.audio_track
+    clip = Video(frames=frames(4, 56, 56), fps=2.0, audio=Audio(samples=wave(2.0), sample_rate=16000))
+    again = pickle.loads(pickle.dumps(proc))
+    a, b = proc.preprocess(clip), again.preprocess(clip)
+    assert torch.equal(a["pixel_values_videos"], b["pixel_values_videos"]) and torch.equal(
+        a["audio"]["input_features"], b["audio"]["input_features"]
+    )
+    x, y = again.layout(b), proc.layout(a)
+    assert (x.tokens, x.positions, x.advance) == (y.tokens, y.positions, y.advance) and [m for m, _ in x.items] == ["video", "audio"]
