@@ -20,15 +20,17 @@ Three steps, all on CPU:
     lasts, how loud it is, how many clips are near-silent) and prints the overall and per-digit rates.
 ``ceiling``
     The classifier's accuracy on the held-out FSDD clips as they are, and after an encode/decode
-    round trip through an EnCodec folder (``--codec``: a fitted codec, or an export's audio decoder):
-    the best the spoken digits can score through that codec.
+    round trip through a speech tokenizer folder (``--tokenizer``, told apart by its ``config.json``:
+    an EnCodec codec or an export's audio decoder, or a MelRVQ): the best the spoken digits can score
+    through that tokenizer. ``--unquantised`` (MelRVQ) also judges its log-mel through Griffin-Lim
+    without codes.
 
 Usage::
 
     python examples/digits/judge_spoken.py fit [--judge examples/digits/judges/spoken]
     python examples/digits/judge_spoken.py score --config examples/digits/five.yaml \\
         --export runs/digits5/export [--num-samples 10 --temperature 1.0 --top-k 0 --seed 0]
-    python examples/digits/judge_spoken.py ceiling --codec examples/digits/codec
+    python examples/digits/judge_spoken.py ceiling --tokenizer examples/digits/mel [--unquantised]
 
 Features: mono at 8 kHz (FSDD's rate), a 256-point STFT (Hann window, hop 80 = 10 ms), power mapped
 to 40 mel bands (20 Hz-4 kHz, Slaney scale: ``transformers.audio_utils.mel_filter_bank``), in dB
@@ -366,6 +368,22 @@ def score(args: argparse.Namespace) -> dict:
 # ----------------------------------------------------------------------------- ceiling
 
 
+def tokenizer_kind(folder: Path) -> str:
+    """``"encodec"`` or ``"mel_rvq"``: the ``model_type`` of ``folder/config.json``.
+
+    Raises:
+        SystemExit: naming the folder when it has no readable ``config.json`` or another model type.
+    """
+    file = folder / "config.json"
+    try:
+        kind = json.loads(file.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SystemExit(f"error: {file}: cannot read a speech tokenizer's config.json ({exc})") from exc
+    if kind not in ("encodec", "mel_rvq"):
+        raise SystemExit(f"error: {file} has model_type {kind!r}; the ceiling takes an EnCodec ('encodec') or MelRVQ ('mel_rvq') folder")
+    return kind
+
+
 def load_codec_decoder(folder: Path, bandwidth: float | None):
     """The ``encodec`` decoder of an EnCodec folder (a fitted codec, or an export's audio decoder,
     whose saved bandwidth is then used unless ``bandwidth`` is given)."""
@@ -379,31 +397,56 @@ def load_codec_decoder(folder: Path, bandwidth: float | None):
     return build(options, hidden_size=int(meta.get("hidden_size", 8))).eval()
 
 
-def round_trip(decoder, wave: np.ndarray) -> np.ndarray:
-    """A clip at :data:`RATE` through the codec and back: resampled to the codec's rate, encoded
-    (``encode_rvq``), decoded as generation decodes (``decode``: 16 kHz, clamped), back to :data:`RATE`."""
-    import torch
+class SpeechTokenizer:
+    """A speech tokenizer folder as the ceiling uses it: ``round_trip(wave)`` of a clip at
+    :data:`RATE` through codes and back (at :data:`RATE`), and what it costs (``facts``). An EnCodec
+    folder goes through the ``encodec`` decoder (``encode_rvq``, then ``decode`` as generation decodes:
+    16 kHz, clamped); a MelRVQ folder through ``MelRVQ.encode`` and ``decode`` (Griffin-Lim)."""
 
-    from omnicore.api import Audio, resample
+    def __init__(self, folder: Path, bandwidth: float | None) -> None:
+        self.kind = tokenizer_kind(folder)
+        if self.kind == "encodec":
+            self.model = load_codec_decoder(folder, bandwidth)
+            rate, hop = self.model.sample_rate, self.model.processor.hop_length
+            self.facts = {"bandwidth": self.model.bandwidth, "frames_per_second": rate / hop, "codes_per_frame": self.model.num_quantizers}
+        else:
+            from omnicore_audio_mel.tokenizer import MelRVQ
 
-    x = resample(Audio(np.asarray(wave, dtype=np.float32), RATE), decoder.sample_rate).samples
-    codes = decoder.flatten(decoder.encode_rvq(torch.from_numpy(np.ascontiguousarray(x))))
-    return resample(decoder.decode(codes), RATE).samples
+            self.model = MelRVQ.from_pretrained(folder)
+            c = self.model.config
+            self.facts = {"frames_per_second": c.frames_per_second, "codes_per_frame": c.num_codebooks}
+            self.facts.update(n_mels=c.n_mels, stack=c.stack, codebook_size=c.codebook_size)
+        self.sample_rate = self.model.sample_rate if self.kind == "encodec" else self.model.config.sample_rate
+
+    def round_trip(self, wave: np.ndarray, quantised: bool = True) -> np.ndarray:
+        """A clip at :data:`RATE` resampled to the tokenizer's rate, encoded, decoded, back at :data:`RATE`;
+        ``quantised=False`` (MelRVQ only): its log-mel straight to Griffin-Lim, no codes."""
+        import torch
+
+        from omnicore.api import Audio, resample
+
+        x = torch.from_numpy(np.ascontiguousarray(resample(Audio(np.asarray(wave, dtype=np.float32), RATE), self.sample_rate).samples))
+        if self.kind == "encodec":
+            out = self.model.decode(self.model.flatten(self.model.encode_rvq(x)))
+        else:
+            y = self.model.decode(self.model.encode(x)) if quantised else self.model.synthesise(self.model.log_mel(x))
+            out = Audio(y.numpy(), self.sample_rate)
+        return resample(out, RATE).samples
 
 
 def ceiling(args: argparse.Namespace) -> dict:
-    """The judge on the held-out FSDD clips as they are and through the codec; writes ``--out``."""
+    """The judge on the held-out FSDD clips as they are and through the tokenizer (and, with
+    ``--unquantised``, through a MelRVQ's log-mel and Griffin-Lim without codes); writes ``--out``."""
     model = load_judge(Path(args.judge), build_classifier, Path(__file__).name)
-    decoder = load_codec_decoder(Path(args.codec), args.bandwidth)
+    tok = SpeechTokenizer(Path(args.tokenizer), args.bandwidth)
+    if args.unquantised and tok.kind != "mel_rvq":
+        raise SystemExit(f"error: --unquantised needs a MelRVQ folder; {args.tokenizer} is {tok.kind}")
     waves, digits = fsdd_split(Path(args.raw), FSDD_TEST_TAKES)
-    coded = [round_trip(decoder, w) for w in waves]
-    result: dict[str, Any] = {
-        "codec": str(args.codec),
-        "bandwidth": decoder.bandwidth,
-        "num_quantizers": decoder.num_quantizers,
-        "clips": len(waves),
-    }
-    for name, clips in (("as_is", waves), ("through_codec", coded)):
+    result: dict[str, Any] = {"tokenizer": str(args.tokenizer), "model_type": tok.kind, **tok.facts, "clips": len(waves)}
+    runs = [("as_is", waves), ("through_tokenizer", [tok.round_trip(w) for w in waves])]
+    if args.unquantised:
+        runs.append(("unquantised", [tok.round_trip(w, quantised=False) for w in waves]))
+    for name, clips in runs:
         pred = predict(model, clip_inputs(clips))
         result[name] = {
             "accuracy": round(sum(p == t for p, t in zip(pred, digits)) / len(digits), 4),
@@ -429,10 +472,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     s = sub.add_parser("score", help="generate 'Say the digit D.' and judge the clips")
     s.add_argument("--judge", default=str(DEFAULT_JUDGE))
     add_generate_args(s, "spoken")
-    c = sub.add_parser("ceiling", help="the judge on held-out FSDD clips, as they are and through a codec")
+    c = sub.add_parser("ceiling", help="the judge on held-out FSDD clips, as they are and through a speech tokenizer")
     c.add_argument("--judge", default=str(DEFAULT_JUDGE))
-    c.add_argument("--codec", required=True, help="an EnCodec folder (a fitted codec or an export's audio decoder)")
-    c.add_argument("--bandwidth", type=float, help="kbps (default: the folder's saved one, else the smallest)")
+    c.add_argument(
+        "--tokenizer",
+        "--codec",
+        dest="tokenizer",
+        required=True,
+        help="a speech tokenizer folder, told apart by its config.json: EnCodec (a fitted codec or an export's audio decoder) or MelRVQ",
+    )
+    c.add_argument("--bandwidth", type=float, help="EnCodec: kbps (default: the folder's saved one, else the smallest)")
+    c.add_argument("--unquantised", action="store_true", help="MelRVQ: also judge its log-mel through Griffin-Lim without codes")
     c.add_argument("--raw", default=str(DEFAULT_RAW))
     c.add_argument("--out", help="JSON to write (default: JUDGE/ceiling.json)")
     return p.parse_args(argv)
@@ -448,7 +498,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "ceiling":
         r = ceiling(args)
-        for name in ("as_is", "through_codec"):
+        cost = f"{r['frames_per_second']:g} frames/s x {r['codes_per_frame']} codes"
+        print(f"{r['tokenizer']}: {r['model_type']}, {cost}")
+        for name in ("as_is", "through_tokenizer", "unquantised"):
+            if name not in r:
+                continue
             per = "  ".join(f"{d}:{a:.2f}" for d, a in r[name]["per_digit"].items())
             print(f"held-out FSDD {name.replace('_', ' ')}: judge accuracy {r[name]['accuracy']:.4f} ({per})")
             print(f"  {facts_line(r[name]['acoustics'])}")
