@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "digits" / "fit_tokenizer.sh"
 FIT_CODE = "plugins/omnicore-image-movqgan/omnicore_image_movqgan/fit.py"
 CODEC_CODE = "plugins/omnicore-audio-codec/omnicore_audio_codec/losses.py"
+MEL_CODE = "plugins/omnicore-audio-mel/omnicore_audio_mel/fit.py"
 
 FAKE_PY = """#!/usr/bin/env bash
 # stands in for `python -m omnicore_image_movqgan.fit ... --out DIR ...`: records the call, writes DIR/config.json
@@ -41,6 +42,9 @@ def repo(tmp_path: Path) -> Path:
     (tmp_path / CODEC_CODE).parent.mkdir(parents=True)
     for name in ("fit", "losses", "processor"):
         (tmp_path / CODEC_CODE).with_name(f"{name}.py").write_text(f"# {name} v1\n")
+    (tmp_path / MEL_CODE).parent.mkdir(parents=True)
+    for name in ("fit", "tokenizer", "config"):
+        (tmp_path / MEL_CODE).with_name(f"{name}.py").write_text(f"# {name} v1\n")
     recordings = tmp_path / "examples/digits/raw/fsdd/recordings"
     recordings.mkdir(parents=True)
     for name in ("3_jackson_0", "3_jackson_5", "3_jackson_17", "3_theo_24", "3_theo_25"):  # fit inputs: takes 5-24
@@ -56,7 +60,8 @@ def repo(tmp_path: Path) -> Path:
 def _run(repo: Path, **env: str) -> tuple[str, list[str]]:
     """Run the script; returns its output (each line stripped) and the calls it made."""
     calls = repo / "calls.txt"
-    full = {k: v for k, v in os.environ.items() if k not in ("MOVQ_STEPS", "FORCE_MOVQ_FIT", "CODEC_STEPS", "FORCE_CODEC_FIT", "CONFIG")}
+    unset = ("MOVQ_STEPS", "FORCE_MOVQ_FIT", "CODEC_STEPS", "FORCE_CODEC_FIT", "MEL_CONFIG", "FORCE_MEL_FIT", "CONFIG")
+    full = {k: v for k, v in os.environ.items() if k not in unset}
     full.update(PY=str(repo / "fake-python"), CALLS=str(calls), **env)
     before = len(calls.read_text().splitlines()) if calls.exists() else 0
     r = subprocess.run(["bash", str(SCRIPT)], cwd=repo, env=full, capture_output=True, text=True, timeout=60)
@@ -131,6 +136,57 @@ def test_five_task_config_keeps_the_codec_by_its_stamp(repo):
         == f"fitting the codec again: its inputs changed (recordings; see {codec}/fit.stamp)"
     )
     assert _run(repo, CODEC_STEPS="20", FORCE_CODEC_FIT="1", **five)[0].splitlines()[1] == "fitting the codec again (FORCE_CODEC_FIT=1)"
+
+
+MEL_YAML = """model:
+  foundation:
+    name: qwen2
+    options:
+      tokenizer: data/tokenizer
+  decoders:
+    image:
+      name: movqgan
+      options:
+        checkpoint: movq
+    audio:
+      name: mel_rvq
+      options:
+        checkpoint: mel
+"""
+
+
+def test_a_mel_rvq_decoder_is_fit_into_its_checkpoint_and_kept(repo):
+    """A config whose audio decoder is `mel_rvq` gets a MelRVQ fit on takes 5-24 in its checkpoint folder,
+    kept while the command (MEL_CONFIG), the recordings and the fit code are those of its stamp."""
+    (repo / "examples/digits/mel.yaml").write_text(MEL_YAML)
+    env = {"CONFIG": "examples/digits/mel.yaml"}
+    out, calls = _run(repo, **env)
+    assert out.splitlines() == ["fitting the tokenizer (none yet)", "fitting the speech tokenizer (none yet)"]
+    r, mel = "examples/digits/raw/fsdd/recordings", "examples/digits/mel"
+    assert calls[-1] == (
+        f"-m omnicore_audio_mel.fit --audio {r}/*_[5-9].wav {r}/*_1[0-9].wav {r}/*_2[0-4].wav --held-out {r}/*_[0-4].wav --out {mel} "
+        '--config {"sample_rate": 8000, "n_mels": 40, "stack": 8, "num_codebooks": 8, "codebook_size": 256}'
+    )
+    stamp = (repo / mel / "fit.stamp").read_text().splitlines()
+    assert stamp[0] == "command: python " + calls[-1] and stamp[1].startswith("recordings: 3 files, sha256 ")
+    kept = f"kept the fitted speech tokenizer in {mel}: same command, recordings and fit code as when it was fit ({mel}/fit.stamp)"
+    assert _run(repo, **env) == (_kept("examples/digits/movq") + "\n" + kept, calls[:1])
+    (repo / MEL_CODE).with_name("tokenizer.py").write_text("# tokenizer v2\n")
+    out, calls = _run(repo, **env)
+    assert out.splitlines()[1] == f"fitting the speech tokenizer again: its inputs changed (fit code; see {mel}/fit.stamp)"
+    out, calls = _run(repo, MEL_CONFIG='{"stack": 4}', **env)
+    assert out.splitlines()[1] == f"fitting the speech tokenizer again: its inputs changed (command; see {mel}/fit.stamp)"
+    assert calls[-1].endswith('--config {"stack": 4}')
+    (repo / "examples/digits/bad.yaml").write_text(MEL_YAML.replace("checkpoint: mel", "max_seconds: 1.0"))
+    bad = subprocess.run(
+        ["bash", str(SCRIPT)],
+        cwd=repo,
+        env={**os.environ, "CONFIG": "examples/digits/bad.yaml", "PY": "false"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "has a mel_rvq decoder without a checkpoint: folder to fit into" in bad.stderr
 
 
 def _kept(movq: str) -> str:

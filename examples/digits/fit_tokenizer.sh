@@ -10,11 +10,14 @@
 # - speech (a config with an `encodec` decoder, five.yaml): a tiny EnCodec fit on FSDD takes 5-24 (reported
 #   on the held-out takes 0-4) into that decoder's checkpoint folder, kept the same way.
 #   CONFIG=examples/digits/five.yaml bash examples/digits/fit_tokenizer.sh
+# - speech as mel codes (a config with a `mel_rvq` decoder): a MelRVQ (log-mel frames coded by residual
+#   k-means codebooks, Griffin-Lim back to audio) fit on FSDD takes 5-24 into that decoder's checkpoint
+#   folder (shipped in examples/digits/mel), kept while its inputs hold; its fit takes seconds.
 #
 # DIR/fit.stamp records a fit's inputs: the command line (MOVQ_STEPS / CODEC_STEPS included), the
 # training files (count and a hash of their bytes) and a hash of the fit code. A fitted tokenizer is
 # kept only when it exists and its stamp equals the inputs now; otherwise it is fit again, and this
-# says why. FORCE_MOVQ_FIT=1 (FORCE_CODEC_FIT=1) refits in any case.
+# says why. FORCE_MOVQ_FIT=1 (FORCE_CODEC_FIT=1, FORCE_MEL_FIT=1) refits in any case.
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 CONFIG=${CONFIG:-examples/digits/config.yaml}
@@ -27,12 +30,19 @@ if [ ! -f "$CONFIG" ]; then echo "fit_tokenizer.sh: config $CONFIG not found (CO
 TEXT=$(tokenizer_dir)
 MOVQ=$(checkpoint_of movqgan)
 CODEC=$(checkpoint_of encodec)
+MEL=$(checkpoint_of mel_rvq)
+# the speech representation of examples/digits/README.md ("The speech representation"): 12.5 frames/s, 8 codebooks of 256
+DEFAULT_MEL_CONFIG='{"sample_rate": 8000, "n_mels": 40, "stack": 8, "num_codebooks": 8, "codebook_size": 256}'
 if [ -z "$TEXT" ] || [ -z "$MOVQ" ]; then
   echo "fit_tokenizer.sh: $CONFIG must name the foundation's tokenizer: and a movqgan decoder's checkpoint: folder" >&2
   exit 2
 fi
 if grep -q 'name: encodec *$' "$CONFIG" && [ -z "$CODEC" ]; then
   echo "fit_tokenizer.sh: $CONFIG has an encodec decoder without a checkpoint: folder to fit into" >&2
+  exit 2
+fi
+if grep -q 'name: mel_rvq *$' "$CONFIG" && [ -z "$MEL" ]; then
+  echo "fit_tokenizer.sh: $CONFIG has a mel_rvq decoder without a checkpoint: folder to fit into" >&2
   exit 2
 fi
 
@@ -108,4 +118,19 @@ if [ -n "$CODEC" ]; then
     -- "$PY" -m omnicore_audio_codec.fit --audio "$R/*_[5-9].wav" "$R/*_1[0-9].wav" "$R/*_2[0-4].wav" \
     --held-out "$R/*_[0-4].wav" --out "$CODEC" --steps "${CODEC_STEPS:-3000}" --ae-steps "${CODEC_AE_STEPS:-1500}" \
     --config '{"sampling_rate": 8000, "upsampling_ratios": [5, 4, 4, 2]}'
+fi
+
+if [ -n "$MEL" ]; then
+  # the MelRVQ ships fitted (examples/digits/mel: residual k-means, about 20 s on 2 cores) in the
+  # representation README.md's grid chose (mel_grid.sh; MEL_CONFIG replaces it): fit again when the
+  # command, the recordings or the fit code change, or with FORCE_MEL_FIT=1
+  MEL_CONFIG=${MEL_CONFIG:-$DEFAULT_MEL_CONFIG}
+  MEL=$HERE/$MEL
+  R=$HERE/raw/fsdd/recordings
+  fit_unless_kept "speech tokenizer" recordings "$MEL" FORCE_MEL_FIT \
+    "$(find "$R" -maxdepth 1 \( -name '*_[5-9].wav' -o -name '*_1[0-9].wav' -o -name '*_2[0-4].wav' \) | LC_ALL=C sort)" \
+    "$(printf 'plugins/omnicore-audio-mel/omnicore_audio_mel/%s.py ' fit tokenizer config)" refit \
+    -- "$PY" -m omnicore_audio_mel.fit --audio "$R/*_[5-9].wav" "$R/*_1[0-9].wav" "$R/*_2[0-4].wav" \
+    --held-out "$R/*_[0-4].wav" --out "$MEL" \
+    --config "$MEL_CONFIG"
 fi
