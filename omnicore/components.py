@@ -240,6 +240,14 @@ class Encoder(Protocol):
     apart, from the same options, by ``ComponentSpec.processor``); the data side and the model
     share one formula for the number of placeholder tokens, :meth:`Processor.num_tokens`. The module
     holds that processor as :attr:`processor` (``omnicore generate`` and the chat encoder read it).
+
+    Optional: ``flops(batch) -> float``, the model FLOPs (forward + backward, as training runs it:
+    a frozen module's forward only) of :meth:`forward` on ``batch``, a batch from
+    :meth:`Processor.collate`; the cost of one item is ``flops(processor.collate([features]))``.
+    Without it the core measures the module once, on the first micro-batch holding its modality
+    (``torch.utils.flop_counter``'s formulas), and scales that by the input elements of each
+    later batch (:mod:`omnicore.model.flops`); the metrics' ``flops_share/encoder.<m>`` and MFU
+    read either.
     """
 
     modality: str
@@ -287,6 +295,12 @@ class Decoder(Protocol):
     items of its batch; the core then encodes each target once and reuses its codes
     (``train.code_cache_mb``, :mod:`omnicore.model.code_cache`). Absent or false: every target is
     encoded on every step. The contract suite checks the promise.
+
+    Optional: ``flops(batch) -> float``, as for :class:`Encoder`: the model FLOPs of training on
+    the targets of ``batch`` (a batch from :meth:`Processor.collate`): :meth:`encode` (forward),
+    :meth:`embed`, :meth:`head` and the depth decoder below (forward + backward). Without it the
+    core measures them once and scales by input elements; the part of :meth:`encode` run without
+    gradients is then left out for targets whose codes come from the code cache.
 
     Optional: **several codebooks per frame** (one LM position a frame; the depth decoder design of
     CSM and Moshi, built by :class:`omnicore.api.CodebookDecoder` with ``num_codebooks=K``). A

@@ -68,8 +68,8 @@ class CodeCache:
         ``width`` codebooks per frame); None (and every item counted as a miss) when any item is
         absent, has no digest or was kept with another width, since the decoder then encodes the
         whole batch anyway."""
-        found = [self._codes.get((modality, d)) if d is not None else None for d, _ in keys]
-        if not keys or any(b is None or len(b) != 1 + _DTYPE[b[:1]].itemsize * n * width for b, (_, n) in zip(found, keys)):
+        found = self._found(modality, keys, width)
+        if found is None:
             self.misses += len(keys)
             return None
         for d, _ in keys:
@@ -78,6 +78,17 @@ class CodeCache:
         self.hits += len(keys)
         codes = torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(device)
         return codes if width == 1 else codes.reshape(-1, width)
+
+    def holds(self, modality: str, keys: list[tuple[str | None, int]], *, width: int = 1) -> bool:
+        """Whether :meth:`lookup` would find every item of ``keys`` (nothing counted or reordered):
+        the decoder's ``encode`` will not run for them (:mod:`omnicore.model.flops` counts so)."""
+        return self._found(modality, keys, width) is not None
+
+    def _found(self, modality: str, keys: list[tuple[str | None, int]], width: int) -> list[bytes] | None:
+        found = [self._codes.get((modality, d)) if d is not None else None for d, _ in keys]
+        if not keys or any(b is None or len(b) != 1 + _DTYPE[b[:1]].itemsize * n * width for b, (_, n) in zip(found, keys)):
+            return None
+        return found  # type: ignore[return-value]
 
     def store(self, modality: str, keys: list[tuple[str | None, int]], codes: torch.Tensor) -> bool:
         """Keep ``codes`` (LongTensor ``[sum(num_codes)]``, or ``[sum(num_codes), K]`` with ``K``

@@ -30,9 +30,10 @@ stay those of a run without skips. Its metrics row says ``skipped: true`` and ``
 ``--resume``).
 
 Each metrics row (``metrics.jsonl``) also holds the step's throughput: ``tokens_per_s``,
-``step_time_s``, ``tflops`` (achieved model TFLOP/s per device), ``mfu`` (None where the device's
-peak is unknown), ``padding_waste`` and ``peak_mem_mib`` (rank 0); see :mod:`omnicore.train.metrics`
-for the FLOP count and its source.
+``step_time_s``, ``tflops`` (achieved model TFLOP/s per device, every part), ``mfu`` (None where the
+device's peak is unknown), ``flops_share/<part>``, ``padding_waste`` and ``peak_mem_mib`` (rank 0),
+and its balance across ranks: ``flops_spread`` and ``reduce_wait_s`` (mean, max, per rank); see
+:mod:`omnicore.train.metrics` for what each means and :mod:`omnicore.model.flops` for the count.
 """
 
 from __future__ import annotations
@@ -61,12 +62,13 @@ from omnicore.data.state import DataResumeError, merge_states
 from omnicore.eval.samples import Sampler
 from omnicore.eval.validate import Validator
 from omnicore.logs import Phase
+from omnicore.model.flops import ModelFlops, model_flops
 from omnicore.model.trainable import apply_freeze
 from omnicore.parallel.parallelize import build_strategies, data_split, parallelize
 from omnicore.parallel.state import ParallelState, init_parallel_state
 from omnicore.registry import Registry, registry_for
 from omnicore.train.loggers import check_loggers, start_loggers
-from omnicore.train.metrics import FlopsModel, flops_model, padding_waste, peak_memory_mib, peak_tflops
+from omnicore.train.metrics import balance_figures, padding_waste, peak_memory_mib, peak_tflops
 from omnicore.train.optim import NonFiniteError, build_optimizer, clip_grad_norm_, nonfinite_message, use_implementation, warmup_cosine
 from omnicore.train.run import Run
 from omnicore.train.signals import SIGNALS, GracefulStop, Interrupted, signal_flags, signal_from_flags
@@ -102,6 +104,7 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
 
     cfg, init_from, (model, tokenizer, processor, sources, flops) = _model_to_train(cfg, registry, state, resume, log)
     model, (data_rank, data_size, replicas) = _parallelize_model(model, cfg, strategies, state, log)
+    flops.model = model  # the wrapped model (strategies wrap in place; the parts' modules stay the same)
     if init_from is not None:  # model.init_from names a checkpoint: its model weights, into the sharded model
         _load_init_from(init_from.folder, model, state)
     pin = cfg.data.pin_memory if cfg.data.pin_memory is not None else state.device.type == "cuda"
@@ -136,7 +139,7 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
 
 def _model_to_train(
     cfg: Config, registry: Registry, state: ParallelState, resume: bool | str, log: Callable[..., None]
-) -> tuple[Config, Any, tuple[Any, Any, ChatProcessor, list[Any], FlopsModel]]:
+) -> tuple[Config, Any, tuple[Any, Any, ChatProcessor, list[Any], ModelFlops]]:
     """The model as it will train, before the parallel strategies: ``model.init_from`` resolved (an
     export re-points the config's components at its folders, so the returned config is the one the
     run uses; a checkpoint is returned, to be loaded after sharding, else None), the model and data
@@ -148,7 +151,7 @@ def _model_to_train(
 
     cfg, init_from = start_from(cfg, resume, state, log)
     model, tokenizer, processor, sources = _build_model_and_data(cfg, registry)
-    flops = flops_model(model.lm)  # counted before sharding turns parameters into shards
+    flops = model_flops(model)  # the foundation counted before sharding turns parameters into shards
     apply_lora(model, cfg.model.lora, seed=cfg.run.seed)  # model.lora: adapters before freeze and the strategies
     log(apply_freeze(model, cfg.train.freeze).describe())  # train.freeze, after LoRA, before the strategies
     if cfg.train.code_cache_mb > 0:  # after the freeze: a decoder's fixed_codes may depend on it
@@ -216,7 +219,7 @@ def _build_model_and_data(cfg: Config, registry: Registry) -> tuple[Any, Any, Ch
         model, tokenizer = build_omni_model(cfg, registry, defer_load=True)  # filled shard by shard after parallelize
         ph.detail = f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; {_components(cfg)}"
     with Phase(logger, "opening the data") as ph:
-        processor, sources = _open_data(cfg, registry, tokenizer, rope=model.rope)
+        processor, sources = open_data(cfg, registry, tokenizer, rope=model.rope)
         desc = ", ".join(f"{s.name} (weight {s.config.weight:g})" for s in sources)
         ph.detail = f"{desc}; {cfg.data.num_workers} worker(s) per rank, started with the first step"
     return model, tokenizer, processor, sources
@@ -232,10 +235,14 @@ def _components(cfg: Config) -> str:
     return "; ".join(parts)
 
 
-def _open_data(cfg: Config, registry: Registry, tokenizer: Any, rope: Any = None) -> tuple[ChatProcessor, list[Any]]:
+def open_data(cfg: Config, registry: Registry, tokenizer: Any, rope: Any = None) -> tuple[ChatProcessor, list[Any]]:
     """The chat processor of the data side (the tokenizer and the components' processors, no
     weights; ``rope``: the foundation's mRoPE layout, ``OmniModel.rope``) and the opened data
-    sources (nothing read yet)."""
+    sources (nothing read yet); ``omnicore plan`` reads a step through them too.
+
+    Raises:
+        SampleError: a source cannot be opened, or two have one name.
+    """
     from omnicore.data.sources import open_source
     from omnicore.model.build import build_processors
 
@@ -414,7 +421,7 @@ class _StepTotals:
 
     loss_sum: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
     tokens: float = 0
-    flops: float = 0.0
+    flops: dict[str, float] = field(default_factory=dict)  # model FLOPs per part (this rank's share)
     part_sums: dict[str, float] = field(default_factory=dict)  # per part: "text", "decoder.<m>"[".depth"]
     part_counts: dict[str, int] = field(default_factory=dict)
 
@@ -442,13 +449,17 @@ def train_step(run: Run, step: int) -> dict[str, Any] | None:
     scale = state.world_size / max(n_global, 1.0)
     totals = _StepTotals()
     for mb in micro:
-        totals.flops += run.flops.step_flops(mb.cu_seqlens.diff().tolist()) / run.replicas
-        totals.add(forward_backward_step(run, mb, scale))
+        with run.flops.count(mb) as flops:  # per part; a part seen for the first time is measured
+            out = forward_backward_step(run, mb, scale)
+        totals.add(out)
         totals.tokens += mb.num_tokens / run.replicas
+        for part, n in flops.items():
+            totals.flops[part] = totals.flops.get(part, 0.0) + n / run.replicas
+    wait = reduce_wait(run)
     # one all-reduce for every figure of the step's metrics and any rank's stop signal (before the
     # update: the target check below must stop a wrong run before its first optimizer step)
     keys = run.model.loss_parts()
-    sums = state.all_reduce_named(_step_sums(run, totals, keys))
+    sums = state.all_reduce_named(_step_sums(run, totals, keys, wait))
     run.stop_signal = signal_from_flags([sums[f"signal/{s.name}"] for s in SIGNALS])
     check_target_split(run, n_global, sum(sums[f"targets/{k}"] for k in keys))
     grad_norm = clip_grad_norm_(run.model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
@@ -458,9 +469,11 @@ def train_step(run: Run, step: int) -> dict[str, Any] | None:
     # a part without targets in this step (no image to generate) is left out, not logged as 0.0
     part_loss = {k: sums[f"loss_sum/{k}"] / sums[f"targets/{k}"] for k in keys if sums[f"targets/{k}"] > 0}
     dt = time.perf_counter() - t0
+    flops_global = sum(sums[f"flops/{p}"] for p in run.flops.parts())
     row = _metrics_row(run, step, loss=loss, lr=lr, grad_norm=float(grad_norm), n_global=n_global,
-                       tokens_global=sums["tokens"], flops_global=sums["flops"], dt=dt)  # fmt: skip
+                       tokens_global=sums["tokens"], flops_global=flops_global, dt=dt)  # fmt: skip
     row.update({f"loss/{k}": v for k, v in part_loss.items()})
+    row.update(_flops_figures(run, sums, flops_global))
     row.update(_data_figures(run, sums))
     row.update(skipped=skip_reason is not None, skip_reason=skip_reason, skipped_steps=run.skipped_steps)
     return row
@@ -496,22 +509,52 @@ def _step_batches(run: Run) -> tuple[list[Any], float] | None:
     return micro, n_sum / run.replicas
 
 
-def _step_sums(run: Run, totals: _StepTotals, parts: list[str]) -> dict[str, float]:
+def _step_sums(run: Run, totals: _StepTotals, parts: list[str], wait: float = 0.0) -> dict[str, float]:
     """This rank's figures of the step, by name, for the step's one all-reduce (every rank has the
-    same names, in the same order): ``loss_sum``, ``tokens`` and ``flops`` (this rank's share of
-    each micro-batch), ``loss_sum/<part>`` and ``targets/<part>`` for each of ``parts`` (``text``,
-    ``decoder.<m>``), ``data_wait_s`` (seconds waiting for micro-batches), ``seen/<source>`` and
-    ``skipped/<source>`` (the data's running counts) and ``signal/<SIGNAL>`` (1.0 for a stop signal
-    this rank received: :func:`~omnicore.train.signals.signal_flags`)."""
+    same names, in the same order): ``loss_sum`` and ``tokens`` (this rank's share of each
+    micro-batch), ``flops/<part>`` for each part of :meth:`ModelFlops.parts`, ``rank_flops/<r>``
+    and ``reduce_wait_s/<r>`` (this rank's model FLOPs and ``wait`` in its own slot ``r``, zero in
+    the others: the sum is every rank's figure), ``loss_sum/<part>`` and ``targets/<part>`` for
+    each of ``parts`` (``text``, ``decoder.<m>``), ``data_wait_s`` (seconds waiting for
+    micro-batches), ``seen/<source>`` and ``skipped/<source>`` (the data's running counts) and
+    ``signal/<SIGNAL>`` (1.0 for a stop signal this rank received:
+    :func:`~omnicore.train.signals.signal_flags`)."""
     seen, skipped = run.data.counts()
     names = run.data.source_names
-    out = {"loss_sum": float(totals.loss_sum), "tokens": float(totals.tokens), "flops": float(totals.flops)}
+    out = {"loss_sum": float(totals.loss_sum), "tokens": float(totals.tokens)}
+    out.update({f"flops/{p}": totals.flops.get(p, 0.0) for p in run.flops.parts()})
+    rank, world = run.state.rank, run.state.world_size
+    out.update({f"rank_flops/{r}": sum(totals.flops.values()) if r == rank else 0.0 for r in range(world)})
+    out.update({f"reduce_wait_s/{r}": wait if r == rank else 0.0 for r in range(world)})
     out.update({f"loss_sum/{k}": totals.part_sums.get(k, 0.0) for k in parts})
     out.update({f"targets/{k}": float(totals.part_counts.get(k, 0)) for k in parts})
     out["data_wait_s"] = run.data.take_wait()
     out.update({f"seen/{name}": float(n) for name, n in zip(names, seen)})
     out.update({f"skipped/{name}": float(n) for name, n in zip(names, skipped)})
     out.update({f"signal/{s.name}": flag for s, flag in zip(SIGNALS, signal_flags(run.stop))})
+    return out
+
+
+def reduce_wait(run: Run) -> float:
+    """Seconds this rank waits at the step's gradient reduction for the slowest rank: its queued
+    device work drained first (CUDA), then one all-reduce of a number, which returns when every rank
+    has reached it (:mod:`omnicore.train.metrics`); 0.0 on one process."""
+    state = run.state
+    if not state.distributed:
+        return 0.0
+    if state.device.type == "cuda":
+        torch.cuda.synchronize(state.device)
+    t0 = time.perf_counter()
+    state.all_reduce_sum(0.0)
+    return time.perf_counter() - t0
+
+
+def _flops_figures(run: Run, sums: dict[str, float], total: float) -> dict[str, Any]:
+    """``flops_share/<part>`` (each part's fraction of the step's model FLOPs, every rank) and the
+    balance figures (:func:`~omnicore.train.metrics.balance_figures`) from the step's sums."""
+    world = run.state.world_size
+    out: dict[str, Any] = {f"flops_share/{p}": sums[f"flops/{p}"] / total if total > 0 else 0.0 for p in run.flops.parts()}
+    out.update(balance_figures([sums[f"rank_flops/{r}"] for r in range(world)], [sums[f"reduce_wait_s/{r}"] for r in range(world)]))
     return out
 
 
@@ -592,7 +635,7 @@ def _metrics_row(
 ) -> dict[str, Any]:
     """The metrics row of step ``step`` (0-based) from its all-reduced figures and its time ``dt``."""
     cfg, accum = run.cfg, run.cfg.train.grad_accum
-    tflops = flops_global / dt / run.state.world_size / 1e12  # achieved, per device
+    tflops = flops_global / dt / run.state.world_size / 1e12  # achieved, per device, every part of the model
     return {
         "step": step + 1,
         "loss": loss,

@@ -1,18 +1,22 @@
-"""Throughput figures of a training step: model FLOPs, MFU, padding waste and peak memory.
+"""Throughput figures of a training step: model FLOPs, MFU, balance across ranks, padding waste and
+peak memory.
 
-Model FLOPs follow PaLM (Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways",
-appendix B): a forward and backward pass over one token costs ``6 * N`` FLOPs for the ``N`` weights
-it multiplies, plus ``12 * L * d_attn * S`` for attention over a context of ``S`` tokens
-(``QK^T`` and ``AV``: 2 matmuls x 2 FLOPs per multiply-add x 3 for forward + backward, per layer, with
-``d_attn = heads x head_dim``). torchtitan and nanoGPT use the same count. Two choices are ours:
+Model FLOPs are those of every part: the foundation by formula (PaLM's ``6 N`` per token for the
+weights a token multiplies, MoE experts at ``top_k / E``, plus attention per packed sample),
+encoders and decoders by their own ``flops`` or measured once (:mod:`omnicore.model.flops`, which
+says how). A metrics row carries ``tflops`` (achieved model TFLOP/s per device, all parts),
+``mfu`` and ``flops_share/<part>`` (each part's fraction of the step's FLOPs: ``foundation``,
+``encoder.<m>``, ``decoder.<m>``).
 
-* Packed rows are counted **per sample**: a sample of ``s`` tokens attends over ``s`` positions, not
-  the whole row, so the attention term of a row is ``12 * L * d_attn * sum(s_i^2)``, which is the work
-  a varlen kernel does. The causal half is not subtracted (PaLM's convention), so figures compare
-  with published MFU.
-* ``N`` is the foundation's weights minus the input-embedding table (a lookup, not a matmul); the LM
-  head is counted even when tied to it. Encoders and decoders are not counted, so MFU is a lower
-  bound for models with large media towers.
+Balance (:func:`balance_figures`): ``flops_spread`` is the largest rank's model FLOPs of the step
+over the mean across ranks (1.0 on one process; a rank whose micro-batches hold ten images while
+another's hold text shows above 1). ``reduce_wait_s`` is the mean, ``reduce_wait_max_s`` the
+largest, and ``reduce_wait_s/rank<r>`` (up to :data:`MAX_RANK_FIELDS` ranks) each rank's wait at
+the gradient reduction: after its last backward (and, on CUDA, its queued kernels), the seconds
+until every rank has reached the step's reduction (a one-number all-reduce just before the step's
+sums are reduced and the optimizer steps). The rank that finished last waits about 0. With FSDP2,
+ranks also meet at every block's all-gather, so part of an imbalance shows up there (in
+``step_time_s``) rather than here.
 
 MFU = achieved model FLOP/s / peak FLOP/s of the devices. The peak comes from ``train.peak_tflops``
 or, for known GPUs, :data:`PEAK_TFLOPS` (dense, no sparsity); on CPU it is unknown and MFU is not
@@ -21,8 +25,21 @@ reported (the achieved TFLOP/s is).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    """``FlopsModel`` and ``flops_model``, which moved to :mod:`omnicore.model.flops` (imported on
+    first use: this module stays torch-free)."""
+    if name in ("FlopsModel", "flops_model"):
+        from omnicore.model import flops
+
+        return getattr(flops, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+MAX_RANK_FIELDS = 16
+"""Metrics rows carry each rank's ``reduce_wait_s/rank<r>`` up to this world size (mean and max always)."""
 
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     # dense tensor-core peaks from the vendors' data sheets (SXM parts), TFLOP/s per GPU
@@ -32,47 +49,6 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "L40S": {"bf16": 362.0, "fp32": 183.0},
 }
 """Known dense peaks by GPU name fragment and compute dtype (``bf16`` or ``fp32``)."""
-
-
-@dataclass(frozen=True)
-class FlopsModel:
-    """The numbers behind the FLOP count of one foundation.
-
-    Attributes:
-        matmul_params: ``N``, weights multiplied per token (foundation minus input embeddings).
-        layers: ``L``, transformer blocks.
-        attn_dim: ``d_attn`` = attention heads x head dim.
-    """
-
-    matmul_params: int
-    layers: int
-    attn_dim: int
-
-    def step_flops(self, sample_lengths: list[int]) -> float:
-        """Model FLOPs (forward + backward) of a micro-batch whose samples have these lengths
-        (tokens): ``6 N sum(s) + 12 L d_attn sum(s^2)``."""
-        tokens = sum(sample_lengths)
-        return 6.0 * self.matmul_params * tokens + 12.0 * self.layers * self.attn_dim * float(sum(s * s for s in sample_lengths))
-
-
-def flops_model(lm: Any) -> FlopsModel:
-    """The :class:`FlopsModel` of a transformers causal LM (before any sharding).
-
-    Raises:
-        ValueError: the config lacks ``num_hidden_layers``/``num_attention_heads``/``hidden_size``.
-    """
-    cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
-    try:
-        layers, heads, hidden = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.hidden_size
-    except AttributeError as exc:
-        raise ValueError(f"cannot count FLOPs of {type(lm).__name__}: its config lacks {exc.name}") from exc
-    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
-    emb = lm.get_input_embeddings().weight
-    head = lm.get_output_embeddings()
-    n = sum(p.numel() for p in lm.parameters()) - emb.numel()
-    if head is not None and head.weight is emb:
-        n += emb.numel()  # tied: the LM head still multiplies it
-    return FlopsModel(int(n), int(layers), int(heads * head_dim))
 
 
 def peak_tflops(device: Any, dtype: str, configured: float | None = None) -> float | None:
@@ -112,3 +88,16 @@ def padding_waste(real_tokens: int, micro_batches: int, max_tokens: int) -> floa
     lose; 0 when every row is full."""
     budget = micro_batches * max_tokens
     return 0.0 if budget == 0 else 1.0 - real_tokens / budget
+
+
+def balance_figures(rank_flops: list[float], rank_waits: list[float]) -> dict[str, float]:
+    """``flops_spread`` (max over mean of the ranks' model FLOPs; 1.0 when no rank has any),
+    ``reduce_wait_s`` (mean), ``reduce_wait_max_s`` and, up to :data:`MAX_RANK_FIELDS` ranks,
+    ``reduce_wait_s/rank<r>`` from per-rank figures of one step (module docstring)."""
+    mean = sum(rank_flops) / len(rank_flops) if rank_flops else 0.0
+    out = {"flops_spread": max(rank_flops) / mean if mean > 0 else 1.0}
+    out["reduce_wait_s"] = sum(rank_waits) / len(rank_waits) if rank_waits else 0.0
+    out["reduce_wait_max_s"] = max(rank_waits, default=0.0)
+    if len(rank_waits) <= MAX_RANK_FIELDS:
+        out.update({f"reduce_wait_s/rank{r}": w for r, w in enumerate(rank_waits)})
+    return out

@@ -19,9 +19,9 @@ import torch
 from omnicore.config import Config
 from omnicore.data.chat import ChatProcessor
 from omnicore.data.pipeline import DataPipeline
+from omnicore.model.flops import ModelFlops
 from omnicore.parallel.state import ParallelState
 from omnicore.train.loggers import Loggers
-from omnicore.train.metrics import FlopsModel
 from omnicore.train.signals import GracefulStop
 
 
@@ -57,8 +57,10 @@ class Run:
     """The forward's autocast context factory (bf16 under ``train.mixed_precision: bf16``, else a no-op)."""
     peak_tflops: float | None
     """The device's peak dense TFLOP/s for MFU; None where unknown."""
-    flops: FlopsModel
-    """FLOPs per token of the model, counted on the unsharded model."""
+    flops: ModelFlops
+    """The model's FLOPs per part (:mod:`omnicore.model.flops`): the foundation's formula, counted
+    on the unsharded model, and the encoders' and decoders' measurements, made as their modality
+    first appears."""
     out_dir: Path
     """``run.output_dir``."""
     ckpt_root: Path
