@@ -1,9 +1,12 @@
 """``omnicore plot RUN_DIR``: a run's curves as one PNG, ``RUN_DIR/loss.png``, from ``metrics.jsonl``.
 
-Four panels against the optimizer step: the loss (training rows' ``loss``; validation rows'
+Six panels against the optimizer step: the loss (training rows' ``loss``; validation rows'
 ``val_loss`` as a second line), the loss of each part (training rows' ``loss/text``,
 ``loss/decoder.<m>``... as ``train text``, ``train decoder.<m>``; validation rows' ``val_loss/<part>``
-as ``val <part>``), the learning rate (``lr``) and the throughput (``tokens_per_s``).
+as ``val <part>``), the learning rate (``lr``), the throughput (``tokens_per_s``), and the balance
+across ranks (:mod:`omnicore.train.metrics`): the spread of model FLOPs (``flops_spread``, max over
+mean) and the wait at the gradient reduction (``reduce_wait_s`` as ``mean``,
+``reduce_wait_max_s`` as ``max``, ``reduce_wait_s/rank<r>`` as ``rank <r>``).
 Training rows are those without a ``split`` key (or ``"split": "train"``); a validation row is one
 with ``"split": "val"`` (its ``val_loss``, or its ``loss`` when it has no ``val_loss``) or any row
 holding ``val_loss`` (see :mod:`omnicore.eval.validate`). Values that are ``null`` (a skipped
@@ -26,7 +29,14 @@ from typing import Any
 Curve = tuple[list[int], list[float]]
 """``(steps, values)`` of one line, sorted by step."""
 
-PANELS = {"loss": "loss", "parts": "loss by part", "lr": "learning rate", "tokens_per_s": "tokens/s"}
+PANELS = {
+    "loss": "loss",
+    "parts": "loss by part",
+    "lr": "learning rate",
+    "tokens_per_s": "tokens/s",
+    "flops_spread": "FLOP spread\n(max/mean)",
+    "reduce_wait": "wait at\nreduction (s)",
+}
 """Panel key -> y-axis label, top to bottom."""
 
 
@@ -82,8 +92,9 @@ def curves(rows: list[dict[str, Any]]) -> dict[str, dict[str, Curve]]:
 
     Returns:
         ``{"loss": {"train": curve, "val": curve}, "parts": {"train text": curve, "val text": curve,
-        ...}, "lr": {"train": curve}, "tokens_per_s": {"train": curve}}`` with only the lines that
-        have at least one finite value.
+        ...}, "lr": {"train": curve}, "tokens_per_s": {"train": curve}, "flops_spread": {"train":
+        curve}, "reduce_wait": {"mean": curve, "max": curve, "rank 0": curve, ...}}`` with only the
+        lines that have at least one finite value.
     """
     points: dict[tuple[str, str], dict[int, float]] = {}
 
@@ -101,6 +112,9 @@ def curves(rows: list[dict[str, Any]]) -> dict[str, dict[str, Curve]]:
         for key, value in row.items():
             if split == "train" and key.startswith("loss/"):
                 add("parts", f"train {key[len('loss/') :]}", step, value)
+            elif split == "train" and key.startswith("reduce_wait_"):
+                label = {"reduce_wait_s": "mean", "reduce_wait_max_s": "max"}.get(key, key.replace("reduce_wait_s/rank", "rank "))
+                add("reduce_wait", label, step, value)
             elif key.startswith("val_loss/"):
                 add("parts", f"val {key[len('val_loss/') :]}", step, value)
     out: dict[str, dict[str, Curve]] = {}
@@ -122,13 +136,13 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, *, size: tuple[
         The :class:`Plot`: the path written and the exact data of every line drawn.
 
     Raises:
-        PlotError: as :func:`read_metrics`, or when no row has a loss, learning rate or throughput.
+        PlotError: as :func:`read_metrics`, or when no row has a figure of any panel.
         OSError: the PNG cannot be written.
     """
     src = Path(run_dir) / "metrics.jsonl"
     panels = curves(read_metrics(src))
     if not panels:
-        raise PlotError(f"{src}: no row holds a finite loss, lr or tokens_per_s; nothing to plot")
+        raise PlotError(f"{src}: no row holds a finite loss, lr, tokens_per_s or balance figure; nothing to plot")
     import matplotlib
 
     matplotlib.use("Agg")  # no display: a file only
@@ -155,7 +169,9 @@ def _draw_panel(ax: Any, lines: dict[str, Curve], ylabel: str, *, log_y: bool) -
     if not lines:
         ax.text(0.5, 0.5, "not in metrics.jsonl", ha="center", va="center", transform=ax.transAxes, color="grey")
     for label, (steps, values) in lines.items():
-        ax.plot(steps, values, label=label, marker="o" if len(steps) <= 30 else None, markersize=3, linewidth=1.2)
+        rank = label.startswith("rank ")  # one rank's wait: thinner and dashed under the mean and max
+        ax.plot(steps, values, label=label, marker="o" if len(steps) <= 30 else None, markersize=3, linewidth=0.8 if rank else 1.2,
+                linestyle="--" if rank else "-")  # fmt: skip
     values = [v for _, vs in lines.values() for v in vs]
     if log_y and values and min(values) > 0 and max(values) / min(values) > 20:  # a loss spanning decades
         ax.set_yscale("log")
