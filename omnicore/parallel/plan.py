@@ -4,8 +4,8 @@ No process group starts: the model is built on the meta device (shapes, no memor
 pure-Python :class:`~omnicore.parallel.mesh.MeshLayout`, and each strategy answers ``validate``
 and ``plan`` (see :mod:`omnicore.parallel.parallelize`). The report lists the mesh and its groups,
 which strategy wraps which modules, trainable and frozen parameters (``train.freeze``), per-rank
-parameter memory and the gradient and AdamW memory of the trainable parameters, and every
-violated constraint with the config field to change.
+parameter memory and the gradient and AdamW memory of the trainable parameters, the model FLOPs of
+a step per part (:func:`add_flops`), and every violated constraint with the config field to change.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ ADAMW_STATES = 2
 """AdamW keeps two states (exp_avg, exp_avg_sq) per trainable parameter element, in the parameter's
 dtype (``torch.optim.AdamW`` makes them with ``zeros_like(param)``): 8 bytes for fp32 parameters
 (``train.mixed_precision: bf16`` included), 4 for ``run.dtype: bfloat16``."""
+
+PLAN_WINDOW = 64
+"""``omnicore plan`` packs its step of data from the first this many samples of each shard (training
+packs ``data.packing_window``): enough to fill rows, cheap to read."""
 
 MAX_GROUP_LISTING = 16
 """Print which ranks form which groups only up to this world size."""
@@ -53,6 +57,17 @@ class PlanReport:
     kernels: dict[str, str] = field(default_factory=dict)
     """op -> kernel name (the ops a config sets, plus the attention and cross_entropy defaults)."""
     precision: str = "float32"
+    flops: dict[str, float | None] = field(default_factory=dict)
+    """Model FLOPs (forward + backward) of one step of one data group, per part (``foundation``,
+    ``encoder.<m>``, ``decoder.<m>``; None: a part that cannot be counted on the meta device, it
+    is measured in training); see :attr:`flops_basis` for the batch they are of."""
+    flops_basis: str = ""
+    """What :attr:`flops` counts: rank 0's first step of the configured data, or, when the data
+    cannot be read, the token budget (foundation) and one dummy item (encoders and decoders)."""
+    flops_from_data: bool = False
+    """Whether :attr:`flops` are of a step of the configured data (else: the budget, dummy items)."""
+    flops_note: str = ""
+    """How the foundation is counted (weights per token; MoE experts)."""
     parts: dict[str, list[int]] = field(default_factory=dict)
     """Per part of the model, ``[parameters, trainable parameters, bytes per rank]`` (the bytes are
     parameters, gradients and AdamW states): a published family's part names
@@ -81,6 +96,12 @@ class PlanReport:
             "kernels": dict(self.kernels),
             "precision": self.precision,
             "parts": {k: {"params": v[0], "trainable_params": v[1], "bytes_per_rank": v[2]} for k, v in self.parts.items()},
+            "flops": {
+                "per_part": dict(self.flops),
+                "basis": self.flops_basis,
+                "from_data": self.flops_from_data,
+                "foundation": self.flops_note,
+            },
             "ok": self.ok,
         }
 
@@ -108,6 +129,8 @@ class PlanReport:
             out.append("kernels: " + ", ".join(f"{op}={k}" for op, k in self.kernels.items()) + f"; precision: {self.precision}")
         if self.layout_ok:
             out.extend(self._memory_lines())
+        if self.flops:
+            out.extend(self._flops_lines())
         if self.violations:
             out.append(f"{len(self.violations)} violated constraint(s):")
             out.extend(f"  {v}" for v in self.violations)
@@ -128,6 +151,22 @@ class PlanReport:
             f"  {name}: {n:,} parameters (trainable {t:,}); per rank {_fmt(b)} with gradients and AdamW states"
             for name, (n, t, b) in self.parts.items()
         ]
+
+    def _flops_lines(self) -> list[str]:
+        if not self.flops_from_data:  # the budget's foundation and one dummy item each: no step total, no shares
+            out = [f"model FLOPs, forward + backward ({self.flops_basis}); foundation {self.flops_note}"]
+            for part, v in self.flops.items():
+                what = "per step" if part == "foundation" else "per dummy item"
+                out.append(
+                    f"  {part}: " + (f"{v:.3g} {what}" if v is not None else "not countable on the meta device; measured in training")
+                )
+            return out
+        known = sum(v for v in self.flops.values() if v is not None)
+        out = [f"model FLOPs per step, forward + backward ({self.flops_basis}): {known:.3g}; foundation {self.flops_note}"]
+        for part, v in self.flops.items():
+            share = f" ({100 * v / known:.1f}%)" if v is not None and known > 0 else ""
+            out.append(f"  {part}: " + (f"{v:.3g}{share}" if v is not None else "not countable on the meta device; measured in training"))
+        return out
 
 
 def _fmt(n: int) -> str:
@@ -183,7 +222,7 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
     with torch.device("meta"), warnings.catch_warnings():
         # loading checkpoints into meta tensors is a deliberate no-op here; torch warns per tensor
         warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter.*")
-        model, _ = build_omni_model(cfg, registry)
+        model, tokenizer = build_omni_model(cfg, registry)
         apply_lora(model, cfg.model.lora)  # as the training set-up does: LoRA, then freeze, then the strategies
     apply_freeze(model, cfg.train.freeze)
     report.violations += validate(model, state, strategies)
@@ -200,6 +239,7 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
         for pname, split in p.shards.items() if p else ():
             prior.setdefault(pname, []).append(split)
     _add_memory(report, model, prior)
+    add_flops(report, cfg, model, tokenizer, registry, data_split(strategies, state)[1] if not errors else 1)
     return report
 
 
@@ -239,3 +279,67 @@ def _add_memory(report: PlanReport, model: Any, prior: dict[str, list[tuple[str,
             report.optimizer_bytes_per_rank += n_rank * ADAMW_STATES * param.element_size()
         else:
             report.frozen_param_bytes_per_rank += n_rank * param.element_size()
+
+
+def add_flops(report: PlanReport, cfg: Any, model: Any, tokenizer: Any, registry: Any, data_size: int) -> None:
+    """Fill ``report.flops``: each part's model FLOPs (:mod:`omnicore.model.flops`) for one step of
+    one data group. The batch is a step of data group 0 of the configured data, read here in this
+    process (no workers, a short packing window: :data:`PLAN_WINDOW`): the foundation by formula over its samples, each encoder
+    and decoder counted on the meta device on its real collated inputs. When the data cannot be
+    read (the file is elsewhere), the foundation is counted on the token budget (``train.grad_accum``
+    rows of ``data.max_tokens``, one sample each: attention's upper bound) and each encoder and
+    decoder on one dummy item."""
+    from omnicore.model.flops import FOUNDATION, model_flops
+
+    fm = model_flops(model)
+    report.flops_note = fm.foundation.describe()
+    micro, why = _first_step(cfg, model, tokenizer, registry, data_size)
+    if micro is None:
+        budget = cfg.data.max_tokens
+        report.flops_basis = (
+            f"data not read ({why}): {cfg.train.grad_accum} row(s) of {budget} tokens, one dummy item per encoder and decoder"
+        )
+        report.flops[FOUNDATION] = cfg.train.grad_accum * fm.foundation.step_flops([budget])
+        report.flops.update({p: _meta_or_none(model, p, None) for p in fm.parts()[1:]})
+        return
+    report.flops_from_data = True
+    report.flops_basis = (
+        f"one step of data group 0 packed from the first {min(cfg.data.packing_window, PLAN_WINDOW)} samples of each shard: "
+        f"{len(micro)} micro-batch(es), {sum(mb.num_tokens for mb in micro)} tokens"
+    )
+    report.flops[FOUNDATION] = sum(fm.estimate(mb)[FOUNDATION] for mb in micro)
+    for part in fm.parts()[1:]:
+        kind, modality = part.split(".", 1)
+        batches = [(mb.encoder_inputs if kind == "encoder" else mb.decoder_inputs).get(modality) for mb in micro]
+        counted = [_meta_or_none(model, part, b) for b in batches if b is not None]
+        report.flops[part] = None if None in counted else float(sum(counted))  # type: ignore[arg-type]
+
+
+def _meta_or_none(model: Any, part: str, batch: Any) -> float | None:
+    from omnicore.model.flops import meta_part_flops
+
+    try:
+        return meta_part_flops(model, part, batch)
+    except Exception:  # noqa: BLE001 - a component whose code needs values (not shapes); training measures it
+        return None
+
+
+def _first_step(cfg: Any, model: Any, tokenizer: Any, registry: Any, data_size: int) -> tuple[list[Any] | None, str]:
+    """Rank 0's micro-batches of step 1 (read in this process), or None and why not."""
+    from omnicore.data.pipeline import DataPipeline
+    from omnicore.train.loop import open_data
+
+    if not cfg.data.source_list():
+        return None, "no data.train"
+    data = None
+    try:
+        processor, sources = open_data(cfg, registry, tokenizer, rope=model.rope)
+        d = cfg.data.model_copy(update={"num_workers": 0, "packing_window": min(cfg.data.packing_window, PLAN_WINDOW)})
+        data = DataPipeline(sources, processor, d, cfg.run.seed, data_rank=0, data_size=data_size, grad_accum=cfg.train.grad_accum)
+        return data.step(), ""
+    except Exception as exc:  # noqa: BLE001 - the plan stands without the data (a path on another machine)
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return None, f"{type(exc).__name__}: {first[:100]}{'...' if len(first) > 100 else ''}"
+    finally:
+        if data is not None:
+            data.close(now=True)
