@@ -1,13 +1,24 @@
-"""The configuration of a :class:`~omnicore_audio_mel.tokenizer.MelRVQ` (its folder's ``config.json``)."""
+"""The configuration of a :class:`~omnicore_audio_mel.tokenizer.MelRVQ` (its folder's ``config.json``).
+
+No torch here: the decoder's processor reads a folder's configuration through this module alone.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MODEL_TYPE = "mel_rvq"
 """``config.json``'s ``model_type``: how a tool tells a MelRVQ folder from an EnCodec one."""
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+WHAT_TO_PUT = (
+    "a MelRVQ folder holds config.json (model_type 'mel_rvq') and model.safetensors (the tensor 'codebooks' "
+    "[num_codebooks, codebook_size, stack * n_mels]), as MelRVQ.save_pretrained or `python -m omnicore_audio_mel.fit` write them"
+)
 
 
 class MelRVQConfig(BaseModel):
@@ -70,3 +81,34 @@ class MelRVQConfig(BaseModel):
     def frames_per_second(self) -> float:
         """Code frames per second of audio: ``sample_rate / (hop * stack)``."""
         return self.sample_rate / (self.hop * self.stack)
+
+    def num_frames(self, num_samples: int) -> int:
+        """Code frames of a clip of ``num_samples`` samples: ``ceil((1 + max(n, n_fft) // hop) / stack)``
+        (the centred STFT's mel frames, a clip shorter than ``n_fft`` padded to it, stacked)."""
+        mel = 1 + max(int(num_samples), self.n_fft) // self.hop
+        return -(-mel // self.stack)
+
+
+def read_config(folder: str | Path) -> MelRVQConfig:
+    """The :class:`MelRVQConfig` of ``folder/config.json`` (no weights read).
+
+    Raises:
+        ValueError: naming the folder or file: a missing folder, a file that is missing or not JSON,
+            of another ``model_type``, or with a bad field (named).
+    """
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"MelRVQ: folder {folder} does not exist; {WHAT_TO_PUT}")
+    file = folder / CONFIG_FILE
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"MelRVQ: cannot read {file}: {exc}; {WHAT_TO_PUT}") from exc
+    if not isinstance(data, dict) or data.get("model_type") != MODEL_TYPE:
+        got = data.get("model_type") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"MelRVQ: {file} has model_type {got!r}, not {MODEL_TYPE!r}; {WHAT_TO_PUT}")
+    try:
+        return MelRVQConfig.model_validate(data)
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"MelRVQ: {file}: {fields}") from exc

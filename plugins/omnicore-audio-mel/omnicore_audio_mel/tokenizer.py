@@ -29,18 +29,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import ValidationError
 from torch import nn
 
-from omnicore_audio_mel.config import MODEL_TYPE, MelRVQConfig
+from omnicore_audio_mel.config import CONFIG_FILE, WEIGHTS_FILE, WHAT_TO_PUT, MelRVQConfig, read_config
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 LOUDNESS_WINDOW_S = 0.02
-WHAT_TO_PUT = (
-    "a MelRVQ folder holds config.json (model_type 'mel_rvq') and model.safetensors (the tensor 'codebooks' "
-    "[num_codebooks, codebook_size, stack * n_mels]), as MelRVQ.save_pretrained or `python -m omnicore_audio_mel.fit` write them"
-)
 
 
 class MelRVQ(nn.Module):
@@ -77,9 +70,8 @@ class MelRVQ(nn.Module):
         return self.config.frames_per_second
 
     def num_frames(self, num_samples: int) -> int:
-        """Code frames of a clip of ``num_samples`` samples: ``ceil((1 + max(n, n_fft) // hop) / stack)``."""
-        mel = 1 + max(int(num_samples), self.config.n_fft) // self.config.hop
-        return -(-mel // self.config.stack)
+        """Code frames of a clip of ``num_samples`` samples (:meth:`MelRVQConfig.num_frames`)."""
+        return self.config.num_frames(num_samples)
 
     # ---- analysis ----------------------------------------------------------------------------
 
@@ -99,7 +91,7 @@ class MelRVQ(nn.Module):
             x = nn.functional.pad(x, (0, c.n_fft - x.numel()))
         window = torch.hann_window(c.n_fft, device=x.device)
         spec = torch.stft(x, c.n_fft, c.hop, window=window, center=True, pad_mode="reflect", return_complex=True)
-        db = 10.0 * torch.log10((self.mel_filters.t() @ spec.abs().pow(2)).clamp_min(1e-10))
+        db = 10.0 * torch.log10((self.mel_filters.float().t() @ spec.abs().pow(2)).clamp_min(1e-10))
         return (db - db.max()).clamp_min(c.floor_db).t()
 
     def stack_frames(self, db: torch.Tensor) -> torch.Tensor:
@@ -120,9 +112,9 @@ class MelRVQ(nn.Module):
         """Code frames ``[F, D]`` -> codes ``[F, k]`` (long) of the first ``k`` codebooks (default all K):
         codebook ``j`` takes the entry nearest to the residual that codebooks ``0..j-1`` left."""
         k = self.config.num_codebooks if num_codebooks is None else int(num_codebooks)
-        residual = frames.to(self.codebooks)
+        residual = frames.to(device=self.codebooks.device, dtype=torch.float32)
         codes = []
-        for book in self.codebooks[:k]:
+        for book in self.codebooks[:k].float():
             idx = torch.cdist(residual, book, compute_mode="donot_use_mm_for_euclid_dist").argmin(dim=1)
             residual = residual - book[idx]
             codes.append(idx)
@@ -144,7 +136,7 @@ class MelRVQ(nn.Module):
         codes = codes.long().to(self.codebooks.device)
         if int(codes.min()) < 0 or int(codes.max()) >= c.codebook_size:
             raise ValueError(f"MelRVQ: codes must lie in [0, {c.codebook_size}); got [{int(codes.min())}, {int(codes.max())}]")
-        return sum(self.codebooks[k][codes[:, k]] for k in range(codes.shape[1]))
+        return sum(self.codebooks[k].float()[codes[:, k]] for k in range(codes.shape[1]))
 
     @torch.no_grad()
     def encode(self, samples: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -176,7 +168,7 @@ class MelRVQ(nn.Module):
         c = self.config
         db = db.detach().float().cpu().clamp_min(c.floor_db)
         power = torch.pow(10.0, db / 10.0).t().numpy().astype(np.float64)
-        magnitude = np.sqrt(librosa.util.nnls(self.mel_filters.cpu().t().double().numpy(), power))
+        magnitude = np.sqrt(librosa.util.nnls(self.mel_filters.double().cpu().t().numpy(), power))
         wave = librosa.griffinlim(
             magnitude, n_iter=c.griffin_lim_iters, hop_length=c.hop, win_length=c.n_fft, n_fft=c.n_fft, window="hann", random_state=0
         )
@@ -184,9 +176,10 @@ class MelRVQ(nn.Module):
 
     # ---- folders -------------------------------------------------------------------------------
 
-    def save_pretrained(self, folder: str | Path) -> None:
+    def save_pretrained(self, folder: str | Path, safe_serialization: bool = True) -> None:
         """Write ``folder/config.json`` (the config, ``model_type`` 'mel_rvq') and ``folder/model.safetensors``
-        (``codebooks``); :meth:`from_pretrained` reads them back."""
+        (``codebooks``); :meth:`from_pretrained` reads them back. ``safe_serialization`` is there for
+        callers that pass it to transformers' models (``CodebookDecoder.save_pretrained``): always safetensors."""
         from safetensors.torch import save_file
 
         folder = Path(folder)
@@ -207,8 +200,6 @@ class MelRVQ(nn.Module):
         from safetensors.torch import load_file
 
         folder = Path(folder).expanduser()
-        if not folder.is_dir():
-            raise ValueError(f"MelRVQ: folder {folder} does not exist; {WHAT_TO_PUT}")
         config = read_config(folder)
         weights = folder / WEIGHTS_FILE
         try:
@@ -223,27 +214,6 @@ class MelRVQ(nn.Module):
             raise ValueError(f"{exc} ({weights} against {folder / CONFIG_FILE})") from exc
 
 
-def read_config(folder: str | Path) -> MelRVQConfig:
-    """The :class:`MelRVQConfig` of ``folder/config.json`` (no weights read).
-
-    Raises:
-        ValueError: naming the file: missing, not JSON, of another ``model_type``, or a bad field (named).
-    """
-    file = Path(folder).expanduser() / CONFIG_FILE
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"MelRVQ: cannot read {file}: {exc}; {WHAT_TO_PUT}") from exc
-    if not isinstance(data, dict) or data.get("model_type") != MODEL_TYPE:
-        got = data.get("model_type") if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"MelRVQ: {file} has model_type {got!r}, not {MODEL_TYPE!r}; {WHAT_TO_PUT}")
-    try:
-        return MelRVQConfig.model_validate(data)
-    except ValidationError as exc:
-        fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"MelRVQ: {file}: {fields}") from exc
-
-
 def mel_filters(config: MelRVQConfig) -> torch.Tensor:
     """``[n_fft // 2 + 1, n_mels]`` float32: triangular Slaney-scale filters with Slaney norm
     (``transformers.audio_utils.mel_filter_bank``; equal to ``librosa.filters.mel``'s defaults)."""
@@ -252,7 +222,7 @@ def mel_filters(config: MelRVQConfig) -> torch.Tensor:
     fb = mel_filter_bank(
         config.n_fft // 2 + 1, config.n_mels, config.fmin, config.top_hz, config.sample_rate, norm="slaney", mel_scale="slaney"
     )
-    return torch.from_numpy(np.asarray(fb, dtype=np.float32))
+    return torch.tensor(np.asarray(fb, dtype=np.float32), device=torch.get_default_device())  # meta when built there
 
 
 def scale_loudness(wave: np.ndarray, sample_rate: int, dbfs: float) -> np.ndarray:
