@@ -113,7 +113,9 @@ class CsmAudioDecoder(CodebookDecoder):
         for i, n in enumerate(lengths):
             codes = self.encode_clip(x[i, :n])
             if codes.shape[0] != self.processor.frames(n):
-                raise ValueError(f"csm_audio: the codec gave {codes.shape[0]} frames for {n} samples, the processor counts {self.processor.frames(n)}")
+                raise ValueError(
+                    f"csm_audio: the codec gave {codes.shape[0]} frames for {n} samples, the processor counts {self.processor.frames(n)}"
+                )
             out += [codes, torch.full((1, self.num_codebooks), self.processor.eos_code, dtype=torch.long, device=codes.device)]
         return torch.cat(out)
 
@@ -203,7 +205,11 @@ class CsmAudioDecoder(CodebookDecoder):
         if "code_embed.weight" in state:
             state.setdefault(DEPTH_EMBED, state["code_embed.weight"])
         missing = [n for n in want if n not in state]
-        shapes = [f"{n}: checkpoint {tuple(state[n].shape)}, model {tuple(want[n].shape)}" for n in want if n in state and state[n].shape != want[n].shape]
+        shapes = [
+            f"{n}: checkpoint {tuple(state[n].shape)}, model {tuple(want[n].shape)}"
+            for n in want
+            if n in state and state[n].shape != want[n].shape
+        ]
         problems = [f"lacks {missing[:5]}{' and more' if len(missing) > 5 else ''}"] if missing else []
         problems += [f"holds tensors the decoder does not use: {unused[:5]}"] if unused else []
         problems += [f"has tensors of other shapes: {shapes[:5]}"] if shapes else []

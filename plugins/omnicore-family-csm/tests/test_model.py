@@ -21,7 +21,17 @@ import torch
 import yaml
 
 from omnicore.api import load_audio
-from omnicore.testing import ChatProcessor, Config, build_omni_model, cli_main, collate, generate_batch, isolated_registry, read_jsonl, train
+from omnicore.testing import (
+    ChatProcessor,
+    Config,
+    build_omni_model,
+    cli_main,
+    collate,
+    generate_batch,
+    isolated_registry,
+    read_jsonl,
+    train,
+)
 
 IGNORE = -100
 CLIPS = {"a.wav": 24000, "b.wav": 11000, "c.wav": 16800}
