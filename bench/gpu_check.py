@@ -12,6 +12,11 @@ One command on a CUDA machine with ``flash-attn`` installed (``pip install -e pl
    of ``--tokens`` tokens, bf16 mixed precision, for each attention backend available: median
    tokens/s, achieved TFLOP/s and MFU (``omnicore.train.metrics``: PaLM's 6N + 12 L d s per sample,
    against the GPU's dense bf16 peak) over the steps after ``--warmup``.
+3. **Omni MFU.** The same loop with a SigLIP image tower (ViT-B/16 sizes, 224 px) before the
+   foundation, on rows of synthetic images and text: MFU of the whole model (every part counted,
+   ``omnicore.model.flops``: the tower measured on its first micro-batch), each part's share of
+   the FLOPs (``flops_share/<part>``) and the MFU the foundation alone would claim, the count
+   before issue #26.
 
 The foundation is a Qwen2 of hidden 1280, 24 layers, 10 heads (2 KV heads), MLP 6912: about 0.73B
 weights in the blocks; the byte tokenizer keeps the vocabulary small (so the LM head is a small part
@@ -44,6 +49,23 @@ FOUNDATION = {
     "max_position_embeddings": 32768,
     "tie_word_embeddings": True,
 }
+VISION = {
+    "image_size": 224,
+    "patch_size": 16,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+}
+"""The image tower of the omni run: SigLIP at ViT-B/16 sizes (about 86M weights, 196 patches an image)."""
+TINY_VISION = {
+    "image_size": 28,
+    "patch_size": 7,
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+}
 TINY = {
     "model_type": "qwen2",
     "hidden_size": 64,
@@ -73,6 +95,25 @@ def write_text_jsonl(path: Path, n: int, rng: random.Random, median: int, longes
             length = min(length, longest)
             text = " ".join(rng.choice(words) for _ in range(max(1, length // 7)))
             fh.write(json.dumps({"messages": [{"role": "user", "content": "Repeat."}, {"role": "assistant", "content": text}]}) + "\n")
+
+
+def write_image_jsonl(folder: Path, n: int, size: int, rng: random.Random) -> Path:
+    """``n`` chat samples of one synthetic image (noise, 16 distinct files) and a short answer."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i in range(16):
+        img = Image.frombytes("RGB", (size, size), bytes(rng.getrandbits(8) for _ in range(size * size * 3)))
+        img.save(folder / f"{i}.png")
+        files.append(f"{i}.png")
+    path = folder / "images.jsonl"
+    with path.open("w") as fh:
+        for i in range(n):
+            user = [{"type": "image", "path": files[i % 16]}, {"type": "text", "text": "Describe the picture."}]
+            answer = " ".join(rng.choice(["noise", "grey", "pixels", "random", "dots"]) for _ in range(rng.randint(4, 40)))
+            fh.write(json.dumps({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}) + "\n")
+    return path
 
 
 def attention_backends(device: str) -> list[str]:
@@ -131,15 +172,31 @@ def equality(foundation: dict, tokens: int, device: str, backends: list[str]) ->
     return out
 
 
-def throughput(foundation: dict, tokens: int, steps: int, warmup: int, device: str, attention: str, data: Path, out_dir: Path) -> dict:
-    """Median throughput of the real training loop (``train()``) with one attention backend."""
+def throughput(
+    foundation: dict,
+    tokens: int,
+    steps: int,
+    warmup: int,
+    device: str,
+    attention: str,
+    data: Path,
+    out_dir: Path,
+    vision: dict | None = None,
+) -> dict:
+    """Median throughput of the real training loop (``train()``) with one attention backend; with
+    ``vision``, a SigLIP image tower of that config before the foundation (the omni run)."""
     from omnicore.config import Config
     from omnicore.train.loop import train
 
+    encoders = {"image": {"name": "siglip", "options": {"config": vision}}} if vision else {}
     cfg = Config.model_validate(
         {
-            "run": {"output_dir": str(out_dir / attention), "seed": 0, "device": device},
-            "model": {"foundation": {"name": "hf_causal_lm", "options": {"config": foundation}}, "kernels": {"attention": attention}},
+            "run": {"output_dir": str(out_dir / (attention + ("-omni" if vision else ""))), "seed": 0, "device": device},
+            "model": {
+                "foundation": {"name": "hf_causal_lm", "options": {"config": foundation}},
+                "encoders": encoders,
+                "kernels": {"attention": attention},
+            },
             "data": {"train": str(data), "max_tokens": tokens},
             "train": {
                 "max_steps": steps,
@@ -156,8 +213,14 @@ def throughput(foundation: dict, tokens: int, steps: int, warmup: int, device: s
     rows = hist[warmup:] or hist
     med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
     mfu = [r["mfu"] for r in rows if r["mfu"] is not None]
+    shares = {k.split("/", 1)[1]: med(k) for k in rows[-1] if k.startswith("flops_share/")}
     return {
         "attention": attention,
+        "vision": vision,
+        "median_flops_share": shares,
+        # what the count before issue #26 claimed: the foundation alone (dense here: no experts)
+        "median_mfu_foundation_only": statistics.median(m * shares["foundation"] for m in mfu) if mfu else None,
+        "median_flops_spread": med("flops_spread"),
         "steps": len(hist),
         "median_tokens_per_s": med("tokens_per_s"),
         "median_step_s": med("step_time_s"),
@@ -208,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         result["throughput"] = [
             throughput(foundation, args.tokens, args.steps, args.warmup, device, a, data, Path(tmp)) for a in backends if a != "eager"
         ]
+        vision = VISION if device == "cuda" else TINY_VISION
+        images = write_image_jsonl(Path(tmp) / "images", n=max(64, args.steps * 64), size=vision["image_size"], rng=random.Random(2))
+        result["omni"] = throughput(foundation, args.tokens, args.steps, args.warmup, device, backends[0], images, Path(tmp), vision)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"device: {result['device']}; row: {args.tokens} tokens; equality vs {result['equality']['reference']}:")
@@ -219,6 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     for t in result["throughput"]:
         mfu = f"{100 * t['median_mfu']:.1f}%" if t["median_mfu"] is not None else "n/a"
         print(f"| {t['attention']} | {t['median_tokens_per_s']:.0f} | {t['median_tflops']:.3g} | {mfu} | {t['peak_mem_mib']:.0f} |")
+    o = result["omni"]
+    mfu = (
+        f"{100 * o['median_mfu']:.1f}% (the foundation alone: {100 * o['median_mfu_foundation_only']:.1f}%)"
+        if o["median_mfu"] is not None
+        else "n/a"
+    )
+    shares = ", ".join(f"{k} {100 * v:.1f}%" for k, v in o["median_flops_share"].items())
+    print(f"omni (SigLIP image tower, {o['attention']}): {o['median_tflops']:.3g} TFLOP/s, MFU {mfu}; FLOPs: {shares}")
     print(f"wrote {args.out}")
     return 0
 

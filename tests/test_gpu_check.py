@@ -26,3 +26,7 @@ def test_gpu_check_cpu_smoke(tmp_path):
     runs = {t["attention"]: t for t in res["throughput"]}
     assert "sdpa" in runs and runs["sdpa"]["steps"] == 3
     assert runs["sdpa"]["median_tflops"] > 0 and runs["sdpa"]["median_mfu"] is None  # no known CPU peak
+    omni = res["omni"]  # the MFU of every part (issue #26): a SigLIP tower before the foundation
+    assert set(omni["median_flops_share"]) == {"foundation", "encoder.image"} and omni["median_mfu"] is None
+    assert sum(omni["median_flops_share"].values()) == pytest.approx(1.0) and omni["median_flops_share"]["encoder.image"] > 0
+    assert omni["median_flops_spread"] == 1.0
