@@ -9,7 +9,9 @@ scores); and ``N`` holds biases and norm weights, which multiply nothing.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -235,7 +237,7 @@ def test_depth_decoder_is_counted_with_its_decoder(digits_jsonl):
     with flops.count(mb) as parts:
         model(mb).loss_sum.backward()
     dec = model.decoders["audio"]
-    with flop_counter() as alone:
+    with flop_counter(model_flops=True) as alone:  # the depth decoder's attention backward as model FLOPs
         codes = dec.encode(mb.decoder_inputs["audio"])
         hidden = torch.randn(codes.shape[0], model.lm.config.hidden_size, requires_grad=True)
         (dec.embed(codes).sum() + dec.head(hidden).sum() + dec.depth_logits(hidden, codes).sum()).backward()
@@ -262,7 +264,145 @@ def test_item_flops_is_the_cost_of_one_item(digits_run):
             forward_backward_step(run, mb, 1.0)
         run.model.zero_grad(set_to_none=True)
     one = run.flops.item_flops("image", features)
-    with flop_counter() as alone:
+    with flop_counter(model_flops=True) as alone:
         run.model.encoders["image"](proc.collate([features])).sum().backward()
     run.model.zero_grad(set_to_none=True)
     assert one == pytest.approx(alone.get_total_flops(), rel=1e-6)
+
+
+# --------------------------------------------------------------------------------------------
+# balance across ranks: the FLOP spread and the wait at the reduction
+# --------------------------------------------------------------------------------------------
+
+HEAVY_SIGLIP = {
+    "image_size": 28,
+    "patch_size": 4,
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 512,
+}
+"""A vision tower whose images cost several times a row's foundation work, so that a skew shows."""
+
+
+@pytest.fixture(scope="module")
+def skewed(digits_jsonl):
+    """A config whose rows alternate image questions and text questions of about the same length:
+    with 2 data groups (rows ``i % 2``), rank 0 reads every image and rank 1 none."""
+    import json
+
+    images = [json.loads(x) for x in (digits_jsonl / "train.jsonl").read_text().splitlines() if '"image_to_text"' in x]
+    lines = []
+    for row in images[:16]:
+        digit = row["messages"][1]["content"][0]["text"]
+        text = {"role": "user", "content": f"Which digit is written as {'x' * 12} {digit} here?"}
+        lines += [row, {"messages": [text, {"role": "assistant", "content": digit}]}]
+    path = digits_jsonl / "skewed.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    d = tiny_config_dict(str(path), decoders=False, max_steps=3)
+    d["model"]["encoders"] = {"image": {"name": "siglip", "options": {"config": dict(HEAVY_SIGLIP)}}}
+    return d
+
+
+def _train_rows(cfg_dict: dict, output_dir: str) -> list[dict]:
+    from omnicore.config import Config
+    from omnicore.train.loop import train
+
+    d = copy.deepcopy(cfg_dict)
+    d["run"]["output_dir"] = output_dir
+    cfg = Config.model_validate(d)
+    cfg.source = str(Path(output_dir).parent / "config.yaml")
+    return train(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_flop_spread_and_reduce_wait_show_a_skew(skewed, tmp_path):
+    """One process: spread 1.0 and no wait. Two gloo processes, rank 0 with every image: its model
+    FLOPs are well above the mean (spread > 1.3), every row carries each rank's wait at the
+    reduction, and the shares of the parts add up to 1."""
+    from omnicore.testing.distributed import run_distributed
+
+    one = _train_rows(skewed, str(tmp_path / "one"))
+    assert [r["flops_spread"] for r in one] == [1.0] * 3
+    assert all(r["reduce_wait_s"] == r["reduce_wait_max_s"] == r["reduce_wait_s/rank0"] == 0.0 for r in one)
+    ranks = run_distributed(_train_rows, 2, args=(skewed, str(tmp_path / "two")))
+    assert [r["flops_spread"] for r in ranks[0]] == [r["flops_spread"] for r in ranks[1]]  # from one all-reduce
+    for row in ranks[0]:
+        assert row["flops_spread"] > 1.3, row
+        waits = [row["reduce_wait_s/rank0"], row["reduce_wait_s/rank1"]]
+        assert min(waits) >= 0.0 and row["reduce_wait_max_s"] == max(waits)
+        assert row["reduce_wait_s"] == pytest.approx(sum(waits) / 2)
+        assert sum(v for k, v in row.items() if k.startswith("flops_share/")) == pytest.approx(1.0)
+        assert row["flops_share/encoder.image"] > 0.5
+
+
+# --------------------------------------------------------------------------------------------
+# omnicore plan: FLOPs per step per part
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_plan_prints_the_flops_of_the_first_step_per_part(digits_jsonl, tmp_path, capsys):
+    """``omnicore plan`` counts a step of the configured data on the meta device: with
+    ``data.packing_window`` at the plan's window it is the very step training takes first, and
+    each part's FLOPs equal what training counts for it (the foundation exactly; the encoders and
+    decoder, measured on real tensors there, within 1%: on meta, Whisper's mask of valid frames
+    counts as all true)."""
+    import json
+
+    import yaml
+
+    from omnicore.cli import main
+    from omnicore.config import Config
+    from omnicore.parallel.plan import PLAN_WINDOW
+    from omnicore.train.loop import forward_backward_step, setup
+
+    d = tiny_config_dict(str(digits_jsonl / "train.jsonl"), output_dir=str(tmp_path / "run"), max_steps=1, grad_accum=2)
+    d["data"].update(packing_window=PLAN_WINDOW, num_workers=0)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(d))
+    assert main(["plan", str(path), "--world-size", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "model FLOPs per step, forward + backward (one step of data group 0" in text
+    assert main(["plan", str(path), "--world-size", "1", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)["flops"]
+    assert planned["from_data"] and planned["foundation"] == "6 x 27.1k weights per token"
+    cfg = Config.model_validate(d)
+    cfg.source = str(path)
+    run = setup(cfg)
+    counted: dict[str, float] = {}
+    for mb in run.data.step():
+        with run.flops.count(mb) as parts:
+            forward_backward_step(run, mb, 1.0)
+        for p, v in parts.items():
+            counted[p] = counted.get(p, 0.0) + v
+    run.data.close()
+    assert set(planned["per_part"]) == set(counted) == {"foundation", "encoder.image", "encoder.audio", "decoder.image"}
+    assert planned["per_part"]["foundation"] == counted["foundation"]
+    for part, v in counted.items():  # Whisper on meta takes every frame as valid (its mask as all true)
+        assert planned["per_part"][part] == pytest.approx(v, rel=0.01), part
+        assert f"  {part}: {planned['per_part'][part]:.3g} (" in text
+
+
+def test_plan_without_the_data_counts_the_budget_and_one_item(tmp_path, capsys):
+    """Data that is not here (a path on the cluster): the foundation on the token budget, each
+    encoder and decoder on one dummy item, and the reason."""
+    import yaml
+
+    from omnicore.cli import main
+    from omnicore.config import Config
+    from omnicore.model.build import build_omni_model
+    from omnicore.model.flops import flops_model
+
+    d = tiny_config_dict(str(tmp_path / "elsewhere.jsonl"), grad_accum=2)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(d))
+    assert main(["plan", str(path), "--world-size", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "data not read (SampleError: data.train: path" in text
+    with torch.device("meta"):
+        model, _ = build_omni_model(Config.model_validate(d))
+    assert f"  foundation: {2 * flops_model(model.lm).step_flops([512]):.3g} per step" in text
+    for part in ("encoder.image", "encoder.audio", "decoder.image"):
+        assert f"  {part}: " in text and text.split(f"  {part}: ")[1].split("\n")[0].endswith("per dummy item")

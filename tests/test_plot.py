@@ -142,3 +142,21 @@ def test_training_ends_with_loss_png_and_plain_progress_lines(digits_jsonl, tmp_
     lines = [ln for ln in logged if ln.startswith("train: step")]
     assert "\r" not in out.err and not any("\r" in ln for ln in logged)
     assert lines[0].startswith("train: step 1/3 (33%), loss ") and lines[-1].startswith("train: step 3/3 (100%), loss ")
+
+
+def test_balance_panels_draw_the_spread_and_each_ranks_wait(tmp_path):
+    """The balance figures of two ranks' rows (omnicore.train.metrics): the spread as one line, the
+    wait at the reduction as its mean, its max and one line per rank."""
+    rows = [dict(_train_row(s, 1.0), flops_spread=1.0 + 0.1 * s, reduce_wait_s=0.01 * s, reduce_wait_max_s=0.02 * s) for s in (1, 2)]
+    for r in rows:
+        r.update({"reduce_wait_s/rank0": 0.0, "reduce_wait_s/rank1": r["reduce_wait_max_s"]})
+    got = curves(rows)
+    assert got["flops_spread"] == {"train": ([1, 2], [1.1, 1.2])}
+    assert got["reduce_wait"] == {
+        "mean": ([1, 2], [0.01, 0.02]),
+        "max": ([1, 2], [0.02, 0.04]),
+        "rank 0": ([1, 2], [0.0, 0.0]),
+        "rank 1": ([1, 2], [0.02, 0.04]),
+    }
+    assert list(got)[-2:] == ["flops_spread", "reduce_wait"]  # drawn last, under the throughput
+    assert plot_run(_write(tmp_path / "run", rows)).panels == got

@@ -22,7 +22,9 @@ Three kinds of part, each counted its own way:
 
 Dummy passes (a rank's micro-batch without a modality still runs its encoder on a dummy item, to
 keep the collectives in step) do no model work and are not counted, as padding is not.
-Recomputation (activation checkpointing) is not counted either. Frozen parts count what they run
+Recomputation is not counted either: activation checkpointing's second forward, and the scores a
+fused attention kernel recomputes in its backward (torch's formula counts 5 score-sized matmuls
+there, model FLOPs 4: twice the forward, PaLM's convention; :func:`flop_counter` gives torch's). Frozen parts count what they run
 when measured (a frozen tower: its forward only); the foundation's formula counts ``6 N`` whether
 or not its weights train, as published MFU figures do.
 """
@@ -187,20 +189,51 @@ def extra_formulas() -> dict[Any, Callable[..., int]]:
     return out
 
 
-def flop_counter() -> Any:
+def flop_counter(*, model_flops: bool = False) -> Any:
     """``torch.utils.flop_counter.FlopCounterMode`` (no table printed) with :func:`extra_formulas`:
-    the reference the counts here are checked against."""
+    the reference the counts here are checked against. ``model_flops``: count the fused attention
+    backward as :class:`PartCounter` does (without the recomputed scores)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    return FlopCounterMode(display=False, custom_mapping=extra_formulas())
+    mapping: dict[Any, Callable[..., int]] = dict(extra_formulas())
+    if model_flops:
+        formulas = _formulas()
+        mapping.update({op: _raw(formulas[op]) for op in _attention_backward_ops() if op in formulas})
+    return FlopCounterMode(display=False, custom_mapping=mapping)
+
+
+_ATTENTION_BACKWARD = (
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_flash_attention_backward",
+    "_efficient_attention_backward",
+)
 
 
 def _formulas() -> dict[Any, Callable[..., int]]:
-    """Op overload packet -> ``formula(*args, out_val=..., **kwargs)``, as FlopCounterMode uses them."""
+    """Op overload packet -> ``formula(*args, out_val=..., **kwargs)``: :func:`flop_counter`'s,
+    with the fused attention backward kernels counted as model FLOPs: torch counts five score-sized
+    matmuls, one of them the recomputed scores; model FLOPs leave recomputation out, so four of
+    the five (twice the forward, PaLM's convention and what the unfused backward multiplies, on
+    any device and on meta tensors alike)."""
     from torch.utils.flop_counter import flop_registry, shape_wrapper
 
     extra = {k: v if getattr(v, "_get_raw", False) else shape_wrapper(v) for k, v in extra_formulas().items()}
-    return {**flop_registry, **extra}
+    out = {**flop_registry, **extra}
+    for op in _attention_backward_ops():
+        if op in out:
+            out[op] = _scaled(out[op], 4 / 5)
+    return out
+
+
+def _attention_backward_ops() -> list[Any]:
+    return [getattr(torch.ops.aten, name) for name in _ATTENTION_BACKWARD if hasattr(torch.ops.aten, name)]
+
+
+def _scaled(formula: Callable[..., int], factor: float) -> Callable[..., int]:
+    return lambda *args, **kwargs: int(formula(*args, **kwargs) * factor)
 
 
 # --------------------------------------------------------------------------------------------
