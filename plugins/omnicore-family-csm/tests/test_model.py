@@ -161,9 +161,13 @@ def test_packed_row_equals_each_sample_alone(run):
 def _greedy(model, tok, proc, texts):
     """omnicore's greedy generation of ``texts`` (``[speaker]text``): each row's frames ``[n, K]``
     (captured as the decoder decodes them) and its outputs."""
-    from omnicore.data.jsonl import Message, Part, Sample
+    import tempfile
+    from pathlib import Path
 
-    prompts = [proc.encode(Sample([Message("user", [Part("text", t)])], "prompt", 1), prompt_only=True) for t in texts]
+    with tempfile.TemporaryDirectory() as tmp:
+        file = Path(tmp) / "prompts.jsonl"
+        file.write_text("".join(json.dumps({"messages": [{"role": "user", "content": t}]}) + "\n" for t in texts))
+        prompts = [proc.encode(s, prompt_only=True) for s in read_jsonl(file)]
     dec = model.decoders["audio"]
     frames, decode = [], dec.decode
     dec.decode = lambda codes: frames.append(codes.clone()) or decode(codes)
