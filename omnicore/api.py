@@ -17,7 +17,8 @@ What is here, by topic:
 * **Contracts**: :class:`Processor`, :class:`Encoder` (with :class:`EncoderOutput`, rows for
   the foundation's intermediate layers), :class:`Decoder`, :class:`Foundation` (with
   :class:`FoundationOptional`),
-  :class:`ParallelModel`, :class:`ParallelStrategy` (with :class:`ParallelStrategyOptional`,
+  :class:`ParallelModel` (with :class:`EncoderCall`, what its encoder hooks get),
+  :class:`ParallelStrategy` (with :class:`ParallelStrategyOptional`,
   :class:`SequenceParallel`, :class:`ParallelStateView`), :class:`Kernel` (with
   :class:`CrossEntropyKernel`), :class:`Logger`.
 * **Decoders**: :class:`CodebookDecoder` (the base of a decoder over a discrete tokenizer: the LM
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.components import CrossEntropyKernel as CrossEntropyKernel
     from omnicore.components import Decoder as Decoder
     from omnicore.components import Encoder as Encoder
+    from omnicore.components import EncoderCall as EncoderCall
     from omnicore.components import EncoderOutput as EncoderOutput
     from omnicore.components import Foundation as Foundation
     from omnicore.components import FoundationOptional as FoundationOptional
@@ -132,6 +134,7 @@ _EXPORTS: dict[str, str] = {
     "Foundation": "omnicore.components",
     "FoundationOptional": "omnicore.components",
     "ParallelModel": "omnicore.components",
+    "EncoderCall": "omnicore.components",
     "ParallelStrategy": "omnicore.components",
     "ParallelStrategyOptional": "omnicore.components",
     "SequenceParallel": "omnicore.components",

@@ -462,6 +462,34 @@ class StrategyPlan:
     note: str = ""
 
 
+@dataclass
+class EncoderCall:
+    """One call of an encoder module on a micro-batch's items of one modality, as
+    :meth:`ParallelModel.register_encoder_hook` hands it to a hook (a strategy that moves encoder
+    work between ranks wraps the call here).
+
+    Attributes:
+        modality: the modality encoded (a shared modality's own name, ``model.encoders.<m>.share``).
+        module: the encoder module that encodes it (possibly wrapped by FSDP2).
+        processor: the modality's :class:`Processor` (``num_tokens``, ``collate``): for a shared
+            modality its own, not the module's.
+        batch: this micro-batch's items of ``modality``, collated (:meth:`Processor.collate`), on the
+            model's device; None when the micro-batch holds none.
+        encode: ``encode(batch) -> output``: the module's forward on a collated batch (floating-point
+            features cast to the module's parameter dtype), through the hooks registered after this
+            one; ``encode(None)`` runs the module's dummy batch.
+        dummy_batch: ``dummy_batch() -> batch``: the module's one-item dummy batch
+            (:meth:`Encoder.dummy_batch`), built outside autocast.
+    """
+
+    modality: str
+    module: Any
+    processor: Any
+    batch: Any
+    encode: Any
+    dummy_batch: Any
+
+
 @runtime_checkable
 class ParallelModel(Protocol):
     """What a parallel strategy may rely on in the model it is given (an
@@ -507,6 +535,23 @@ class ParallelModel(Protocol):
         returns the same keys, possibly sliced to this rank's part of the sequence; the losses are
         then sums over that part. ``cu_seqlens`` always describes the *whole* row (attention
         wrappers that gather the sequence use it). Returns a handle whose ``remove()`` unregisters.
+        """
+
+    def register_encoder_hook(self, hook: Any) -> Any:
+        """Register ``hook(model, call) -> output``, called instead of the encoder module each time
+        a forward encodes a modality (``call``: an :class:`EncoderCall`): once per encoder module
+        and modality it encodes, in module order, on every rank alike, whether this rank's
+        micro-batch holds items of that modality (``call.batch``) or not (``call.batch`` is None).
+
+        With a batch, return what the module returns for exactly those items (``[sum of
+        num_tokens, H]`` rows in item order, or an :class:`EncoderOutput`), however computed (the
+        hook may encode them on other ranks and exchange the rows; gradients must flow back the
+        same way). Without one, return an output that the model adds, times 0, to the loss (as it
+        does the dummy pass), so that the module's parameters and any collective in the hook's
+        graph take part in the backward on every rank. The default, without hooks, is
+        ``call.encode(call.batch)``, and ``call.encode(None)`` runs the dummy batch. Several hooks
+        nest in registration order (the first is outermost). Returns a handle whose ``remove()``
+        unregisters.
         """
 
 

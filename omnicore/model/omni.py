@@ -162,6 +162,7 @@ class OmniModel(nn.Module):
                     f"(its modalities: {tuple(served) or (key,)}); share only with an encoder that lists {m!r} in its modalities"
                 )
         self._sequence_hooks: OrderedDict[int, Any] = OrderedDict()
+        self._encoder_hooks: OrderedDict[int, Any] = OrderedDict()
         self.part_names: dict[str, list[str]] = {}
         """A published family's part name -> module prefixes (``Foundation.part_names``), which
         ``train.freeze`` and ``train.lr_multipliers`` accept; empty for other foundations."""
@@ -189,6 +190,38 @@ class OmniModel(nn.Module):
         handle = RemovableHandle(self._sequence_hooks)
         self._sequence_hooks[handle.id] = hook
         return handle
+
+    def register_encoder_hook(self, hook: Any) -> Any:
+        """Call ``hook(model, call) -> output`` instead of the encoder module each time
+        :meth:`embed_inputs` encodes a modality, with ``call`` an
+        :class:`~omnicore.components.EncoderCall`: where a strategy moves encoder work between
+        ranks. The contract is :meth:`omnicore.components.ParallelModel.register_encoder_hook`.
+        Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        from torch.utils.hooks import RemovableHandle
+
+        handle = RemovableHandle(self._encoder_hooks)
+        self._encoder_hooks[handle.id] = hook
+        return handle
+
+    def _encode(self, modality: str, enc: nn.Module, batch: Any, device: torch.device) -> Any:
+        """``enc``'s output for ``batch`` (None: its dummy batch), through the encoder hooks."""
+        from omnicore.components import EncoderCall
+
+        def dummy_batch() -> Any:
+            # the dummy input is data preparation (feature extractors, numpy): never under autocast
+            with torch.autocast(device.type, enabled=False):
+                return enc.dummy_batch()
+
+        hooks = list(self._encoder_hooks.values())
+        processor = self.shared[modality][1] if modality in self.shared else getattr(enc, "processor", None)
+
+        def run(i: int, b: Any) -> Any:
+            if i < len(hooks):
+                return hooks[i](self, EncoderCall(modality, enc, processor, b, functools.partial(run, i + 1), dummy_batch))
+            return enc(_in_dtype_of(enc, b if b is not None else dummy_batch()))
+
+        return run(0, batch)
 
     def encoder_processors(self) -> dict[str, Any]:
         """``modality -> processor`` of every encoder modality, shared ones included: each module's
@@ -252,14 +285,15 @@ class OmniModel(nn.Module):
         # Every rank calls every encoder module the same number of times, in the same order (module
         # order, then modality order): once per modality it encodes, on the real inputs or on its
         # dummy batch. FSDP2 all-gathers on each call, so ranks whose micro-batches hold other
-        # modalities must still issue the same collectives in the same sequence.
+        # modalities must still issue the same collectives in the same sequence. Encoder hooks
+        # (register_encoder_hook) run at each call on every rank alike, batch or not.
         for key, enc in self.encoders.items():
             for m in self.token_ids["encoder"]:
                 if (self.shared[m][0] if m in self.shared else m) != key:
                     continue
                 if m in encoder_inputs:
                     mask = input_ids == self.token_ids["encoder"][m]
-                    out, rows = _rows(enc(_in_dtype_of(enc, encoder_inputs[m])))
+                    out, rows = _rows(self._encode(m, enc, encoder_inputs[m], input_ids.device))
                     n = int(mask.sum())
                     if out.shape[0] != n:
                         raise PlaceholderMismatch(f"{m} encoder produced {out.shape[0]} embeddings for {n} placeholders{where}")
@@ -270,10 +304,7 @@ class OmniModel(nn.Module):
                     if rows:
                         layered.append((mask, [r.to(embeds.dtype) for r in rows]))
                 else:  # no input for this modality: a dummy pass keeps the parameters in the graph
-                    # the dummy input is data preparation (feature extractors, numpy): never under autocast
-                    with torch.autocast(input_ids.device.type, enabled=False):
-                        batch = enc.dummy_batch()
-                    out, rows = _rows(enc(_in_dtype_of(enc, batch)))
+                    out, rows = _rows(self._encode(m, enc, None, input_ids.device))
                     dummy = dummy + 0.0 * sum((r.sum() for r in rows), out.sum())
         codes: dict[str, torch.Tensor] = {}
         for m, dec in self.decoders.items():
