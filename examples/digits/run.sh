@@ -19,7 +19,7 @@ case "${TASKS:-3}" in
 esac
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 N=6 codec=""
-if [ "${TASKS:-3}" = 5 ]; then N=7 codec=", speech (the shipped EnCodec codec)"; fi  # the five-task run adds the spoken judge
+if [ "${TASKS:-3}" = 5 ]; then N=7 codec=", speech (the shipped mel RVQ: log-mel frames, 8 residual codebooks)"; fi  # the five-task run adds the spoken judge
 start=$(date +%s)
 times=()
 stage_done() { local now; now=$(date +%s); times+=("$1 $(( now - ${stage_start:-$start} )) s"); stage_start=$now; }
@@ -33,8 +33,8 @@ stage_done data
 
 echo "== 2/$N tokenizers: text (a byte-level BPE on the training text), image (a tiny MoVQGAN on MNIST indices 0-8999, shipped)$codec"
 # the MoVQGAN (examples/digits/movq) ships fitted and is fit again only when its inputs changed (command and MOVQ_STEPS,
-# training images, fit code): see fit_tokenizer.sh; with TASKS=5 also the shipped speech codec (a tiny EnCodec on FSDD
-# takes 5-24, CODEC_STEPS), by the same rule
+# training images, fit code): see fit_tokenizer.sh; with TASKS=5 also the shipped speech tokenizer (a mel RVQ on FSDD
+# takes 5-24, fit in about 20 s), by the same rule
 CONFIG=$CFG PY=$PY bash examples/digits/fit_tokenizer.sh
 stage_done tokenizer
 
