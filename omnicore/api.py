@@ -45,6 +45,10 @@ What is here, by topic:
   ``grow`` for a language model), :func:`fill_now` (fill such a plan at once, for a component used alone) and :class:`LoadError`.
 * **Training**: :func:`warmup_cosine` (the LR schedule of the training loop, for a plugin's own
   fits).
+* **FLOPs**: :func:`model_flops` (a model's :class:`ModelFlops`: each part's FLOPs per
+  micro-batch, and one encoder item's, :meth:`ModelFlops.item_flops`: the cost a strategy that
+  balances encoder work weighs items by), :func:`input_units` (the size measured FLOPs scale with),
+  :func:`flop_counter` (torch's ``FlopCounterMode`` with the ops it leaves out).
 """
 
 from __future__ import annotations
@@ -97,6 +101,10 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.kernels.varlen import varlen_from_kwargs as varlen_from_kwargs
     from omnicore.model.codebook import CodebookDecoder as CodebookDecoder
     from omnicore.model.codebook import DepthOptions as DepthOptions
+    from omnicore.model.flops import ModelFlops as ModelFlops
+    from omnicore.model.flops import flop_counter as flop_counter
+    from omnicore.model.flops import input_units as input_units
+    from omnicore.model.flops import model_flops as model_flops
     from omnicore.model.foundation import byte_tokenizer as byte_tokenizer
     from omnicore.model.loading import LoadError as LoadError
     from omnicore.model.loading import embedding_names as embedding_names
@@ -197,6 +205,11 @@ _EXPORTS: dict[str, str] = {
     "load_extra_weights": "omnicore.model.weights",
     # training
     "warmup_cosine": "omnicore.train.optim",
+    # FLOPs
+    "model_flops": "omnicore.model.flops",
+    "ModelFlops": "omnicore.model.flops",
+    "input_units": "omnicore.model.flops",
+    "flop_counter": "omnicore.model.flops",
 }
 """Each public name and the module it is imported from."""
 
