@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from omnicore.api import EncoderOutput, all_to_all
+from omnicore.api import EncoderOutput, all_to_all, input_units
 from omnicore_parallel_encoder_balance.assign import Assignment, assign
 
 logger = logging.getLogger(__name__)
@@ -77,23 +77,21 @@ def split_items(processor: Any, batch: Any) -> list[dict[str, torch.Tensor]] | N
     return items if same else None
 
 
-def input_elements(features: dict[str, torch.Tensor]) -> int:
-    """Elements of an item's floating-point tensors (pixels x channels, mel bins x frames): the
-    unit in which omnicore's FLOP count scales a measured encoder (``omnicore.model.flops``), so a
-    cost proportional to the encoder's measured FLOPs per item."""
-    return sum(v.numel() for v in features.values() if v.is_floating_point())
-
-
 def item_cost(mode: str, module: Any, processor: Any, features: dict[str, torch.Tensor]) -> float:
-    """The cost of one item (``mode``: the strategy's ``cost`` option): ``tokens`` is
-    ``processor.num_tokens(features)``; ``elements`` is :func:`input_elements`; ``auto`` is the
-    encoder's own ``flops`` of the one-item batch when it has that member, else ``elements``."""
+    """The cost of one item (``mode``: the strategy's ``cost`` option). ``tokens`` is
+    ``processor.num_tokens(features)``. ``elements`` is :func:`omnicore.api.input_units` of the
+    item (its floating-point input elements: pixels x channels, mel bins x frames), the unit in
+    which the core scales an encoder's measured FLOPs: ``ModelFlops.item_flops`` of an encoder
+    without ``flops`` is a per-modality constant times it, and each call balances one modality, so
+    the assignment is the one those FLOPs would give. ``auto`` is the encoder's own ``flops`` of
+    the one-item batch when it has that member (what ``item_flops`` answers then), else
+    ``elements``."""
     if mode == "tokens":
         return float(processor.num_tokens(features))
     own = getattr(module, "flops", None) if mode == "auto" else None
     if callable(own):
         return float(own(processor.collate([features])))
-    return float(input_elements(features))
+    return float(input_units(features))
 
 
 # ---- moving features as bytes ------------------------------------------------------------------

@@ -33,8 +33,8 @@ class EncoderBalanceOptions(BaseModel):
     cost: Literal["auto", "elements", "tokens"] = Field(
         default="auto",
         description="cost of one item: auto = the encoder's own flops(batch) of the one-item batch when it has that member, else "
-        "elements; elements = the item's floating-point input elements (what omnicore's measured encoder FLOPs scale with); "
-        "tokens = the processor's num_tokens(features)",
+        "elements; elements = the item's floating-point input elements (omnicore.api.input_units: what the core's measured encoder "
+        "FLOPs, ModelFlops.item_flops, scale with); tokens = the processor's num_tokens(features)",
     )
     min_spread: float = Field(
         default=1.05,
