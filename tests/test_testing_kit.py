@@ -107,6 +107,8 @@ class Toy(nn.Module):
 
     def forward(self, batch):
         x = batch["pixels"]
+        if self.bug == "train_only" and not self.training:
+            raise RuntimeError("toy: no eval mode")
         if self.bug == "reverse":
             x = x.flip(0)
         patches = x.unfold(1, 4, 4).unfold(2, 4, 4).reshape(x.shape[0] * 4, 16)
@@ -189,16 +191,19 @@ def _suite(bug: str) -> EncoderContract:
     return ToySuite()
 
 
+def _call(method, tmp_path):
+    """A suite's test method, given the fixtures it names (``tmp_path``, ``monkeypatch``)."""
+    names = method.__code__.co_varnames[: method.__code__.co_argcount]
+    with pytest.MonkeyPatch.context() as mp:
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        method(**{n: v for n, v in (("tmp_path", tmp_path), ("monkeypatch", mp)) if n in names})
+
+
 def test_toy_encoder_passes_the_whole_suite(toy_dist, tmp_path):
     suite = _suite("")
     for name in dir(suite):
         if name.startswith("test_"):
-            method = getattr(suite, name)
-            with pytest.MonkeyPatch.context() as mp:
-                if "monkeypatch" in method.__code__.co_varnames:
-                    method(mp)
-                else:
-                    method(tmp_path / name) if "tmp_path" in method.__code__.co_varnames else method()
+            _call(getattr(suite, name), tmp_path / name)
 
 
 @pytest.mark.parametrize(
@@ -214,12 +219,16 @@ def test_toy_encoder_passes_the_whole_suite(toy_dist, tmp_path):
     ],
 )
 def test_encoder_suite_catches_bugs(toy_dist, tmp_path, bug, check, message):
-    method = getattr(_suite(bug), check)
-    with pytest.raises(AssertionError, match=message), pytest.MonkeyPatch.context() as mp:
-        if "monkeypatch" in method.__code__.co_varnames:
-            method(mp)
-        else:
-            method(tmp_path) if "tmp_path" in method.__code__.co_varnames else method()
+    with pytest.raises(AssertionError, match=message):
+        _call(getattr(_suite(bug), check), tmp_path)
+
+
+def test_encoder_suite_runs_the_paths_the_core_calls(toy_dist, tmp_path):
+    """An encoder that trains but fails in eval mode passes the module checks of training, and the
+    suite's core paths (validation, eval, generate, export) catch it."""
+    _call(_suite("train_only").test_dummy_batch_reaches_every_parameter, tmp_path / "a")
+    with pytest.raises(RuntimeError, match="toy: no eval mode"):
+        _call(_suite("train_only").test_core_paths, tmp_path / "b")
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ weights needs real memory, and omnicore loads checkpoints on CPU before sharding
 from __future__ import annotations
 
 import copy
+import math
 import os
 import pickle
 import subprocess
@@ -433,6 +434,105 @@ class EncoderContract(ModuleComponentContract):
         assert trainable, "the encoder has no trainable parameters"
         missing = [n for n, p in trainable if p.grad is None]
         assert not missing, f"parameters without a grad after the dummy pass (FSDP would hang): {missing[:5]}"
+
+    core_foundation: ClassVar[dict[str, Any] | None] = None
+    """The foundation (``{"name": ..., "options": ...}``, as ``model.foundation``) that
+    :meth:`test_core_paths` runs the encoder with; None: the built-in ``hf_causal_lm`` of
+    :data:`TINY_LM_CONFIG` with :attr:`hidden_size`. Set it for an encoder that needs its own
+    family's foundation (one that takes its layer rows)."""
+    core_export: ClassVar[bool] = True
+    """Whether :meth:`test_core_paths` also exports; False only where the foundation's own export
+    cannot hold this configuration (say why in the subclass)."""
+
+    def test_core_paths(self, tmp_path, monkeypatch):
+        """Every path the core calls with this encoder in a tiny model (the built-in foundation,
+        built through the registry as training builds it), each through the component contract (the
+        module's ``.processor``, never a ``collate`` of the module): a training step (loss finite,
+        gradients reach the encoder), validation's held-out loss and task accuracy
+        (``heldout_loss``, ``task_accuracy``), ``omnicore eval``'s scoring and ``omnicore generate``'s
+        answers (``score_samples``, ``generate_answers``), and an export (``write_export``) that
+        builds back, through the registry, to the same held-out loss."""
+        from omnicore.data import chat
+        from omnicore.data.jsonl import Part
+        from omnicore.data.packing import collate
+        from omnicore.eval.generate import generate_answers, user_prompt
+        from omnicore.eval.heldout import heldout_loss
+        from omnicore.eval.scoring import answer_samples, score_samples, task_accuracy
+
+        media = {f"media-{i}": m for i, m in enumerate(self.make_media(self._proc.modality))}
+        monkeypatch.setitem(chat.LOADERS, self._proc.modality, lambda path, **_: media[os.path.basename(path)])
+        monkeypatch.setattr(chat, "load_video", lambda path, **_: media[os.path.basename(path)])  # a processor with audio_track
+        cfg, registry = self._core_config(tmp_path, list(media)), self.registry()
+        model, tokenizer, processor = self._core_model(cfg, registry)
+        samples = answer_samples(cfg)
+        # training: the data side's collate (the processors), forward, backward
+        model.train()
+        out = model(collate([processor.encode(s) for s in samples], processor.encoders, processor.decoders))
+        out.loss_sum.backward()
+        assert torch.isfinite(out.loss_sum), "training step: non-finite loss"
+        enc = model.encoders[self._proc.modality]
+        grads = [p.grad for p in enc.parameters() if p.requires_grad]
+        assert grads and any(g is not None and bool(g.abs().sum() > 0) for g in grads), "training step: no gradient reached the encoder"
+        model.zero_grad(set_to_none=True)
+        # validation (eval.every): held-out loss and task accuracy (eval.task_samples)
+        path = cfg.resolve_path(cfg.data.eval)
+        val = heldout_loss(model, processor, path, cfg.data.max_tokens)
+        assert math.isfinite(val["val_loss"]) and val["val_samples"] == len(samples), val
+        acc = task_accuracy(cfg, model, tokenizer, processor, len(samples))
+        assert acc["val_acc_samples"] == len(samples), acc
+        # omnicore eval and omnicore generate
+        summary, rows = score_samples(cfg, model, tokenizer, processor, samples, progress=False)
+        assert summary["total"] == len(samples) and all(isinstance(r["answer"], str) for r in rows)
+        prompts = [
+            processor.encode(user_prompt("What is it?", [Part(self._proc.modality, str(tmp_path / k))]), prompt_only=True) for k in media
+        ]
+        answers = list(generate_answers(cfg, model, tokenizer, processor, prompts))
+        assert len(answers) == len(media) and all(isinstance(a["text"], str) for a in answers)
+        if not self.core_export:
+            return
+        # export, built back through the registry
+        from omnicore.checkpoint.export import write_export
+        from omnicore.eval.loading import model_config_from_export
+
+        write_export(model, tokenizer, cfg, tmp_path / "export")
+        back = cfg.model_copy(update={"model": model_config_from_export(tmp_path / "export")})
+        model2, tokenizer2, processor2 = self._core_model(back, registry)
+        val2 = heldout_loss(model2, processor2, path, cfg.data.max_tokens)
+        assert val2["val_loss"] == pytest.approx(val["val_loss"], rel=1e-5), "the export gives another held-out loss"
+
+    def _core_config(self, folder: Any, keys: list[str]) -> Any:
+        """The run config of :meth:`test_core_paths`: the tiny foundation and this encoder; one
+        held-out line per medium (question and a text answer), written under ``folder``."""
+        import json
+
+        from omnicore.config import Config
+
+        m = self._proc.modality
+        lines = []
+        for i, key in enumerate(keys):
+            user = [{"type": m, "path": key}, {"type": "text", "text": "What is it?"}]
+            lines.append(
+                {"task": "describe", "messages": [{"role": "user", "content": user}, {"role": "assistant", "content": f"item {i}"}]}
+            )
+        (folder / "eval.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        lm = dict(TINY_LM_CONFIG, hidden_size=self.hidden_size, max_position_embeddings=4096)
+        lm.pop("vocab_size")
+        foundation = self.core_foundation or {"name": "hf_causal_lm", "options": {"config": lm}}
+        return Config.model_validate({
+            "run": {"output_dir": str(folder / "run"), "seed": self.seed},
+            "model": {"foundation": copy.deepcopy(foundation),
+                      "encoders": {m: {"name": self.name, "options": copy.deepcopy(self.options)}}},
+            "data": {"train": str(folder / "eval.jsonl"), "eval": str(folder / "eval.jsonl"), "max_tokens": 4096},
+            "generate": {"max_new_tokens": 3, "batch_size": 2},
+        })  # fmt: skip
+
+    def _core_model(self, cfg: Any, registry: Any) -> tuple[Any, Any, Any]:
+        """``(model, tokenizer, chat processor)`` of ``cfg``, built through ``registry`` as training builds them."""
+        from omnicore.data.chat import ChatProcessor
+        from omnicore.model.build import build_omni_model
+
+        model, tokenizer = build_omni_model(cfg, registry)
+        return model, tokenizer, ChatProcessor.for_model(tokenizer, model, cfg.data)
 
 
 # ---- decoders --------------------------------------------------------------------------------
