@@ -101,6 +101,7 @@ def _config(args: argparse.Namespace, extra: list[str]) -> Any:
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     cfg = _config(args, extra)
+    cfg.command = ["train", args.config, *extra]  # what `continue with:` repeats, overrides included
     from omnicore.logs import Phase
 
     with Phase(logging.getLogger("omnicore.cli"), "importing torch and starting the process group") as ph:

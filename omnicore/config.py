@@ -602,6 +602,11 @@ class Config(_Strict):
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig, description="which installed plugins may load (disable, allow, strict)")
     source: str | None = Field(default=None, exclude=True, description="the file this config came from (set by load_config)")
+    command: list[str] | None = Field(
+        default=None,
+        exclude=True,
+        description="the command line after `omnicore` that started this run (set by the CLI), for --resume hints",
+    )
 
     @field_validator("eval")
     @classmethod

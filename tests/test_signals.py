@@ -45,6 +45,19 @@ def _cmd(config: Path, out: Path, nproc: int, resume: bool = False) -> list[str]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
 
 
+def _continue(config: Path, out: Path, nproc: int) -> str:
+    """The ``continue with:`` command of a run started by :func:`_cmd`: the same launch and
+    overrides, then ``--resume`` (the interpreter by name when it is the one on PATH)."""
+    import shlex
+    import shutil
+
+    cmd = _cmd(config, out, nproc)
+    if nproc == 1:
+        return shlex.join(["omnicore", *cmd[3:], "--resume"])
+    name = Path(sys.executable).name
+    return shlex.join([name if shutil.which(name) == sys.executable else sys.executable, *cmd[1:], "--resume"])
+
+
 def _env() -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
@@ -99,7 +112,8 @@ def test_signal_saves_and_resume_equals_a_straight_run(config, straight, tmp_pat
         assert r.returncode == 128 + sig, (r.returncode, r.stderr[-3000:])
     else:
         assert r.returncode != 0, r.stderr[-3000:]  # torchrun reports its workers' failure
-    assert f"stopped by {name} after step " in r.stderr and "continue with: omnicore train" in r.stderr, r.stderr[-3000:]
+    assert f"stopped by {name} after step " in r.stderr, r.stderr[-3000:]
+    assert f"continue with: {_continue(config, out, nproc)}\n" in r.stderr, r.stderr[-3000:]  # the launch and overrides kept
     if nproc == 1:
         assert "Traceback" not in r.stderr
     latest = (out / "checkpoints" / "latest").read_text().strip()

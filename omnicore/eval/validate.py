@@ -14,6 +14,10 @@ same step; in ``metrics.jsonl`` (the ``jsonl`` logger): ``{"step": N, "split": "
 the first ``K`` samples of ``data.eval`` with a text answer (those of ``omnicore eval --limit K``,
 scored by the same code): ``val_acc``, ``val_acc/<task>`` (per sample ``task`` key, else
 ``default``) and ``val_acc_samples`` (how many were scored); ``val_time_s`` includes it.
+
+A validation (or sampling) that raises never loses the steps already trained: the loop saves them
+first, then stops with ``EvaluationFailed`` naming the checkpoint and the command that continues
+(``omnicore.train.loop``); it does not go on without the validation the config asked for.
 """
 
 from __future__ import annotations

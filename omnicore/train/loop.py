@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from omnicore.checkpoint.changes import continue_command
 from omnicore.config import Config
 from omnicore.data.chat import ChatProcessor
 from omnicore.data.jsonl import SampleError
@@ -69,7 +70,7 @@ from omnicore.parallel.state import ParallelState, init_parallel_state
 from omnicore.registry import Registry, registry_for
 from omnicore.train.loggers import check_loggers, start_loggers
 from omnicore.train.metrics import balance_figures, padding_waste, peak_memory_mib, peak_tflops
-from omnicore.train.optim import NonFiniteError, build_optimizer, clip_grad_norm_, nonfinite_message, use_implementation, warmup_cosine
+from omnicore.train.optim import NonFiniteError, build_optimizer, build_schedule, clip_grad_norm_, nonfinite_message, use_implementation
 from omnicore.train.run import Run
 from omnicore.train.signals import SIGNALS, GracefulStop, Interrupted, signal_flags, signal_from_flags
 
@@ -83,8 +84,10 @@ logger = logging.getLogger(__name__)
 def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None = None, state: ParallelState | None = None) -> Run:
     """Build everything a run needs: model and data, parallelism, optimizer and LR schedule (restored
     with ``resume``: see :func:`train`), output files and progress bar. Raises as :func:`train` does."""
-    from omnicore.checkpoint.dcp import CheckpointError, load_checkpoint
+    from omnicore.checkpoint.changes import config_json, load_for_resume
+    from omnicore.checkpoint.dcp import CheckpointError
 
+    given = config_json(cfg)  # as the user gave it (model.init_from may re-point components below)
     registry = registry or registry_for(cfg)
     state = state or init_parallel_state(cfg.run.device, cfg.parallel.backend, cfg.parallel)
     out_dir = Path(cfg.run.output_dir)
@@ -113,14 +116,13 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
     _check_rows(sources, data.num_shards, cfg)
 
     optimizer = build_optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine(cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.min_lr_ratio)
-    )
+    scheduler = build_schedule(optimizer, cfg)
     start, skips = 0, (0, 0)
     if resume:
         with Phase(logger, "loading the checkpoint to resume from") as ph:
             folder = _resume_folder(ckpt_root, resume, state, log)
-            meta = load_checkpoint(folder, model, optimizer, scheduler, state, verify=False)  # verified just now
+            # settings changed since the checkpoint: refused before anything is read, else listed and applied
+            meta, scheduler = load_for_resume(folder, given, cfg, model, optimizer, state, log)
             use_implementation(optimizer)  # fused or looped AdamW as this run's parameters allow, not as the saved run's
             _resume_data(data, meta, folder)
             start, skips = meta["step"], (meta.get("skipped_steps", 0), meta.get("nonfinite_in_row", 0))
@@ -133,7 +135,7 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
         cfg=cfg, state=state, model=model, tokenizer=tokenizer, processor=processor, data=data, strategies=strategies,
         optimizer=optimizer, scheduler=scheduler, data_rank=data_rank, data_size=data_size, replicas=replicas, autocast=autocast,
         peak_tflops=peak, flops=flops, out_dir=out_dir, ckpt_root=ckpt_root, metrics_path=metrics_path, log=log, start=start, bar=bar,
-        skipped_steps=skips[0], nonfinite_in_row=skips[1],
+        skipped_steps=skips[0], nonfinite_in_row=skips[1], given_config=given,
     )  # fmt: skip
 
 
@@ -682,7 +684,7 @@ def save(run: Run, done: int) -> None:
         gathered: list[Any] = [None] * run.state.world_size
         dist.all_gather_object(gathered, local)
         local = merge_states(gathered)
-    extra = {"data": local, "seed": cfg.run.seed}
+    extra = {"data": local, "seed": cfg.run.seed, "config": run.given_config}  # the config: for --resume to list what changed
     extra.update(skipped_steps=run.skipped_steps, nonfinite_in_row=run.nonfinite_in_row)
     save_checkpoint(run.ckpt_root, done, run.model, run.optimizer, run.scheduler, extra, run.state, cfg.train.keep_checkpoints)
     run.saved_at = done
@@ -702,12 +704,36 @@ def _after_step(run: Run, done: int) -> bool:
     if signum is not None:
         name = signal.Signals(signum).name
         where = run.ckpt_root / f"step-{done:08d}"
-        cmd = f"omnicore train {cfg.source or 'CONFIG'} --resume" + (f" --run.output_dir {cfg.run.output_dir}" if cfg.source else "")
+        cmd = continue_command(cfg)  # the user's overrides and torchrun prefix kept
         raise Interrupted(signum, f"stopped by {name} after step {done} of {cfg.train.max_steps}; saved {where}; continue with: {cmd}")
     if stop_after and not last:
-        run.log(f"stopped after step {done} (train.stop_after); continue with --resume")
+        run.log(f"stopped after step {done} (train.stop_after); continue with: {continue_command(cfg)}")
         return False
     return True
+
+
+class EvaluationFailed(RuntimeError):
+    """Validation or sampling raised during training; the steps trained were saved first and the
+    message names the checkpoint and the command that continues the run (the cause is chained)."""
+
+
+@contextlib.contextmanager
+def _saved_on_failure(run: Run, done: int, what: str) -> Iterator[None]:
+    """A failure inside (validation, sampling: a plugin's generation path, a bad held-out file)
+    never loses the ``done`` steps trained: they are saved (unless just saved), then
+    :class:`EvaluationFailed` is raised with the cause chained. Saving is collective: a failure
+    that reaches every rank (the usual case: the same code on the same data) saves on every rank."""
+    try:
+        yield
+    except Exception as exc:
+        if run.saved_at != done:
+            save(run, done)
+        where = run.ckpt_root / f"step-{done:08d}"
+        go_on = "continue with: " + continue_command(run.cfg) if done < run.cfg.train.max_steps else "the run's last step: it is complete"
+        raise EvaluationFailed(
+            f"{what} after step {done} failed: {type(exc).__name__}: {' '.join(str(exc).split())}; the {done} steps trained are "
+            f"saved in {where}: fix the cause, then {go_on}"
+        ) from exc
 
 
 def _out_of_data(run: Run, done: int) -> None:
@@ -825,15 +851,17 @@ def _loop(run: Run) -> None:
             out_of_data = True
             _out_of_data(run, step)
             if sampler.due(step, final=True):  # samples/final.png (every rank)
-                sampler.run(run.model, step, final=True)
+                with _saved_on_failure(run, step, "sampling"):
+                    sampler.run(run.model, step, final=True)
             break
         run.history.append(row)
         log_step(run, row)
         done = step + 1
-        if validator.due(done):  # held-out loss (+ accuracy): a "split": "val" row (every rank)
-            validator.run(run.model, done)
-        if sampler.due(done):  # samples/step-N.png, final.png at the end (every rank)
-            sampler.run(run.model, done)
+        with _saved_on_failure(run, done, "validation or sampling"):
+            if validator.due(done):  # held-out loss (+ accuracy): a "split": "val" row (every rank)
+                validator.run(run.model, done)
+            if sampler.due(done):  # samples/step-N.png, final.png at the end (every rank)
+                sampler.run(run.model, done)
         if not _after_step(run, done):
             break
     # ---- wrap-up: throughput summary, then export of a finished run ------------------------

@@ -2,7 +2,8 @@
 
 * :func:`build_optimizer`: AdamW, weight decay on matrices only, param groups per ``train.lr_multipliers`` factor.
 * :func:`warmup_cosine`: linear warm-up, then cosine decay to a floor (a ``LambdaLR`` multiplier;
-  also the schedule of plugins' own fits, through :mod:`omnicore.api`).
+  also the schedule of plugins' own fits, through :mod:`omnicore.api`); :func:`build_schedule`
+  makes the run's, at step 0 or at a resumed step.
 * :func:`clip_grad_norm_`: global-norm clipping that works across DTensor meshes (expert parallelism).
 * :class:`NonFiniteError` and :func:`nonfinite_message`: a step whose loss or gradient norm is NaN or
   inf (``train.on_nonfinite``, see :func:`omnicore.train.loop.apply_update`).
@@ -94,6 +95,19 @@ def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], 
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return fn
+
+
+def build_schedule(optimizer: torch.optim.Optimizer, cfg: Config, step: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """The LR schedule of ``train``'s settings (:func:`warmup_cosine` of ``warmup_steps``,
+    ``max_steps`` and ``min_lr_ratio``) at ``step`` steps done: each param group's base lr is
+    ``train.lr`` times its ``factor`` and its lr the schedule's at ``step``. A resumed run calls it
+    after loading the optimizer's state, so that a changed ``train.lr`` or schedule applies from the
+    checkpoint's step (:mod:`omnicore.checkpoint.changes`); with the settings unchanged the lr is
+    the one the checkpoint's schedule gives, bit for bit."""
+    t = cfg.train
+    for group in optimizer.param_groups:
+        group["initial_lr"] = t.lr * group.get("factor", 1.0)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(t.warmup_steps, t.max_steps, t.min_lr_ratio), last_epoch=step - 1)
 
 
 def clip_grad_norm_(parameters: Any, max_norm: float) -> torch.Tensor:

@@ -87,3 +87,6 @@ class Run:
     """The step of the last checkpoint this process wrote (-1: none yet)."""
     loggers: Loggers = field(default_factory=Loggers)
     """``run.loggers``, started (rank 0; empty elsewhere and before they start)."""
+    given_config: dict[str, Any] = field(default_factory=dict)
+    """The config as the user gave it (JSON-ready, before ``model.init_from`` re-pointed components),
+    kept in every checkpoint: a resume lists what changed (:mod:`omnicore.checkpoint.changes`)."""
