@@ -720,7 +720,9 @@ class Logger(Protocol):
         ``run_info`` holds ``config`` (the run's config as a JSON-ready dict), ``output_dir`` (the
         run folder, a ``str``; a logger writes under it unless its options say otherwise),
         ``run_name`` (the output folder's name), ``resume`` (True when the run continues from a
-        checkpoint: append rather than start afresh) and ``start_step`` (steps already done).
+        checkpoint: append rather than start afresh) and ``start_step`` (steps already done; on a
+        resume, drop what was stored for later steps: an interrupted run may have logged steps it
+        never saved, and they are logged again).
         Raise (any exception, with a message that says what to fix) if the logger cannot work."""
 
     def log_metrics(self, step: int, row: dict[str, Any], split: str) -> None:

@@ -19,6 +19,7 @@ class RecordingLogger:
     """Records each call in :data:`CALLS` and writes each metrics row to ``<output_dir>/<name>.jsonl``."""
 
     name = "recording"
+    drops_stale = True
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         self.file: Path | None = None
@@ -29,6 +30,9 @@ class RecordingLogger:
         self.file.parent.mkdir(parents=True, exist_ok=True)
         if not run_info["resume"]:
             self.file.unlink(missing_ok=True)
+        elif self.file.is_file() and self.drops_stale:  # a resume: only the rows up to the checkpoint's step stay
+            kept = [x for x in self.file.read_text().splitlines() if json.loads(x)["step"] <= run_info["start_step"]]
+            self.file.write_text("".join(x + "\n" for x in kept))
 
     def log_metrics(self, step: int, row: dict[str, Any], split: str) -> None:
         CALLS.append((self.name, "log_metrics", (step, dict(row), split)))
@@ -74,6 +78,14 @@ class WrongValuesLogger(RecordingLogger):
         return {k: 2 * v for k, v in super().stored(row).items()}
 
 
+class StaleRowsLogger(RecordingLogger):
+    """Keeps the rows an interrupted run logged after the step it resumes from: a broken logger the
+    contract suite must reject."""
+
+    name = "stale_rows"
+    drops_stale = False
+
+
 def read_back(output_dir: Path, name: str) -> dict[tuple[str, str], list[tuple[int, float]]]:
     """What a :class:`RecordingLogger` named ``name`` wrote under ``output_dir``, in the contract's form."""
     out: dict[tuple[str, str], list[tuple[int, float]]] = {}
@@ -89,5 +101,5 @@ def read_back(output_dir: Path, name: str) -> dict[tuple[str, str], list[tuple[i
 def omnicore_loggers() -> list[ComponentSpec]:
     return [
         ComponentSpec(name=cls.name, target=f"{__name__}:{cls.__name__}", description=f"test fake: {cls.__doc__.splitlines()[0]}")
-        for cls in (RecordingLogger, FailingLogLogger, FailingStartLogger, WrongValuesLogger)
+        for cls in (RecordingLogger, FailingLogLogger, FailingStartLogger, WrongValuesLogger, StaleRowsLogger)
     ]

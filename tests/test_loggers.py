@@ -91,6 +91,39 @@ def test_two_loggers_and_one_that_fails_mid_run(text_jsonl, tmp_path):
 
 
 @pytest.mark.slow
+def test_resume_after_a_crash_leaves_one_row_per_step(text_jsonl, tmp_path):
+    """The state a kill -9 leaves after step 3 was logged but before it was saved (checkpoint of
+    step 2, rows of steps 1-3 and half a line of step 4, validation row of step 3): after --resume
+    metrics.jsonl and the other loggers hold each step once, with the resumed run's values."""
+    import shutil
+
+    import torch
+
+    val = tmp_path / "val.jsonl"
+    shutil.copy(text_jsonl, val)
+    d = tiny_config_dict(
+        str(text_jsonl), eval=str(val), decoders=False, output_dir=str(tmp_path / "run"), max_steps=4, save_every=2, log_every=1
+    )
+    d["model"]["encoders"], d["run"]["loggers"], d["eval"] = {}, ["jsonl", "recording"], {"every": 3}
+    cfg = Config.model_validate(d)
+    loop.train(cfg, registry=_registry())
+    run = tmp_path / "run"
+    shutil.rmtree(run / "checkpoints" / "step-00000004")
+    (run / "checkpoints" / "latest").write_text("step-00000002")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    want = [(1, None), (2, None), (3, None), (3, "val"), (4, None), (4, "val")]  # validation every 3 steps and at the end
+    assert [(json.loads(x)["step"], json.loads(x).get("split")) for x in lines] == want
+    (run / "metrics.jsonl").write_text("\n".join(lines[:-2]) + "\n" + lines[-2][:40])  # killed while writing step 4's row
+    torch.manual_seed(123)  # the resumed run's RNG comes from the checkpoint, not from here
+    resumed = loop.train(cfg, resume=True, registry=_registry())
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r.get("split")) for r in rows] == want
+    assert [r["loss"] for r in rows if r.get("split") is None][2:] == [r["loss"] for r in resumed]
+    stored = logger_fakes.read_back(run, "recording")
+    assert [s for s, _ in stored[("train", "loss")]] == [1, 2, 3, 4] and [s for s, _ in stored[("val", "val_loss")]] == [3, 4]
+
+
+@pytest.mark.slow
 def test_log_every_applies_to_every_logger(text_jsonl, tmp_path):
     loop.train(_cfg(text_jsonl, tmp_path / "run", ["recording"], log_every=2), registry=_registry())
     assert [step for step, _, _ in _calls("recording", "log_metrics")] == [2, 3]  # every 2nd step and the last
@@ -200,6 +233,19 @@ def test_contract_catches_a_logger_that_stores_wrong_values(tmp_path):
 
     with pytest.raises(AssertionError, match="loss"):
         Broken().test_stored_values_match_logged(tmp_path)
+
+
+def test_contract_catches_a_logger_that_keeps_rows_after_the_resumed_step(tmp_path):
+    class Stale(LoggerContract):
+        name = "stale_rows"
+        plugin = logger_fakes
+        provider = "fakes"
+
+        def read_back(self, output_dir):
+            return logger_fakes.read_back(output_dir, "stale_rows")
+
+    with pytest.raises(AssertionError, match=r"train 'loss' stored at steps \[1, 2, 2\], logged at \[1, 2\]"):
+        Stale().test_resume_drops_rows_after_the_resumed_step(tmp_path)
 
 
 def test_contract_catches_a_logger_that_raises(tmp_path):

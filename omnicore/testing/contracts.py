@@ -1074,3 +1074,27 @@ class LoggerContract(ComponentContract):
         self._log_all(out, first)
         self._log_all(out, later, resume=True)
         self._check_stored(out, first + later)
+
+    keeps_rows_after_resume: ClassVar[str] = ""
+    """Why this logger cannot drop what an interrupted run stored after the step it resumes from
+    (empty: it can, and :meth:`test_resume_drops_rows_after_the_resumed_step` checks it)."""
+
+    def test_resume_drops_rows_after_the_resumed_step(self, tmp_path):
+        """A run logs steps 1-3 (and a validation row at 2) and dies; it resumes from its checkpoint
+        of step 1 and logs steps 2 and 3 again, with other values: the logger then holds one row per
+        step and split, the later ones (the stale validation row of step 2 is gone)."""
+        if self.keeps_rows_after_resume:
+            pytest.skip(f"logger {self.name}: {self.keeps_rows_after_resume}")
+        out = tmp_path / "run"
+        self._log_all(out, self.rows)
+        again = [
+            (s, {k: v * 2 if isinstance(v, float) else v for k, v in row.items()}, split)
+            for s, row, split in self.rows
+            if split == "train" and s > 1
+        ]
+        logger = self.build()
+        logger.start(self.run_info(out, resume=True, start_step=1))
+        for step, row, split in again:
+            logger.log_metrics(step, copy.deepcopy(row), split)
+        logger.close()
+        self._check_stored(out, self.rows[:1] + again)

@@ -189,7 +189,10 @@ class JsonlLogger:
     A training row is written exactly as the loop made it (keys in order, ``step`` first); a row of
     another split gets ``"split": "<split>"`` after ``step``. Strict JSON: NaN and inf (a skipped
     step) are written as ``null``. A fresh run (``resume`` False) empties the file; a resumed one
-    appends. Each row is appended and the file closed at once, so a crash loses nothing written.
+    first drops the rows of steps after the checkpoint's (``start_step``: a crash after a step was
+    logged but before it was saved would otherwise leave two rows of that step once it is trained
+    again; a line cut off by the crash goes too), then appends: one row per step and split.
+    Each row is appended and the file closed at once, so a crash loses nothing written.
     Images are not stored (use ``samples/`` or an image-capable logger).
     """
 
@@ -197,12 +200,15 @@ class JsonlLogger:
         self.path: Path | None = None
 
     def start(self, run_info: dict[str, Any]) -> None:
-        """Create the output folder; empty ``metrics.jsonl`` unless ``run_info["resume"]``."""
+        """Create the output folder; empty ``metrics.jsonl``, or on ``run_info["resume"]`` keep only
+        its rows up to ``run_info["start_step"]`` (:func:`drop_rows_after`)."""
         out = Path(run_info["output_dir"])
         out.mkdir(parents=True, exist_ok=True)
         self.path = out / METRICS_FILE
         if not run_info.get("resume"):
             self.path.unlink(missing_ok=True)
+        else:
+            drop_rows_after(self.path, int(run_info.get("start_step", 0)))
 
     def log_metrics(self, step: int, row: dict[str, Any], split: str) -> None:
         """Append ``row`` as one line (see the class docstring for the format).
@@ -225,3 +231,28 @@ class JsonlLogger:
 
     def close(self) -> None:
         """Nothing to flush: every row is written when logged."""
+
+
+def drop_rows_after(path: Path, step: int) -> int:
+    """Rewrite the JSONL metrics file ``path`` without its rows of steps after ``step`` (and without
+    lines that are not whole JSON objects, such as one cut off by a crash); atomic (a temporary
+    file, then ``os.replace``). Returns how many lines were dropped (0: the file is left as it is)."""
+    import os
+
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict) or int(row.get("step", 0)) > step:
+            dropped += bool(line.strip())
+            continue
+        kept.append(line + "\n")
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+    return dropped

@@ -18,7 +18,9 @@ the user's own code may hold, is left alone. MLflow's usage telemetry is switche
 (``MLFLOW_DISABLE_TELEMETRY=true`` unless the variable is set) before mlflow is first imported.
 A resumed run (``run_info["resume"]``) continues the MLflow run of the first start (its id is kept
 in ``<run.output_dir>/mlflow/omnicore-run-id``); params it already has are kept (MLflow forbids
-changing one) and the resumed config is stored as ``config-resume-step-<N>.json``.
+changing one), the resumed config is stored as ``config-resume-step-<N>.json``, and the metric
+values of steps after ``N`` (logged by the interrupted run after its last checkpoint) are deleted,
+in a SQLite store, so that each step has one value.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class MlflowLogger:
         else:
             self.client.update_run(self.run_id, status="RUNNING")
             known, name = self.client.get_run(self.run_id).data.params, f"config-resume-step-{int(run_info.get('start_step', 0))}.json"
+            self._drop_metrics_after(int(run_info.get("start_step", 0)))
         self._log_params({k: v for k, v in flatten_config(config).items() if k not in known})
         self.client.log_dict(self.run_id, config, name)
         id_file.parent.mkdir(parents=True, exist_ok=True)
@@ -125,6 +128,33 @@ class MlflowLogger:
         except (FileNotFoundError, MlflowException):
             return None
         return run_id if run.info.experiment_id == experiment_id and run.info.lifecycle_stage == "active" else None
+
+    def _drop_metrics_after(self, step: int) -> None:
+        """Delete the run's metric values of steps after ``step`` (logged by the interrupted run after
+        its last checkpoint; the resumed run logs those steps again), so that the run holds one value
+        per metric and step. MLflow's client cannot delete a metric value, so this is done in the
+        store's own database, for a SQLite store (the default); another store keeps them, with a warning."""
+        import sqlite3
+
+        if not self.tracking_uri.startswith("sqlite:///"):
+            warnings.warn(
+                f"mlflow logger: the run in {self.tracking_uri} keeps the values the interrupted run logged after step {step}; "
+                "MLflow can delete them only in a SQLite store",
+                stacklevel=2,
+            )
+            return
+        with contextlib.closing(sqlite3.connect(self.tracking_uri[len("sqlite:///") :])) as db, db:
+            db.execute("DELETE FROM metrics WHERE run_uuid = ? AND step > ?", (self.run_id, step))
+            db.execute("DELETE FROM latest_metrics WHERE run_uuid = ? AND step > ?", (self.run_id, step))
+            # each key's latest value again, as MLflow picks it: the largest (step, timestamp, value)
+            db.execute(
+                "INSERT OR REPLACE INTO latest_metrics (key, value, timestamp, step, is_nan, run_uuid) "
+                "SELECT key, value, timestamp, step, is_nan, run_uuid FROM metrics m WHERE run_uuid = ? AND NOT EXISTS "
+                "(SELECT 1 FROM latest_metrics l WHERE l.run_uuid = m.run_uuid AND l.key = m.key) "
+                "AND (step, timestamp, value) = (SELECT step, timestamp, value FROM metrics n WHERE n.run_uuid = m.run_uuid "
+                "AND n.key = m.key ORDER BY step DESC, timestamp DESC, value DESC LIMIT 1)",
+                (self.run_id,),
+            )
 
     def _log_params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param

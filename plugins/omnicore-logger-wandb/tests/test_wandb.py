@@ -104,6 +104,10 @@ class TestWandbContract(LoggerContract):
     name = "wandb"
     options = {"mode": "offline"}  # whatever WANDB_API_KEY / WANDB_MODE this machine has
     rtol = 0.0  # JSON keeps a float exactly
+    keeps_rows_after_resume = (
+        "a W&B run cannot be rewound offline (wandb.init's resume_from needs the server): the interrupted run's rows after the "
+        "checkpoint's step stay in its history; metrics.jsonl, TensorBoard and MLflow drop them"
+    )
 
     def read_back(self, output_dir):
         return read_history(Path(output_dir))
