@@ -274,6 +274,60 @@ def test_item_flops_is_the_cost_of_one_item(digits_run):
     assert one == pytest.approx(alone.get_total_flops(), rel=1e-6)
 
 
+def test_encoder_flops_follow_the_work_an_encoder_hook_moves(digits_jsonl):
+    """A strategy's encoder hook may encode other ranks' items, or hand its own away
+    (``encoder_balance``): the encoder's FLOPs count where the module ran. Here one process plays
+    both: a text-only micro-batch that encodes 2 received images counts 2 images' FLOPs, an image
+    micro-batch whose image went elsewhere counts none; dummy passes never count."""
+    import json
+
+    from omnicore.config import Config
+    from omnicore.data.chat import ChatProcessor
+    from omnicore.data.jsonl import parse_line
+    from omnicore.data.packing import collate
+    from omnicore.model.build import build_omni_model
+
+    raw = tiny_config_dict(str(digits_jsonl / "train.jsonl"), decoders=False)
+    raw["model"]["encoders"] = {"image": raw["model"]["encoders"]["image"]}
+    cfg = Config.model_validate(raw)
+    model, tok = build_omni_model(cfg)
+    proc = ChatProcessor.for_model(tok, model, cfg.data)
+    rows = [x for x in (digits_jsonl / "train.jsonl").read_text().splitlines() if '"image_to_text"' in x][:1]
+    text = json.dumps({"messages": [{"role": "user", "content": "Say 4."}, {"role": "assistant", "content": "4"}]})
+    image_mb = collate([proc.encode(parse_line(rows[0], str(digits_jsonl / "train.jsonl"), 1))], proc.encoders, proc.decoders)
+    text_mb = collate([proc.encode(parse_line(text, "text.jsonl", 1))], proc.encoders, proc.decoders)
+    flops = model_flops(model)
+    with flops.count(image_mb) as parts:  # measured: one image
+        model(image_mb).loss_sum.backward()
+    one = parts["encoder.image"]
+    assert one > 0 and flops.per_unit["encoder.image"] == one / (3 * 28 * 28)
+    with flops.count(text_mb) as parts:  # a dummy pass only
+        model(text_mb).loss_sum.backward()
+    assert "encoder.image" not in parts
+    received = image_mb.encoder_inputs["image"]["pixel_values"].repeat(2, 1, 1, 1)
+
+    def receive(model, call):  # no items of its own: encode two that "arrived", send nothing back
+        return call.encode(call.batch) if call.batch is not None else call.encode({"pixel_values": received})[:0]
+
+    handle = model.register_encoder_hook(receive)
+    with flops.count(text_mb) as parts:
+        model(text_mb).loss_sum.backward()
+    handle.remove()
+    assert parts["encoder.image"] == pytest.approx(2 * one)
+
+    def send_away(model, call):  # its image encoded "elsewhere": rows arrive, this rank runs the dummy
+        if call.batch is None:
+            return call.encode(None)
+        dummy = call.encode(None)
+        return torch.zeros(16, model.lm.config.hidden_size) + 0.0 * dummy.sum()
+
+    handle = model.register_encoder_hook(send_away)
+    with flops.count(image_mb) as parts:
+        model(image_mb).loss_sum.backward()
+    handle.remove()
+    assert "encoder.image" not in parts
+
+
 # --------------------------------------------------------------------------------------------
 # balance across ranks: the FLOP spread and the wait at the reduction
 # --------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -254,8 +255,8 @@ class PartCounter(TorchDispatchMode):
     a module in ``owners`` (``id(module)`` -> owner key; global module hooks), or a call of one of
     ``methods`` (``(object, method name, owner key)``: a decoder's ``encode``, ``embed``, ``head``,
     ``depth_logits``, which OmniModel calls directly; wrapped on the object while the counter is
-    open). ``label(owner)`` names the part of each outermost call (None: a call not to count, a
-    dummy pass). Backward: an op belongs to the part whose forward calls made the autograd node
+    open). ``label(owner)`` names the part of each outermost call when it ends (None: a call not to
+    count, a dummy pass). Backward: an op belongs to the part whose forward calls made the autograd node
     running it (nodes are numbered in creation order: torch's private ``_current_autograd_node``
     and ``_sequence_nr``, the one place omnicore reads them). Ops outside owned calls land in
     ``"other"`` (the foundation, the losses).
@@ -269,22 +270,30 @@ class PartCounter(TorchDispatchMode):
         """Per part, the FLOPs of its forward ops run with gradients disabled (part of ``flops``)."""
         self._formulas = _formulas()
         self._depth = 0
-        self._current: tuple[str | None, int] | None = None  # (part, first sequence number)
+        self._current: tuple[str, int, dict[str, float], dict[str, float]] | None = (
+            None  # owner, first node, forward FLOPs, of them without grad
+        )
         self._spans: list[tuple[int, int, str | None]] = []  # (first, last + 1, part), in order
         self._starts: list[int] = []
         self._undo: list[Callable[[], None]] = []
+        self.nested: Any = None
+        """A context manager entered and left with this counter (the encoder calls its labels read)."""
 
     def __enter__(self) -> PartCounter:
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
+        if self.nested is not None:
+            self.nested.__enter__()
         pre = register_module_forward_pre_hook(lambda module, args: self._open(self.owners.get(id(module))))
         post = register_module_forward_hook(lambda module, args, out: self._close(self.owners.get(id(module))), always_call=True)
         self._undo = [pre.remove, post.remove] + [self._wrap(obj, name, owner) for obj, name, owner in self.methods]
         return super().__enter__()  # type: ignore[return-value]
 
     def __exit__(self, *exc: Any) -> None:
-        for undo in self._undo:
+        for undo in reversed(self._undo):
             undo()
+        if self.nested is not None:
+            self.nested.__exit__(*exc)
         super().__exit__(*exc)
 
     def _wrap(self, obj: Any, name: str, owner: str) -> Callable[[], None]:
@@ -315,27 +324,37 @@ class PartCounter(TorchDispatchMode):
             return
         self._depth += 1
         if self._depth == 1:
-            self._current = (self.label(owner), _next_sequence_nr())
+            self._current = (owner, _next_sequence_nr(), {}, {})
 
     def _close(self, owner: str | None) -> None:
         if owner is None:
             return
         self._depth -= 1
         if self._depth == 0 and self._current is not None:
-            part, first = self._current
+            # named now, at the end of the call: what the call was (a dummy pass or not) is known by then
+            key, first, fwd, no_grad = self._current
+            part = self.label(key)
+            if part is not None:
+                self.flops[part] = self.flops.get(part, 0.0) + fwd.get("", 0.0)
+                self.no_grad[part] = self.no_grad.get(part, 0.0) + no_grad.get("", 0.0)
             self._spans.append((first, _next_sequence_nr(), part))
             self._starts.append(first)
             self._current = None
 
-    def _part(self) -> str | None:
-        node = torch._C._current_autograd_node()
-        if node is None:  # forward
-            return self._current[0] if self._current is not None else "other"
-        seq = node._sequence_nr()
+    def _add(self, n: float) -> None:
+        if torch._C._current_autograd_node() is None:  # forward
+            if self._current is not None:  # inside an owned call: its part is named when the call ends
+                self._current[2][""] = self._current[2].get("", 0.0) + n
+                if not torch.is_grad_enabled():
+                    self._current[3][""] = self._current[3].get("", 0.0) + n
+                return
+            self.flops["other"] = self.flops.get("other", 0.0) + n
+            return
+        seq = torch._C._current_autograd_node()._sequence_nr()
         i = bisect.bisect_right(self._starts, seq) - 1
-        if i >= 0 and seq < self._spans[i][1]:
-            return self._spans[i][2]
-        return "other"
+        part = self._spans[i][2] if i >= 0 and seq < self._spans[i][1] else "other"
+        if part is not None:
+            self.flops[part] = self.flops.get(part, 0.0) + n
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -346,11 +365,7 @@ class PartCounter(TorchDispatchMode):
                 n = float(formula(*args, **kwargs, out_val=out))
             except Exception:  # noqa: BLE001 - a formula that cannot read an op's shapes must not stop training
                 n = 0.0
-            part = self._part()
-            if part is not None:
-                self.flops[part] = self.flops.get(part, 0.0) + n
-                if not torch.is_grad_enabled() and torch._C._current_autograd_node() is None:
-                    self.no_grad[part] = self.no_grad.get(part, 0.0) + n
+            self._add(n)
         return out
 
 
@@ -372,6 +387,71 @@ def input_units(batch: Any) -> int:
     return 0
 
 
+class _EncoderCalls:
+    """The encoder calls of one forward, as they happen: each module's forward pre-hook notes the
+    modality of the call (OmniModel calls a module once per modality it encodes, in modality
+    order, hooks or not), whether it is a dummy pass (its ``dummy_batch`` was just called for it),
+    the batch's :func:`input_units` and, for a module with ``flops``, that count."""
+
+    def __init__(self, model: Any):
+        self.served: dict[str, list[str]] = {}
+        for modality in model.token_ids["encoder"]:
+            self.served.setdefault(model.shared[modality][0] if modality in model.shared else modality, []).append(modality)
+        self.encoders = dict(model.encoders.items())
+        self.real: list[tuple[str, int, float | None]] = []
+        """``(part, input units, own flops or None)`` of each call on real items, in call order."""
+        self.last: dict[str, str | None] = {}
+        """Module key -> the part of its latest call (None: a dummy pass)."""
+        self._calls: dict[str, int] = {}
+        self._dummy: set[str] = set()
+        self._undo: list[Callable[[], None]] = []
+
+    def __enter__(self) -> _EncoderCalls:
+        for key, enc in self.encoders.items():
+            self._undo.append(enc.register_forward_pre_hook(functools.partial(self._pre, key)).remove)
+            self._undo.append(_wrap_method(enc, "dummy_batch", functools.partial(self._dummy.add, key)))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for undo in self._undo:
+            undo()
+
+    def _pre(self, key: str, module: Any, args: Any) -> None:
+        mods = self.served.get(key, [key])
+        i = self._calls.get(key, 0)
+        self._calls[key] = i + 1
+        if key in self._dummy:
+            self._dummy.discard(key)
+            self.last[key] = None
+            return
+        part = f"encoder.{mods[i % len(mods)]}"
+        own = getattr(module, "flops", None)
+        batch = args[0] if args else None
+        self.real.append((part, input_units(batch), float(own(batch)) if own is not None else None))
+        self.last[key] = part
+
+
+def _wrap_method(obj: Any, name: str, before: Callable[[], Any]) -> Callable[[], None]:
+    """Run ``before()`` ahead of every call of ``obj.name`` until the returned function undoes it
+    (an entry in the object's ``__dict__``, which shadows the class's method)."""
+    own = vars(obj)
+    had, previous, method = name in own, own.get(name), getattr(obj, name)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        before()
+        return method(*args, **kwargs)
+
+    own[name] = wrapped
+
+    def undo() -> None:
+        if had:
+            own[name] = previous
+        else:
+            own.pop(name, None)
+
+    return undo
+
+
 @dataclass
 class ModelFlops:
     """FLOPs of each part of an OmniModel per micro-batch, and of one encoder item (what a balancer
@@ -390,6 +470,7 @@ class ModelFlops:
     model: Any = field(repr=False, compare=False)
     per_unit: dict[str, float] = field(default_factory=dict)
     encode_per_unit: dict[str, float] = field(default_factory=dict)
+    _missed: set[str] = field(default_factory=set, repr=False)
 
     def parts(self) -> list[str]:
         """``foundation``, ``encoder.<m>`` per encoder modality, ``decoder.<m>`` per decoder."""
@@ -403,12 +484,6 @@ class ModelFlops:
             return m.decoders[modality]
         return m.encoders[m.shared[modality][0] if modality in m.shared else modality]
 
-    def _present(self, mb: Any) -> dict[str, Any]:
-        """``part -> collated batch`` of the encoders and decoders whose modality ``mb`` holds."""
-        out = {f"encoder.{m}": b for m, b in mb.encoder_inputs.items()}
-        out.update({f"decoder.{m}": b for m, b in mb.decoder_inputs.items()})
-        return out
-
     def _encodes(self, part: str, mb: Any) -> bool:
         """Whether the decoder of ``part`` will run ``encode`` on ``mb``'s targets: not when the
         model's code cache holds them all (:meth:`OmniModel.target_codes`)."""
@@ -419,51 +494,89 @@ class ModelFlops:
         return not cache.holds(modality, keys, width=int(getattr(dec, "num_codebooks", 1) or 1))
 
     def estimate(self, mb: Any) -> dict[str, float]:
-        """The FLOPs of each part in micro-batch ``mb`` (call it before the forward: it asks the
-        code cache) from the formula, the components' ``flops`` and the measurements so far; a
-        part not measured yet whose component has no ``flops`` is left out."""
+        """The FLOPs of the foundation and of each decoder in micro-batch ``mb`` (call it before the
+        forward: it asks the code cache) from the formula, the decoders' ``flops`` and the
+        measurements so far; a decoder not measured yet whose component has no ``flops`` is left
+        out. Encoders are counted at their calls (:meth:`count`): a strategy may encode other
+        ranks' items, or none of this rank's."""
         out = {FOUNDATION: self.foundation.step_flops(_sample_lengths(mb))}
-        for part, batch in self._present(mb).items():
+        for modality, batch in mb.decoder_inputs.items():
+            part = f"decoder.{modality}"
             own = getattr(self._module(part), "flops", None)
             if own is not None:
                 out[part] = float(own(batch))
             elif part in self.per_unit:
-                units = input_units(batch)
                 encode = self.encode_per_unit.get(part, 0.0) if self._encodes(part, mb) else 0.0
-                out[part] = (self.per_unit[part] + encode) * units
+                out[part] = (self.per_unit[part] + encode) * input_units(batch)
         return out
 
     @contextlib.contextmanager
     def count(self, mb: Any) -> Iterator[dict[str, float]]:
         """Run the forward and backward of ``mb`` inside; the yielded dict then holds the FLOPs of
-        each part present (``foundation`` always). A part that has no ``flops`` and was not
-        measured yet is measured now (:class:`PartCounter`), exactly; the rest are estimates."""
+        each part this rank computed (``foundation`` always). An encoder counts the batches its
+        module was called on here (an encoder hook may move items between ranks; dummy passes
+        left out); a decoder this micro-batch's targets. A part whose component has no ``flops``
+        and that was not measured yet is measured now (:class:`PartCounter`), exactly; the rest
+        are estimates."""
         parts = self.estimate(mb)
-        present = self._present(mb)
-        todo = [p for p in present if p not in parts]
-        if not todo:
+        decoders = {f"decoder.{m}": b for m, b in mb.decoder_inputs.items()}
+        todo = [p for p in decoders if p not in parts]
+        expected = {f"encoder.{m}" for m in mb.encoder_inputs} | self._missed
+        measure = bool(todo) or any(p not in self.per_unit and getattr(self._module(p), "flops", None) is None for p in expected)
+        encodes = {p for p in todo if self._encodes(p, mb)}
+        calls = _EncoderCalls(self.model)
+        counter = self.counter(mb, calls) if measure else None
+        with calls, counter if counter is not None else contextlib.nullcontext():
             yield parts
-            return
-        encodes = {p for p in todo if p.startswith("decoder.") and self._encodes(p, mb)}
-        counter = self.counter(mb)
-        with counter:
-            yield parts
-        for p in todo:
-            units = max(input_units(present[p]), 1)
-            parts[p] = counter.flops.get(p, 0.0)
-            encode = counter.no_grad.get(p, 0.0) if p in encodes else 0.0
-            self.per_unit[p] = (parts[p] - encode) / units
-            if p in encodes:
-                self.encode_per_unit[p] = encode / units
-        logger.debug("measured FLOPs per input element: %s", {p: self.per_unit[p] for p in todo})
+        if counter is not None:
+            for p in todo:
+                units = max(input_units(decoders[p]), 1)
+                parts[p] = counter.flops.get(p, 0.0)
+                encode = counter.no_grad.get(p, 0.0) if p in encodes else 0.0
+                self.per_unit[p] = (parts[p] - encode) / units
+                if p in encodes:
+                    self.encode_per_unit[p] = encode / units
+        self._add_encoders(parts, calls, counter)
 
-    def counter(self, mb: Any) -> PartCounter:
+    def _add_encoders(self, parts: dict[str, float], calls: _EncoderCalls, counter: PartCounter | None) -> None:
+        """Add each encoder part's FLOPs of the calls just made (measured ones from ``counter``)."""
+        units: dict[str, int] = {}
+        for part, n, own in calls.real:
+            if own is not None:
+                parts[part] = parts.get(part, 0.0) + own
+            units[part] = units.get(part, 0) + n
+        for part, n in units.items():
+            if part in parts:  # the component's own flops
+                continue
+            if counter is not None and part not in self.per_unit:
+                parts[part] = counter.flops.get(part, 0.0)
+                self.per_unit[part] = parts[part] / max(n, 1)
+                self._missed.discard(part)
+            elif part in self.per_unit:
+                parts[part] = self.per_unit[part] * n
+            else:  # encoded here before it was measured (items moved from other ranks): measured next time
+                self._missed.add(part)
+
+    def counter(self, mb: Any, calls: _EncoderCalls | None = None) -> PartCounter:
         """A :class:`PartCounter` for the forward and backward of ``mb``: its ``flops`` are keyed by
         part (``encoder.<m>``, ``decoder.<m>``; ``other`` for the foundation and the losses), dummy
-        passes left out."""
+        passes left out. ``calls``: the :class:`_EncoderCalls` open over the same forward (which
+        tells each encoder call's modality and whether it is a dummy pass); by default its own."""
         m = self.model
         methods = [(dec, name, f"decoder:{key}") for key, dec in m.decoders.items() for name in _DECODER_METHODS if hasattr(dec, name)]
-        return PartCounter(self._owners(), self._labeller(mb), methods)
+        own_calls = calls is None
+        calls = calls or _EncoderCalls(m)
+
+        def label(owner: str) -> str | None:
+            kind, key = owner.split(":", 1)
+            if kind == "decoder":
+                return f"decoder.{key}" if key in mb.decoder_inputs else None
+            return calls.last.get(key)
+
+        counter = PartCounter(self._owners(), label, methods)
+        if own_calls:
+            counter.nested = calls
+        return counter
 
     def _owners(self) -> dict[int, str]:
         m, owners = self.model, {}
@@ -472,28 +585,6 @@ class ModelFlops:
                 for sub in module.modules():
                     owners.setdefault(id(sub), f"{kind}:{key}")
         return owners
-
-    def _labeller(self, mb: Any) -> Callable[[str], str | None]:
-        """Names the part of each outermost call of an owned module in ``mb``'s forward. OmniModel
-        calls every encoder module once per modality it encodes (module order, then modality
-        order), on real inputs or a dummy batch; decoder calls are real when ``mb`` holds targets."""
-        m = self.model
-        served: dict[str, list[str]] = {}
-        for modality in m.token_ids["encoder"]:
-            served.setdefault(m.shared[modality][0] if modality in m.shared else modality, []).append(modality)
-        calls: dict[str, int] = {}
-
-        def label(owner: str) -> str | None:
-            kind, key = owner.split(":", 1)
-            if kind == "decoder":
-                return f"decoder.{key}" if key in mb.decoder_inputs else None
-            mods = served.get(key, [key])
-            i = calls.get(key, 0)
-            calls[key] = i + 1
-            modality = mods[i % len(mods)]
-            return f"encoder.{modality}" if modality in mb.encoder_inputs else None
-
-        return label
 
     def item_flops(self, modality: str, features: dict[str, Any]) -> float | None:
         """FLOPs (forward + backward) of one encoder item of ``modality`` (a processor's
