@@ -14,19 +14,22 @@ Three kinds of part, each counted its own way:
 * ``encoder.<modality>`` and ``decoder.<modality>``: from the component's optional ``flops(batch)``
   (:class:`omnicore.components.Encoder`), else **measured** once: the first micro-batch holding
   the modality runs under :class:`PartCounter` (torch's FLOP formulas, attributed to the part
-  whose module call made the op, in forward and in backward), and later micro-batches are
-  estimated from FLOPs per **placeholder token** (an encoder's output rows, a decoder's frames:
-  ``Processor.num_tokens``) on that measurement. A decoder's count holds all its work: the
-  tokenizer's ``encode`` (which ``train.code_cache_mb`` skips for a target seen before), ``embed``,
+  whose call made the op, in forward and in backward), and later batches are estimated from
+  FLOPs per **input element** (:func:`input_units`: the elements of the collated batch's
+  floating-point tensors, so pixels, mel frames or samples, padding included) on that
+  measurement. An encoder counts the batches its module is called on, where it is called: an
+  encoder hook (``encoder_balance``) that moves items between ranks moves their FLOPs too. A
+  decoder's count holds all its work on its targets: the tokenizer's ``encode`` (which
+  ``train.code_cache_mb`` skips for a target seen before, and which is then left out), ``embed``,
   ``head`` and the depth decoder of a decoder with several codebooks per frame.
 
 Dummy passes (a rank's micro-batch without a modality still runs its encoder on a dummy item, to
 keep the collectives in step) do no model work and are not counted, as padding is not.
 Recomputation is not counted either: activation checkpointing's second forward, and the scores a
 fused attention kernel recomputes in its backward (torch's formula counts 5 score-sized matmuls
-there, model FLOPs 4: twice the forward, PaLM's convention; :func:`flop_counter` gives torch's). Frozen parts count what they run
-when measured (a frozen tower: its forward only); the foundation's formula counts ``6 N`` whether
-or not its weights train, as published MFU figures do.
+there, model FLOPs 4: twice the forward, PaLM's convention; :func:`flop_counter` gives torch's).
+Frozen parts count what they run when measured (a frozen tower: its forward only); the
+foundation's formula counts ``6 N`` whether or not its weights train, as published MFU figures do.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ says how). A metrics row carries ``tflops`` (achieved model TFLOP/s per device, 
 
 Balance (:func:`balance_figures`): ``flops_spread`` is the largest rank's model FLOPs of the step
 over the mean across ranks (1.0 on one process; a rank whose micro-batches hold ten images while
-another's hold text shows above 1). ``reduce_wait_s`` is the mean, ``reduce_wait_max_s`` the
+another's hold text shows above 1; encoder FLOPs count on the rank that ran the encoder, so a
+strategy that moves encoder work between ranks brings it down). ``reduce_wait_s`` is the mean, ``reduce_wait_max_s`` the
 largest, and ``reduce_wait_s/rank<r>`` (up to :data:`MAX_RANK_FIELDS` ranks) each rank's wait at
 the gradient reduction: after its last backward (and, on CUDA, its queued kernels), the seconds
 until every rank has reached the step's reduction (a one-number all-reduce just before the step's
