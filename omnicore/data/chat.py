@@ -35,7 +35,7 @@ from typing import Any
 
 from omnicore.data.chat_template import TemplateInfo, has_template, inspect_template, render_pieces
 from omnicore.data.jsonl import Sample, SampleError
-from omnicore.data.media import MediaError, describe_media, load_audio, load_image, load_video
+from omnicore.data.media import MediaError, describe_media, load_audio, load_image, load_video, nonfinite_feature
 from omnicore.data.positions import FixedRows, mrope_positions
 
 IGNORE_INDEX = -100
@@ -430,6 +430,8 @@ class ChatProcessor:
             features = comp.preprocess(media)
         except Exception as exc:
             raise SampleError(f"{where}: cannot preprocess {kind} {describe_media(path, None)}: {type(exc).__name__}: {exc}") from exc
+        if (key := nonfinite_feature(features)) is not None:  # a bad sample, not a NaN training step
+            raise SampleError(f"{where}: the {kind} {side}'s processor gave feature {key!r} of {describe_media(path, None)} a NaN or inf")
         return features, comp
 
     def _check_length(self, n: int, where: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,18 +34,35 @@ class Audio:
 
 @dataclass
 class Video:
-    """Decoded video: ``frames`` uint8 ``[T, H, W, 3]`` (RGB), frame ``i`` shown at ``i / fps``
-    seconds (a constant frame rate, FFmpeg's average rate for the stream); ``fps`` in frames per second;
-    ``audio``: the clip's sound track from its start (:func:`load_video` with ``audio=True``), None
-    when not read or the file has none."""
+    """Decoded video: ``frames`` uint8 ``[T, H, W, 3]`` (RGB), frame ``i`` shown at ``i / fps`` seconds,
+    or at ``times[i]`` for a variable-rate clip (sample by time: :meth:`frames_at`); ``fps`` in frames
+    per second (FFmpeg's average rate for the stream); ``audio``: the clip's sound track from its
+    start (:func:`load_video` with ``audio=True``), None when not read or the file has none.
+
+    ``times``: None for a constant-rate clip; for a variable-rate clip (timestamps more than half a
+    frame off the ``i / fps`` grid), each frame's time in seconds from the first frame, from the
+    file's timestamps, and ``end``: when the last frame stops being shown."""
 
     frames: np.ndarray
     fps: float
     audio: Audio | None = None
+    times: np.ndarray | None = None
+    end: float | None = None
 
     @property
     def seconds(self) -> float:
+        """How long the clip lasts: ``T / fps``, or for a variable-rate clip its ``end``."""
+        if self.times is not None and self.end is not None:
+            return float(self.end)
         return len(self.frames) / float(self.fps)
+
+    def frames_at(self, seconds: np.ndarray) -> np.ndarray:
+        """The index of the frame nearest each time of ``seconds`` (from the clip's start; ties go
+        to the earlier frame): ``round(t * fps)`` for a constant-rate clip, by timestamp otherwise."""
+        t = np.asarray(seconds, dtype=np.float64)
+        if self.times is None:
+            return np.clip(np.floor(t * self.fps + 0.5 - 1e-9), 0, len(self.frames) - 1).astype(np.int64)
+        return np.abs(self.times[None, :] - t[:, None]).argmin(axis=1).astype(np.int64)
 
 
 def load_image(source: str | Path | bytes, *, name: str | None = None):
@@ -114,6 +132,8 @@ def to_rgb(img):
         return img.copy()
     if img.mode.startswith("I") or img.mode == "F":
         a = np.asarray(img, dtype=np.float64)
+        if not np.isfinite(a).all():
+            raise ValueError(f"{int((~np.isfinite(a)).sum())} pixel(s) hold no number (NaN or inf): no viewer can show them")
         scale = 255.0 if img.mode == "F" and a.size and a.min() >= 0 and a.max() <= 1 else 255.0 / 65535.0
         grey = np.clip(np.rint(a * scale), 0, 255).astype(np.uint8)
         return Image.fromarray(grey).convert("RGB")
@@ -158,7 +178,35 @@ def load_audio(source: str | Path | bytes, *, name: str | None = None) -> Audio:
         raise MediaError(f"cannot read audio {what}: {exc}") from exc
     if data.shape[0] == 0:
         raise MediaError(f"audio {what} holds no samples")
+    check_finite_audio(data, int(rate), what)
     return Audio(samples=data.mean(axis=1).astype(np.float32), sample_rate=int(rate))
+
+
+def check_finite_audio(samples: np.ndarray, rate: int, what: str) -> None:
+    """Refuse audio ``samples`` (``[N]`` or ``[N, channels]``) holding a NaN or an infinity: no one
+    can hear it, and every feature of the clip computed from it would be NaN.
+
+    Raises:
+        MediaError: naming ``what``, how many samples and the time of the first.
+    """
+    bad = ~np.isfinite(samples)
+    if bad.any():
+        first = int(np.argmax(bad.reshape(len(samples), -1).any(axis=1)))
+        raise MediaError(
+            f"audio {what} holds {int(bad.sum())} sample(s) that are no number (NaN or inf), the first at {first / rate:.3f} s; "
+            "fix or remove the file"
+        )
+
+
+def nonfinite_feature(features: dict[str, Any]) -> str | None:
+    """The name of the first floating-point feature (tensor or array) of a processor's ``preprocess``
+    output that holds a NaN or an infinity, else None (the data side refuses such an item: it would
+    make the step's loss NaN)."""
+    for key, value in features.items():
+        a = value.detach().cpu().float().numpy() if hasattr(value, "detach") and value.is_floating_point() else value
+        if isinstance(a, np.ndarray) and a.dtype.kind == "f" and not np.isfinite(a).all():
+            return key
+    return None
 
 
 def resample(audio: Audio, target_rate: int) -> Audio:
@@ -182,8 +230,9 @@ def load_video(source: str | Path | bytes, *, name: str | None = None, audio: bo
 
     Every frame is decoded (frames are converted to ``rgb24`` by FFmpeg's swscale); audio streams
     are ignored unless ``audio``. The frame rate is the stream's average rate (``av``'s
-    ``average_rate``, else its guessed rate); variable-rate clips are treated as constant-rate at
-    that average.
+    ``average_rate``, else its guessed rate). A variable-rate clip (a frame's timestamp more than
+    half a frame from ``i / fps``) keeps each frame's time (``Video.times``, from the timestamps)
+    and its end, so that a processor samples it as it is seen (``Video.frames_at``).
 
     Args:
         source: a path, or the bytes of an encoded video (as a table column holds them).
@@ -219,7 +268,7 @@ def load_video(source: str | Path | bytes, *, name: str | None = None, audio: bo
                 raise MediaError(f"video {what} has no video stream")
             stream = container.streams.video[0]
             rate = stream.average_rate or stream.guessed_rate
-            frames = _decode_frames(container, stream, what)
+            frames, times, last = _decode_frames(container, stream, what)
         track = _decode_audio(source, what) if audio else None
     except MediaError:
         raise
@@ -229,7 +278,12 @@ def load_video(source: str | Path | bytes, *, name: str | None = None, audio: bo
         raise MediaError(f"video {what} holds no frames")
     if not rate or float(rate) <= 0:
         raise MediaError(f"video {what} has no frame rate; re-encode it with a constant frame rate (ffmpeg -r)")
-    return Video(frames=np.stack(frames), fps=float(rate), audio=track)
+    video = Video(frames=np.stack(frames), fps=float(rate), audio=track)
+    if times is not None and len(times) > 1:
+        t = np.asarray(times, dtype=np.float64) - times[0]
+        if np.abs(t - np.arange(len(t)) / video.fps).max() > 0.5 / video.fps:  # not the constant-rate grid: keep the times
+            video.times, video.end = t, float(t[-1] + (last if last > 0 else t[-1] - t[-2]))
+    return video
 
 
 def _decode_audio(source: Path | bytes, what: str) -> Audio | None:
@@ -249,14 +303,25 @@ def _decode_audio(source: Path | bytes, what: str) -> Audio | None:
         rate = int(stream.rate or 0)
     if not chunks or rate <= 0:
         raise MediaError(f"video {what} has an audio stream without samples or sample rate")
-    return Audio(samples=np.concatenate(chunks, axis=1).mean(axis=0).astype(np.float32), sample_rate=rate)
+    samples = np.concatenate(chunks, axis=1).mean(axis=0).astype(np.float32)
+    check_finite_audio(samples, rate, f"track of video {what}")
+    return Audio(samples=samples, sample_rate=rate)
 
 
-def _decode_frames(container, stream, what: str) -> list[np.ndarray]:
-    """Every frame of ``stream`` as uint8 ``[H, W, 3]`` RGB, refusing more than :data:`MAX_VIDEO_BYTES`."""
+def _decode_frames(container, stream, what: str) -> tuple[list[np.ndarray], list[float] | None, float]:
+    """Every frame of ``stream`` as uint8 ``[H, W, 3]`` RGB, refusing more than
+    :data:`MAX_VIDEO_BYTES`; with each frame's time in seconds (None when a frame has no timestamp)
+    and the last frame's duration in seconds (0 when unknown)."""
     frames: list[np.ndarray] = []
+    times: list[float] | None = []
+    last = 0.0
     total = 0
     for frame in container.decode(stream):
+        if frame.time is None:
+            times = None
+        elif times is not None:
+            times.append(float(frame.time))
+        last = float(frame.duration * frame.time_base) if frame.duration and frame.time_base else 0.0
         rgb = frame.to_ndarray(format="rgb24")
         if frames and rgb.shape != frames[0].shape:
             raise MediaError(f"video {what} changes frame size ({frames[0].shape[:2]} to {rgb.shape[:2]}); re-encode it at one size")
@@ -264,4 +329,4 @@ def _decode_frames(container, stream, what: str) -> list[np.ndarray]:
         if total > MAX_VIDEO_BYTES:
             raise MediaError(f"video {what} decodes to more than {MAX_VIDEO_BYTES} bytes of frames; cut or downscale it")
         frames.append(rgb)
-    return frames
+    return frames, times, last

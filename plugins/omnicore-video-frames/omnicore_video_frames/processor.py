@@ -91,7 +91,7 @@ class VideoEncoderOptions(BaseModel):
         gt=0,
         description=(
             "Frames sampled per second of video: frame floor(k * source_fps / fps) for k = 0, 1, ...; a rate above the "
-            "source's takes every frame once."
+            "source's takes every frame once. A variable-rate clip: the frame whose timestamp is nearest k / fps seconds."
         ),
     )
     max_frames: int = Field(
@@ -327,7 +327,7 @@ class VideoFramesProcessor:
         frames = np.asarray(media.frames)
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
             raise ValueError(f"video frames must be uint8 [T, H, W, 3] with T >= 1, got {frames.dtype} {tuple(frames.shape)}")
-        idx, step_s = sample_indices(len(frames), float(media.fps), self.fps, self.max_frames)
+        idx, step_s = self.sample(media)
         out_h, out_w = output_size(frames.shape[1], frames.shape[2], self.frame_size, self.factor)
         x = self._normalise(resize_frames(frames[idx], out_h, out_w))  # [m, 3, S_h, S_w]
         patches, grid = self.patchify(x)
@@ -336,6 +336,19 @@ class VideoFramesProcessor:
             "video_grid_thw": torch.tensor(grid, dtype=torch.long),
             "second_per_grid_ts": torch.tensor(step_s * self.temporal_patch_size, dtype=torch.float32),
         }
+
+    def sample(self, media: Video) -> tuple[np.ndarray, float]:
+        """The frames of ``media`` kept and the seconds between two kept ones: for a constant-rate
+        clip :func:`sample_indices`; for a variable-rate one (``media.times``) the frame seen
+        nearest each time ``k / fps`` over the clip's length (``media.seconds``), at most
+        ``max_frames`` times spread evenly (``Video.frames_at``; a frame shown for long may be
+        kept twice, as a viewer sees it twice)."""
+        if media.times is None:
+            return sample_indices(len(media.frames), float(media.fps), self.fps, self.max_frames)
+        natural = max(1, math.floor(media.seconds * self.fps + 1e-9))
+        m = min(natural, self.max_frames)
+        step = 1.0 / self.fps if m == natural else media.seconds / m
+        return media.frames_at(np.arange(m) * step), step
 
     def _normalise(self, frames: np.ndarray) -> np.ndarray:
         """uint8 ``[m, S_h, S_w, 3]`` to float32 ``[m, 3, S_h, S_w]``: ``(x / 255 - mean) / std``."""
