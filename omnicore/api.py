@@ -28,6 +28,10 @@ What is here, by topic:
   :func:`load_audio`, :func:`load_image`, :func:`resample`, :class:`Video`, :func:`load_video`,
   :class:`MediaError` (what a processor raises on media it cannot read), :class:`ItemLayout` (an
   item a processor writes itself: interleaved placeholders of several encoders, its own positions).
+* **Randomness**: :func:`item_generators` (one generator per item of a training batch, seeded from
+  the item's sample: an encoder's augmentation draws from it), :data:`ITEM_SEEDS` (where a batch
+  holds them) and :func:`collate_items` (a processor's collate that keeps them, for a strategy
+  that moves items between ranks).
 * **Varlen (packed samples)**: :func:`cu_seqlens_from_position_ids`, :func:`plan_varlen`,
   :func:`mark_varlen`, :func:`is_varlen`, :data:`CU_SEQLENS_KWARGS`, :func:`varlen_from_kwargs`.
 * **Kernels**: :func:`cuda_and_package` (the build-time check of a GPU kernel), :func:`plain_weight`
@@ -88,6 +92,9 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.data.media import load_image as load_image
     from omnicore.data.media import load_video as load_video
     from omnicore.data.media import resample as resample
+    from omnicore.data.seeds import ITEM_SEEDS as ITEM_SEEDS
+    from omnicore.data.seeds import collate_items as collate_items
+    from omnicore.data.seeds import item_generators as item_generators
     from omnicore.hookspecs import hookimpl as hookimpl
     from omnicore.kernels.common import cuda_and_package as cuda_and_package
     from omnicore.kernels.common import plain_weight as plain_weight
@@ -165,6 +172,10 @@ _EXPORTS: dict[str, str] = {
     "Video": "omnicore.data.media",
     "load_video": "omnicore.data.media",
     "resample": "omnicore.data.media",
+    # randomness
+    "item_generators": "omnicore.data.seeds",
+    "ITEM_SEEDS": "omnicore.data.seeds",
+    "collate_items": "omnicore.data.seeds",
     # varlen
     "cu_seqlens_from_position_ids": "omnicore.kernels.varlen",
     "plan_varlen": "omnicore.kernels.varlen",

@@ -573,7 +573,10 @@ class RunConfig(_Strict):
     output_dir: str = Field(
         default="runs/default", description="checkpoints, exports and metrics.jsonl go here (relative to the current directory)"
     )
-    seed: int = Field(default=0, description="seeds model init, data order and sampling")
+    seed: int = Field(
+        default=0,
+        description="seeds model init, data order, sampling and every random stream: per sample (augmentation) and per rank (dropout)",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="where to train")
     dtype: Literal["float32", "bfloat16"] = Field(default="float32", description="parameter and compute dtype")
     loggers: list[str | ComponentConfig] = Field(

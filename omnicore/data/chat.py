@@ -286,6 +286,9 @@ class Encoded:
     rope_position_ids: list[list[int]] | None = None
     """``[3][T]`` multi-dimensional rotary positions (:mod:`omnicore.data.positions`) when the
     processor was built for an mRoPE foundation (``rope``), else None."""
+    seed: int | None = None
+    """A training sample's random stream (:func:`omnicore.data.seeds.sample_seed`, set by the data
+    pipeline); its media items' seeds come from it. None elsewhere (held-out, prompts)."""
 
     def __len__(self) -> int:
         return len(self.input_ids)

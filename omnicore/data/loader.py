@@ -7,7 +7,9 @@ makes every ``W``-th item (reading, but not decoding, the records of the others)
 DataLoader hands them back in request order. A chunk is a list of encoded samples (media decoded,
 preprocessed by the components' *processors*, tokenised), or of the
 :class:`~omnicore.data.jsonl.SampleError` message of a bad one, in position order, so the stream
-does not depend on ``W``: the training process never decodes media. :class:`DemandSampler` decides
+does not depend on ``W``: the training process never decodes media. Each sample is decoded with
+the global RNGs seeded from its own seed and carries it (:mod:`omnicore.data.seeds`), so its
+random draws do not depend on ``W`` either. :class:`DemandSampler` decides
 which chunk is asked for next. Workers send features as numpy arrays (:func:`features_as`).
 """
 
@@ -25,6 +27,7 @@ from torch.utils.data import Dataset
 from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError
 from omnicore.data.reading import ShardReader, SourceCursor
+from omnicore.data.seeds import sample_seed, seeded
 
 if TYPE_CHECKING:
     from omnicore.data.pipeline import DataPipeline
@@ -86,9 +89,12 @@ class ShardChunks(Dataset):
         self._next: list[int] = []
         self._ended: list[bool] = []
 
-    def _decode(self, s: int, rec: Any) -> tuple[Encoded | None, str | None]:
+    def _decode(self, s: int, rec: Any, epoch: int = 0) -> tuple[Encoded | None, str | None]:
+        seed = sample_seed(self.opts["seed"], self.sources[s].name, epoch, rec.where)
         try:
-            enc = self.chat.encode(self.sources[s].to_sample(rec))
+            with seeded(seed):  # what a processor draws depends on the sample, not on the worker
+                enc = self.chat.encode(self.sources[s].to_sample(rec))
+            enc.seed = seed
         except SampleError as exc:
             return None, str(exc)
         except Exception as exc:  # a processor or reader failing on this record: still name it
@@ -110,7 +116,7 @@ class ShardChunks(Dataset):
                 out.end = True
                 break
             _, s, rec, cur = item
-            sample, error = self._decode(s, rec) if decode else (None, None)
+            sample, error = self._decode(s, rec, cur.epoch) if decode else (None, None)
             out.entries.append(Entry(s, cur, sample, error))
         self._next[k] += len(out.entries)
         self._ended[k] = out.end

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from omnicore.data.chat import Encoded
+from omnicore.data.seeds import collate_items, item_seed
 
 S = TypeVar("S")
 
@@ -308,7 +309,8 @@ def features_digest(features: dict[str, Any]) -> str | None:
 
 
 def collate(samples: list[Encoded], encoders: dict[str, Any], decoders: dict[str, Any], *, decoder_keys: bool = False) -> MicroBatch:
-    """Concatenate encoded samples into one packed :class:`MicroBatch`. With ``decoder_keys`` (a
+    """Concatenate encoded samples into one packed :class:`MicroBatch` (an encoder batch of training
+    samples also holds its items' seeds, :func:`omnicore.data.seeds.collate_items`). With ``decoder_keys`` (a
     model with a :class:`~omnicore.model.code_cache.CodeCache` will take it) each decoder target is
     keyed by :func:`features_digest` and its code count (``decoders``' ``num_tokens``); without, no
     digest is computed (BLAKE2b over the features, about 1 ms per MB) and ``decoder_keys`` is empty."""
@@ -320,20 +322,26 @@ def collate(samples: list[Encoded], encoders: dict[str, Any], decoders: dict[str
     cu = [0]
     enc_items: dict[str, list[Any]] = {}
     dec_items: dict[str, list[Any]] = {}
+    seeds: dict[str, list[int]] = {}  # per encoder item, from its sample's seed (training samples)
     for s in samples:
         ids += s.input_ids
         labels += s.labels
         pos += list(range(len(s)))
         cu.append(cu[-1] + len(s))
+        counts: dict[str, int] = {}
         for side, modality, feats in s.media:
             (enc_items if side == "encoder" else dec_items).setdefault(modality, []).append(feats)
+            if side == "encoder":
+                counts[modality] = k = counts.get(modality, -1) + 1
+                seeds.setdefault(modality, []).append(item_seed(s.seed or 0, modality, k))
+    seeded = any(s.seed is not None for s in samples)
     return MicroBatch(
         input_ids=torch.tensor([ids], dtype=torch.long),
         labels=torch.tensor([labels], dtype=torch.long),
         position_ids=torch.tensor([pos], dtype=torch.long),
         cu_seqlens=torch.tensor(cu, dtype=torch.int32),
         max_seqlen=max((len(s) for s in samples), default=0),
-        encoder_inputs={m: encoders[m].collate(v) for m, v in enc_items.items()},
+        encoder_inputs={m: collate_items(encoders[m], v, seeds[m] if seeded else None) for m, v in enc_items.items()},
         decoder_inputs={m: decoders[m].collate(v) for m, v in dec_items.items()},
         n_targets=sum(s.n_targets for s in samples),
         wheres=[s.where for s in samples],

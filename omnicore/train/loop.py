@@ -59,6 +59,7 @@ from omnicore.data.loader import DataWorkerError
 from omnicore.data.packing import to_device
 from omnicore.data.pipeline import DataPipeline
 from omnicore.data.reading import DataExhausted
+from omnicore.data.seeds import rank_seed
 from omnicore.data.state import DataResumeError, merge_states
 from omnicore.eval.samples import Sampler
 from omnicore.eval.validate import Validator
@@ -115,6 +116,7 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
                         grad_accum=cfg.train.grad_accum, pin_memory=pin, decoder_keys=cfg.train.code_cache_mb > 0)  # fmt: skip
     _check_rows(sources, data.num_shards, cfg)
 
+    torch.manual_seed(rank_seed(cfg.run.seed, state.rank))  # dropout: each rank its own stream (a resume restores it)
     optimizer = build_optimizer(model, cfg)
     scheduler = build_schedule(optimizer, cfg)
     start, skips = 0, (0, 0)

@@ -17,7 +17,9 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["SpecAugmentOptions", "spec_augment"]
+from omnicore.api import ITEM_SEEDS, item_generators
+
+__all__ = ["SpecAugmentOptions", "spec_augment", "window_generators"]
 
 
 class SpecAugmentOptions(BaseModel):
@@ -41,9 +43,14 @@ class SpecAugmentOptions(BaseModel):
         return (self.freq_masks > 0 and self.freq_width > 0) or (self.time_masks > 0 and self.time_width > 0)
 
 
-def _spans(count: int, width: int, length: torch.Tensor, size: int, generator: torch.Generator | None) -> torch.Tensor:
+def _spans(
+    count: int, width: int, length: torch.Tensor, size: int, generator: torch.Generator | list[torch.Generator] | None
+) -> torch.Tensor:
     """``[B, size]`` bool: per row, the union of ``count`` spans of ``U[0, width]`` positions starting
-    uniformly in ``[0, length - w]`` (``length`` ``[B]``, at most ``size``)."""
+    uniformly in ``[0, length - w]`` (``length`` ``[B]``, at most ``size``); with a list of
+    generators, row ``i`` draws from ``generator[i]``."""
+    if isinstance(generator, list):
+        return torch.cat([_spans(count, width, length[i : i + 1], size, g) for i, g in enumerate(generator)])
     b = length.shape[0]
     hit = torch.zeros(b, size, dtype=torch.bool)
     pos = torch.arange(size)[None, :]
@@ -55,7 +62,10 @@ def _spans(count: int, width: int, length: torch.Tensor, size: int, generator: t
 
 
 def spec_augment(
-    features: torch.Tensor, valid_frames: torch.Tensor, options: SpecAugmentOptions, generator: torch.Generator | None = None
+    features: torch.Tensor,
+    valid_frames: torch.Tensor,
+    options: SpecAugmentOptions,
+    generator: torch.Generator | list[torch.Generator] | None = None,
 ) -> torch.Tensor:
     """Mask ``features`` ``[B, M, T]`` (mel channels, frames) as SpecAugment does.
 
@@ -63,7 +73,8 @@ def spec_augment(
         features: log-mel features of a batch, any device and float dtype.
         valid_frames: ``[B]`` frames of each item that hold its clip (the rest is padding).
         options: how many masks of what width (:class:`SpecAugmentOptions`).
-        generator: random numbers (default: torch's global generator, seeded by the run).
+        generator: random numbers: one generator (default: torch's global one), or one per row of
+            ``features`` (each clip's draws from its own sample's stream).
 
     Returns:
         a new tensor (``features`` itself when nothing is active) whose masked entries hold the
@@ -80,3 +91,16 @@ def spec_augment(
     mean = (features * in_clip[:, None, :]).sum((1, 2)) / (in_clip.sum(1) * mels).clamp_min(1)
     mask &= in_clip[:, None, :]
     return torch.where(mask, mean[:, None, None].to(features.dtype), features)
+
+
+def window_generators(batch: dict[str, torch.Tensor], rows: int) -> list[torch.Generator] | None:
+    """One generator per row (window) of a collated batch: each clip's own stream
+    (:func:`omnicore.api.item_generators`, from its sample) when every clip is one window; when a
+    long clip was split into several windows (which window is whose is not in the batch), every row
+    draws from one stream seeded from the batch's clips. None for a batch without seeds (torch's
+    global generator)."""
+    gens = item_generators(batch)
+    if gens is None or len(gens) == rows:
+        return gens
+    shared = torch.Generator().manual_seed(hash(tuple(batch[ITEM_SEEDS].reshape(-1).tolist())) % 2**63)
+    return [shared] * rows

@@ -48,7 +48,7 @@ from transformers import WhisperConfig, WhisperFeatureExtractor
 from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
 from omnicore.api import Audio, load_extra_weights, load_hf_pretrained, save_extra_weights
-from omnicore_audio_whisper.augment import SpecAugmentOptions, spec_augment
+from omnicore_audio_whisper.augment import SpecAugmentOptions, spec_augment, window_generators
 from omnicore_audio_whisper.processor import (
     SHAPE_KEYS,
     WHAT_TO_PUT,
@@ -147,7 +147,7 @@ class WhisperAudioEncoder(nn.Module):
         param = self.projector.weight
         feats = batch["input_features"].to(device=param.device, dtype=next(self.whisper.parameters()).dtype)
         if self.training:
-            feats = spec_augment(feats, batch["valid_frames"], self.spec_augment)
+            feats = spec_augment(feats, batch["valid_frames"], self.spec_augment, window_generators(batch, feats.shape[0]))
         if self.frozen:
             with torch.no_grad():
                 hidden = self.whisper(input_features=feats).last_hidden_state  # [B, P, d_model]

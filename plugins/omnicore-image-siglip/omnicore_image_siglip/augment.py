@@ -61,13 +61,17 @@ def affine_matrices(shift: torch.Tensor, angle: torch.Tensor, zoom: torch.Tensor
     return torch.cat([rot, offset], dim=-1)
 
 
-def random_affine(pixels: torch.Tensor, options: AugmentOptions, generator: torch.Generator | None = None) -> torch.Tensor:
+def random_affine(
+    pixels: torch.Tensor, options: AugmentOptions, generator: torch.Generator | list[torch.Generator] | None = None
+) -> torch.Tensor:
     """Each image of ``pixels`` ``[B, C, S, S]`` moved, rotated and zoomed at random (bilinear).
 
     Args:
         pixels: a float batch, any device and dtype.
         options: the largest change of each kind (:class:`AugmentOptions`).
-        generator: random numbers (default: torch's global generator, seeded by the run).
+        generator: random numbers: one generator for the batch (default: torch's global one), or
+            one per image (:func:`omnicore.api.item_generators`: each image's draws from its own
+            sample's stream, whatever batch or rank it is in).
 
     Returns:
         a new tensor of the same shape, dtype and device; ``pixels`` itself when nothing is active.
@@ -75,13 +79,17 @@ def random_affine(pixels: torch.Tensor, options: AugmentOptions, generator: torc
     if not options.active:
         return pixels
     b = pixels.shape[0]
+    if isinstance(generator, list):  # per image: shift x, shift y, angle, zoom from its own generator
+        u = (torch.stack([torch.rand(4, generator=g) for g in generator]) * 2 - 1).to(pixels.device, torch.float32)
+        shift, angle, zoom = u[:, :2] * options.shift, u[:, 2] * math.radians(options.rotate), 1 + u[:, 3] * options.scale
+    else:
 
-    def uniform(*shape: int) -> torch.Tensor:
-        return (torch.rand(*shape, generator=generator) * 2 - 1).to(pixels.device, torch.float32)
+        def uniform(*shape: int) -> torch.Tensor:
+            return (torch.rand(*shape, generator=generator) * 2 - 1).to(pixels.device, torch.float32)
 
-    shift = uniform(b, 2) * options.shift
-    angle = uniform(b) * math.radians(options.rotate)
-    zoom = 1 + uniform(b) * options.scale
+        shift = uniform(b, 2) * options.shift
+        angle = uniform(b) * math.radians(options.rotate)
+        zoom = 1 + uniform(b) * options.scale
     theta = affine_matrices(shift, angle, zoom)
     grid = F.affine_grid(theta, list(pixels.shape), align_corners=False)
     out = F.grid_sample(pixels.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)

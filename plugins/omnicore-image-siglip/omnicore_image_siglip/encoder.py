@@ -46,7 +46,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from omnicore.api import load_extra_weights, load_hf_pretrained, save_extra_weights
+from omnicore.api import item_generators, load_extra_weights, load_hf_pretrained, save_extra_weights
 from omnicore_image_siglip.augment import AugmentOptions, random_affine
 from omnicore_image_siglip.processor import PREPROCESSOR_FILE, SiglipEncoderOptions, SiglipImageProcessor
 
@@ -243,8 +243,8 @@ class SiglipImageEncoder(nn.Module):
         if pixel_values.dim() == 3:
             pixel_values = pixel_values.unsqueeze(0)
         pixel_values = pixel_values.to(self.projector[0].weight.device)
-        if self.training:
-            pixel_values = random_affine(pixel_values, self.augment)
+        if self.training:  # each image draws from its own sample's stream (a training batch holds the seeds)
+            pixel_values = random_affine(pixel_values, self.augment, item_generators(batch))
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
             hidden = self.tower(pixel_values=pixel_values).last_hidden_state  # [B, (S // P) ** 2, D]
         if self.merge > 1:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from omnicore.api import EncoderOutput, all_to_all, input_units
+from omnicore.api import EncoderOutput, all_to_all, collate_items, input_units
 from omnicore_parallel_encoder_balance.assign import Assignment, assign
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def split_items(processor: Any, batch: Any) -> list[dict[str, torch.Tensor]] | N
             return None
         if not items or not all(isinstance(it, dict) and all(isinstance(v, torch.Tensor) for v in it.values()) for it in items):
             return None
-        again = processor.collate(items)
+        again = collate_items(processor, items)  # a training batch's item seeds travel with their items
     except Exception:  # noqa: BLE001 - a batch this rule cannot cut is encoded where it is
         return None
     if not isinstance(again, dict) or set(again) != set(batch):
@@ -90,7 +90,7 @@ def item_cost(mode: str, module: Any, processor: Any, features: dict[str, torch.
         return float(processor.num_tokens(features))
     own = getattr(module, "flops", None) if mode == "auto" else None
     if callable(own):
-        return float(own(processor.collate([features])))
+        return float(own(collate_items(processor, [features])))
     return float(input_units(features))
 
 
@@ -259,7 +259,7 @@ class BalanceHook:
                 assigned.append(_from_bytes(got[at : at + n], metas[p].specs[i]))
                 at += n
         # encode: my assigned items, or the dummy batch (same number of module calls on every rank)
-        out = call.encode(_to(call.processor.collate(assigned), device) if assigned else None)
+        out = call.encode(_to(collate_items(call.processor, assigned), device) if assigned else None)
         embeds, layers = (out.embeds, list(out.layer_embeds)) if isinstance(out, EncoderOutput) else (out, [])
         want = sum(metas[p].tokens[i] for p in range(size) for i in recv[p])
         if assigned and embeds.shape[0] != want:

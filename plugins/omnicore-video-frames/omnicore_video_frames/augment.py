@@ -72,7 +72,7 @@ def augment_clips(
     tp: int,
     p: int,
     m: int,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
     still: torch.Tensor | None = None,
     still_options: VideoAugmentOptions | None = None,
 ) -> torch.Tensor:
@@ -83,7 +83,8 @@ def augment_clips(
         grids: ``video_grid_thw`` ``[B, 3]``.
         options: what to draw (:class:`VideoAugmentOptions`).
         tp, p, m: the tubelet's frames, the patch side (pixels), the merge size.
-        generator: random numbers (default: torch's global generator, seeded by the run).
+        generator: random numbers: one generator (default: torch's global one), or one per clip
+            (:func:`omnicore.api.item_generators`: each clip's draws from its own sample's stream).
         still: bool ``[B]``, which items are still images (``second_per_grid_ts`` 0); those get
             ``still_options`` instead of ``options`` (default: every item gets ``options``).
         still_options: what to draw for still images.
@@ -97,15 +98,16 @@ def augment_clips(
     if not options.active and not (still_options.active and any(flags)):
         return pixels
     out, start = [], 0
-    for g, is_still in zip(grids.tolist(), flags):
+    gens = generator if isinstance(generator, list) else [generator] * len(flags)
+    for g, is_still, gen in zip(grids.tolist(), flags, gens):
         n = g[0] * g[1] * g[2]
         opts = still_options if is_still else options
         frames = patches_to_frames(pixels[start : start + n], tuple(g), tp, p, m)
         start += n
-        if opts.reverse and float(torch.rand((), generator=generator)) < 0.5:
+        if opts.reverse and float(torch.rand((), generator=gen)) < 0.5:
             frames = frames.flip(0)
         if opts.shift > 0:
-            dx, dy = ((torch.rand(2, generator=generator) * 2 - 1) * opts.shift).tolist()
+            dx, dy = ((torch.rand(2, generator=gen) * 2 - 1) * opts.shift).tolist()
             # affine_grid maps output to input coordinates (normalised to [-1, 1]): content moves by +2 * (dx, dy)
             theta = torch.tensor([[1.0, 0.0, -2 * dx], [0.0, 1.0, -2 * dy]], device=frames.device).expand(frames.shape[0], 2, 3)
             grid = F.affine_grid(theta, list(frames.shape), align_corners=False)

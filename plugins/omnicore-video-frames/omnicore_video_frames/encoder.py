@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from omnicore.api import load_extra_weights, load_hf_pretrained, save_extra_weights
+from omnicore.api import item_generators, load_extra_weights, load_hf_pretrained, save_extra_weights
 from omnicore_video_frames.augment import augment_clips
 from omnicore_video_frames.processor import VideoEncoderOptions, VideoFramesProcessor, read_vision_config
 
@@ -211,6 +211,7 @@ class VideoFramesEncoder(nn.Module):
                 m=p.merge_size,
                 still=still,
                 still_options=self.image_augment,
+                generator=item_generators(batch),  # each clip draws from its own sample's stream
             )
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen):
             merged = self.tower(pixels, grid_thw=grid).pooler_output  # [sum N_b / M**2, E]
