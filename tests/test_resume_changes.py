@@ -159,3 +159,19 @@ def test_continue_command_keeps_the_overrides_and_the_torchrun_launch(text_jsonl
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert continue_command(cfg) == f"{launcher} --nnodes=2 --nproc-per-node=4 -m omnicore {rest}"
+
+
+def test_a_checkpoint_without_a_config_still_says_what_a_missing_key_means(text_jsonl, stopped, tmp_path):
+    """Loading into a model of another shape (as a checkpoint written before configs were kept
+    would be): the error says that the model or the trained parameters differ, not just the key."""
+    import torch
+
+    from omnicore.checkpoint.dcp import CheckpointError, load_checkpoint
+    from omnicore.model.build import build_omni_model
+    from omnicore.parallel.state import ParallelState
+
+    cfg = _cfg(text_jsonl, tmp_path / "other", lr=1e-3)
+    cfg.model.foundation.options["config"]["num_hidden_layers"] = 3
+    model, _ = build_omni_model(cfg)
+    with pytest.raises(CheckpointError, match=r"Missing key.*; this run's model \(its shape, model.lora\) or its trained parameters"):
+        load_checkpoint(stopped / "checkpoints" / "step-00000003", model, None, None, ParallelState(0, 1, 0, torch.device("cpu")))

@@ -284,14 +284,28 @@ def _dcp_load(sd: dict[str, Any], folder: Path, state: Any) -> None:
         failures = getattr(e, "failures", None)
         if not isinstance(failures, dict):
             if isinstance(e, Exception):
-                raise CheckpointError(f"checkpoint {folder} failed to load: {type(e).__name__}: {e}") from e
+                raise CheckpointError(f"checkpoint {folder} failed to load: {type(e).__name__}: {e}{_shape_hint(e)}") from e
             raise
         causes = [f[0] if isinstance(f, tuple) else f for f in failures.values()]
         for c in causes:
             if isinstance(c, CheckpointError):
                 raise c from e
         first = causes[0] if causes else e
-        raise CheckpointError(f"checkpoint {folder} failed to load: {type(first).__name__}: {first}") from e
+        raise CheckpointError(f"checkpoint {folder} failed to load: {type(first).__name__}: {first}{_shape_hint(first)}") from e
+
+
+def _shape_hint(exc: BaseException) -> str:
+    """What a missing, unexpected or resized key means, for a load that failed on one: this run's
+    model or the set of trained parameters (``train.freeze``, ``model.lora``) is not the
+    checkpoint's. (A checkpoint that keeps its config is compared before loading:
+    :mod:`omnicore.checkpoint.changes` names the setting.)"""
+    text = str(exc)
+    if not any(k in text for k in ("Missing key", "Unexpected key", "size mismatch")):
+        return ""
+    return (
+        "; this run's model (its shape, model.lora) or its trained parameters (train.freeze) differ from the checkpoint's: "
+        "resume with the settings that wrote it, or start a new run from its weights with model.init_from"
+    )
 
 
 def load_checkpoint(
