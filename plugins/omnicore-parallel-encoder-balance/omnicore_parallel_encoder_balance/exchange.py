@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from omnicore.api import EncoderOutput, all_to_all, collate_items, input_units
+from omnicore.api import ITEM_SEEDS, EncoderOutput, all_to_all, collate_items, input_units
 from omnicore_parallel_encoder_balance.assign import Assignment, assign
 
 logger = logging.getLogger(__name__)
@@ -50,12 +50,20 @@ def split_items(processor: Any, batch: Any) -> list[dict[str, torch.Tensor]] | N
 
     A processor with a ``split(batch) -> list[features]`` member (the inverse of its ``collate``) is
     asked; otherwise a dict of tensors with one leading size ``B`` is cut into its ``B`` rows (what
-    stacking processors such as SigLIP's and Whisper's collate). Either way the items must collate
-    back to the very batch (checked with ``torch.equal``), or the batch is not cut."""
+    stacking processors such as SigLIP's and Whisper's collate). A training batch's item seeds
+    (:data:`omnicore.api.ITEM_SEEDS`, which the processor never sees) go with their items, so an
+    encoder's augmentation draws the same for an item wherever it is encoded. Either way the items
+    must collate back to the very batch (:func:`omnicore.api.collate_items`, checked with
+    ``torch.equal``), or the batch is not cut."""
     own = getattr(processor, "split", None)
     try:
         if callable(own):
-            items = list(own(batch))
+            seeds = batch.get(ITEM_SEEDS) if isinstance(batch, dict) else None
+            items = list(own({k: v for k, v in batch.items() if k != ITEM_SEEDS} if seeds is not None else batch))
+            if seeds is not None:
+                if len(items) != seeds.numel():
+                    return None
+                items = [{**it, ITEM_SEEDS: seed} for it, seed in zip(items, seeds.reshape(-1))]
         elif isinstance(batch, dict) and batch and all(isinstance(v, torch.Tensor) and v.dim() >= 1 for v in batch.values()):
             sizes = {v.shape[0] for v in batch.values()}
             if len(sizes) != 1:

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cases  # noqa: E402
 
+from omnicore.api import ITEM_SEEDS  # noqa: E402
 from omnicore_parallel_encoder_balance.exchange import (  # noqa: E402
     _as_bytes,
     _from_bytes,
@@ -69,6 +70,22 @@ def test_a_processor_split_member_is_used():
     batch = Concatenating().collate([{"x": torch.arange(3.0)}, {"x": torch.arange(5.0)}])
     items = split_items(Concatenating(), batch)
     assert [len(it["x"]) for it in items] == [3, 5]
+    # a training batch's item seeds: the processor's split never sees them, each item carries its own
+    seeded = {**batch, ITEM_SEEDS: torch.tensor([11, 12])}
+    items = split_items(Concatenating(), seeded)
+    assert [int(it[ITEM_SEEDS]) for it in items] == [11, 12] and [len(it["x"]) for it in items] == [3, 5]
+
+
+def test_item_seeds_of_a_stacked_batch_go_with_their_rows(processors):
+    from omnicore.api import collate_items
+
+    image = processors["image"]
+    pics = [image.preprocess(cases._image(s)) for s in range(3)]
+    batch = collate_items(image, pics, seeds=[7, 8, 9])
+    items = split_items(image, batch)
+    assert [int(it[ITEM_SEEDS]) for it in items] == [7, 8, 9]
+    moved = collate_items(image, [items[2], items[0]])  # as a rank that encodes two of them collates them
+    assert moved[ITEM_SEEDS].tolist() == [9, 7] and torch.equal(moved["pixel_values"][0], pics[2]["pixel_values"])
 
 
 def test_costs_by_mode(processors):
