@@ -5,7 +5,10 @@ tiny model's SigLIP and Whisper encoders.
 In one 2-process run: 4 steps with ``[fsdp2]``; 4 steps with ``[encoder_balance, fsdp2]``; and the
 balanced run again, stopped after 2 steps (``train.stop_after``) and resumed for 2 more. The
 balanced losses equal the plain ones (relative 1e-5), the resumed run's equal the straight
-balanced run's (relative 1e-6: resume is exact), and items were moved in the balanced runs.
+balanced run's (relative 1e-6: resume is exact), and items were moved in the balanced runs. The
+images are augmented while training (SigLIP's ``augment``): the draws follow each item's seed
+(``omnicore.api.ITEM_SEEDS``), which moves with the item, so a moved image is shifted and turned
+as it would have been on its own rank.
 """
 
 from __future__ import annotations
@@ -41,9 +44,12 @@ def digits(tmp_path_factory) -> Path:
 
 def _cfg(data: Path, out: Path, strategies: list, **train) -> dict:
     t = {"max_steps": STEPS, "lr": 3e-3, "warmup_steps": 1, "progress": False, "export": False, "save_every": 2, **train}
+    model = cases.model_dict()
+    # random shifts and turns while training, drawn per item from its seed: the same on whichever rank encodes it
+    model["encoders"]["image"]["options"]["augment"] = {"shift": 0.1, "rotate": 15.0}
     return {
         "run": {"output_dir": str(out), "seed": 0},
-        "model": cases.model_dict(),
+        "model": model,
         "data": {"train": str(data / "train.jsonl"), "max_tokens": 256, "shuffle": True},
         "train": t,
         "samples": {"every": 0},
