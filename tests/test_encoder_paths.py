@@ -78,3 +78,19 @@ def test_a_failing_validation_saves_the_steps_trained_first(fake_distribution, d
     assert f"the 2 steps trained are saved in {step2}" in msg
     assert f"continue with: omnicore train {cfg.source} --train.lr 0.003 --resume" in msg
     assert (step2 / "trainer_state.json").is_file() and (data / "run" / "checkpoints" / "latest").read_text().strip() == step2.name
+
+
+@pytest.mark.slow
+def test_a_bad_held_out_line_stops_the_run_as_one_error_after_saving(fake_distribution, data):
+    """A user's error in validation (a held-out line that is no JSON, data.on_error: raise) is still
+    a SampleError (the CLI's one ``error:`` line), now after step 2 was saved."""
+    from omnicore.data.jsonl import SampleError
+    from omnicore.train.loop import train
+
+    fake_distribution("omnicore-toy", "0.3", {"toy": "toy_hook"}, {"toy_hook": HOOK, "toy_encoder": TOY})
+    (data / "eval.jsonl").write_text((data / "data.jsonl").read_text() + "{not json\n")
+    cfg = _cfg(data, max_steps=4, save_every=4)
+    cfg.data.eval = str(data / "eval.jsonl")
+    with pytest.raises(SampleError, match=r"eval\.jsonl:9: not valid JSON .*; the 2 steps trained are saved in .*step-00000002"):
+        train(cfg)
+    assert (data / "run" / "checkpoints" / "step-00000002" / "trainer_state.json").is_file()

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from omnicore.checkpoint.changes import continue_command
-from omnicore.config import Config
+from omnicore.config import Config, ConfigError
 from omnicore.data.chat import ChatProcessor
 from omnicore.data.jsonl import SampleError
 from omnicore.data.loader import DataWorkerError
@@ -723,7 +723,9 @@ class EvaluationFailed(RuntimeError):
 def _saved_on_failure(run: Run, done: int, what: str) -> Iterator[None]:
     """A failure inside (validation, sampling: a plugin's generation path, a bad held-out file)
     never loses the ``done`` steps trained: they are saved (unless just saved), then
-    :class:`EvaluationFailed` is raised with the cause chained. Saving is collective: a failure
+    :class:`EvaluationFailed` is raised with the cause chained (a user's error, such as a bad
+    held-out line, is raised again as its own type, so the CLI still prints it as one line, now
+    naming the checkpoint). Saving is collective: a failure
     that reaches every rank (the usual case: the same code on the same data) saves on every rank."""
     try:
         yield
@@ -732,10 +734,10 @@ def _saved_on_failure(run: Run, done: int, what: str) -> Iterator[None]:
             save(run, done)
         where = run.ckpt_root / f"step-{done:08d}"
         go_on = "continue with: " + continue_command(run.cfg) if done < run.cfg.train.max_steps else "the run's last step: it is complete"
-        raise EvaluationFailed(
-            f"{what} after step {done} failed: {type(exc).__name__}: {' '.join(str(exc).split())}; the {done} steps trained are "
-            f"saved in {where}: fix the cause, then {go_on}"
-        ) from exc
+        message = f"the {done} steps trained are saved in {where}: fix the cause, then {go_on}"
+        if isinstance(exc, (SampleError, ConfigError)):  # a user's error (a bad held-out line): still one line, of its type
+            raise type(exc)(f"{' '.join(str(exc).split())}; {message}") from exc
+        raise EvaluationFailed(f"{what} after step {done} failed: {type(exc).__name__}: {' '.join(str(exc).split())}; {message}") from exc
 
 
 def _out_of_data(run: Run, done: int) -> None:
