@@ -323,6 +323,90 @@ class ModuleComponentContract(ComponentContract):
         for i, f in enumerate(feats):
             assert self._run(module, proc.collate([f])).shape[0] == counts[i], f"item {i}"
 
+    core_foundation: ClassVar[dict[str, Any] | None] = None
+    """The foundation (``{"name": ..., "options": ...}``, as ``model.foundation``) that
+    :meth:`test_core_paths` runs the component with; None: the built-in ``hf_causal_lm`` of
+    :data:`TINY_LM_CONFIG` with :attr:`hidden_size`. Set it for a component that needs its own
+    family's foundation (an encoder whose layer rows only it takes)."""
+    core_export: ClassVar[bool] = True
+    """Whether :meth:`test_core_paths` also exports; False only where the foundation's own export
+    cannot hold this configuration (say why in the subclass)."""
+
+    def _core_media(self, monkeypatch: Any) -> dict[str, Any]:
+        """:meth:`make_media`'s items by name (``media-0``, ...), which the data side's loaders
+        return for a path of that name (so any medium works, without files)."""
+        from omnicore.data import chat
+
+        media = {f"media-{i}": m for i, m in enumerate(self.make_media(self._proc.modality))}
+        monkeypatch.setitem(chat.LOADERS, self._proc.modality, lambda path, **_: media[os.path.basename(path)])
+        monkeypatch.setattr(chat, "load_video", lambda path, **_: media[os.path.basename(path)])  # a processor with audio_track
+        return media
+
+    def _core_config(self, folder: Any, keys: list[str]) -> Any:
+        """The run config of :meth:`test_core_paths`: the tiny foundation and this component; one
+        held-out line per medium, written under ``folder``: for an encoder a question about it and a
+        text answer, for a decoder a request and the medium as the answer."""
+        import json
+
+        from omnicore.config import Config
+
+        m = self._proc.modality
+        lines = []
+        for i, key in enumerate(keys):
+            if self.kind == "encoder":
+                user, answer = [{"type": m, "path": key}, {"type": "text", "text": "What is it?"}], f"item {i}"
+            else:
+                user, answer = f"Make item {i}.", [{"type": m, "path": key}]
+            lines.append({"task": "describe", "messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]})
+        (folder / "eval.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        lm = dict(TINY_LM_CONFIG, hidden_size=self.hidden_size, max_position_embeddings=4096)
+        lm.pop("vocab_size")
+        foundation = self.core_foundation or {"name": "hf_causal_lm", "options": {"config": lm}}
+        return Config.model_validate({
+            "run": {"output_dir": str(folder / "run"), "seed": self.seed},
+            "model": {"foundation": copy.deepcopy(foundation),
+                      f"{self.kind}s": {m: {"name": self.name, "options": copy.deepcopy(self.options)}}},
+            "data": {"train": str(folder / "eval.jsonl"), "eval": str(folder / "eval.jsonl"), "max_tokens": 4096},
+            "generate": {"max_new_tokens": 3, "batch_size": 2},
+        })  # fmt: skip
+
+    def _core_model(self, cfg: Any, registry: Any) -> tuple[Any, Any, Any]:
+        """``(model, tokenizer, chat processor)`` of ``cfg``, built through ``registry`` as training builds them."""
+        from omnicore.data.chat import ChatProcessor
+        from omnicore.model.build import build_omni_model
+
+        model, tokenizer = build_omni_model(cfg, registry)
+        return model, tokenizer, ChatProcessor.for_model(tokenizer, model, cfg.data)
+
+    def _core_export(self, model: Any, tokenizer: Any, cfg: Any, registry: Any, folder: Any, val: dict[str, Any]) -> None:
+        """Export ``model`` (``write_export``), build it back through ``registry`` from the export's
+        ``omnicore.yaml`` and check that it gives the held-out loss ``val`` of :meth:`test_core_paths`."""
+        from omnicore.checkpoint.export import write_export
+        from omnicore.eval.heldout import heldout_loss
+        from omnicore.eval.loading import model_config_from_export
+
+        write_export(model, tokenizer, cfg, folder)
+        back = cfg.model_copy(update={"model": model_config_from_export(folder)})
+        model2, _, processor2 = self._core_model(back, registry)
+        val2 = heldout_loss(model2, processor2, cfg.resolve_path(cfg.data.eval), cfg.data.max_tokens)
+        assert val2["val_loss"] == pytest.approx(val["val_loss"], rel=1e-5), "the export gives another held-out loss"
+
+    def _core_step(self, model: Any, processor: Any, samples: list[Any], module: Any) -> Any:
+        """A training step's forward and backward on ``samples`` (collated by the processors, as the
+        data side does); asserts a finite loss and a gradient on ``module``; returns the output."""
+        from omnicore.data.packing import collate
+
+        model.train()
+        out = model(collate([processor.encode(s) for s in samples], processor.encoders, processor.decoders))
+        out.loss_sum.backward()
+        assert torch.isfinite(out.loss_sum), "training step: non-finite loss"
+        grads = [p.grad for p in module.parameters() if p.requires_grad]
+        assert grads and any(g is not None and bool(g.abs().sum() > 0) for g in grads), (
+            f"training step: no gradient reached the {self.kind}"
+        )
+        model.zero_grad(set_to_none=True)
+        return out
+
 
 # ---- encoders --------------------------------------------------------------------------------
 
@@ -435,15 +519,6 @@ class EncoderContract(ModuleComponentContract):
         missing = [n for n, p in trainable if p.grad is None]
         assert not missing, f"parameters without a grad after the dummy pass (FSDP would hang): {missing[:5]}"
 
-    core_foundation: ClassVar[dict[str, Any] | None] = None
-    """The foundation (``{"name": ..., "options": ...}``, as ``model.foundation``) that
-    :meth:`test_core_paths` runs the encoder with; None: the built-in ``hf_causal_lm`` of
-    :data:`TINY_LM_CONFIG` with :attr:`hidden_size`. Set it for an encoder that needs its own
-    family's foundation (one that takes its layer rows)."""
-    core_export: ClassVar[bool] = True
-    """Whether :meth:`test_core_paths` also exports; False only where the foundation's own export
-    cannot hold this configuration (say why in the subclass)."""
-
     def test_core_paths(self, tmp_path, monkeypatch):
         """Every path the core calls with this encoder in a tiny model (the built-in foundation,
         built through the registry as training builds it), each through the component contract (the
@@ -452,28 +527,16 @@ class EncoderContract(ModuleComponentContract):
         (``heldout_loss``, ``task_accuracy``), ``omnicore eval``'s scoring and ``omnicore generate``'s
         answers (``score_samples``, ``generate_answers``), and an export (``write_export``) that
         builds back, through the registry, to the same held-out loss."""
-        from omnicore.data import chat
         from omnicore.data.jsonl import Part
-        from omnicore.data.packing import collate
         from omnicore.eval.generate import generate_answers, user_prompt
         from omnicore.eval.heldout import heldout_loss
         from omnicore.eval.scoring import answer_samples, score_samples, task_accuracy
 
-        media = {f"media-{i}": m for i, m in enumerate(self.make_media(self._proc.modality))}
-        monkeypatch.setitem(chat.LOADERS, self._proc.modality, lambda path, **_: media[os.path.basename(path)])
-        monkeypatch.setattr(chat, "load_video", lambda path, **_: media[os.path.basename(path)])  # a processor with audio_track
+        media = self._core_media(monkeypatch)
         cfg, registry = self._core_config(tmp_path, list(media)), self.registry()
         model, tokenizer, processor = self._core_model(cfg, registry)
         samples = answer_samples(cfg)
-        # training: the data side's collate (the processors), forward, backward
-        model.train()
-        out = model(collate([processor.encode(s) for s in samples], processor.encoders, processor.decoders))
-        out.loss_sum.backward()
-        assert torch.isfinite(out.loss_sum), "training step: non-finite loss"
-        enc = model.encoders[self._proc.modality]
-        grads = [p.grad for p in enc.parameters() if p.requires_grad]
-        assert grads and any(g is not None and bool(g.abs().sum() > 0) for g in grads), "training step: no gradient reached the encoder"
-        model.zero_grad(set_to_none=True)
+        self._core_step(model, processor, samples, model.encoders[self._proc.modality])  # training
         # validation (eval.every): held-out loss and task accuracy (eval.task_samples)
         path = cfg.resolve_path(cfg.data.eval)
         val = heldout_loss(model, processor, path, cfg.data.max_tokens)
@@ -488,51 +551,8 @@ class EncoderContract(ModuleComponentContract):
         ]
         answers = list(generate_answers(cfg, model, tokenizer, processor, prompts))
         assert len(answers) == len(media) and all(isinstance(a["text"], str) for a in answers)
-        if not self.core_export:
-            return
-        # export, built back through the registry
-        from omnicore.checkpoint.export import write_export
-        from omnicore.eval.loading import model_config_from_export
-
-        write_export(model, tokenizer, cfg, tmp_path / "export")
-        back = cfg.model_copy(update={"model": model_config_from_export(tmp_path / "export")})
-        model2, tokenizer2, processor2 = self._core_model(back, registry)
-        val2 = heldout_loss(model2, processor2, path, cfg.data.max_tokens)
-        assert val2["val_loss"] == pytest.approx(val["val_loss"], rel=1e-5), "the export gives another held-out loss"
-
-    def _core_config(self, folder: Any, keys: list[str]) -> Any:
-        """The run config of :meth:`test_core_paths`: the tiny foundation and this encoder; one
-        held-out line per medium (question and a text answer), written under ``folder``."""
-        import json
-
-        from omnicore.config import Config
-
-        m = self._proc.modality
-        lines = []
-        for i, key in enumerate(keys):
-            user = [{"type": m, "path": key}, {"type": "text", "text": "What is it?"}]
-            lines.append(
-                {"task": "describe", "messages": [{"role": "user", "content": user}, {"role": "assistant", "content": f"item {i}"}]}
-            )
-        (folder / "eval.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-        lm = dict(TINY_LM_CONFIG, hidden_size=self.hidden_size, max_position_embeddings=4096)
-        lm.pop("vocab_size")
-        foundation = self.core_foundation or {"name": "hf_causal_lm", "options": {"config": lm}}
-        return Config.model_validate({
-            "run": {"output_dir": str(folder / "run"), "seed": self.seed},
-            "model": {"foundation": copy.deepcopy(foundation),
-                      "encoders": {m: {"name": self.name, "options": copy.deepcopy(self.options)}}},
-            "data": {"train": str(folder / "eval.jsonl"), "eval": str(folder / "eval.jsonl"), "max_tokens": 4096},
-            "generate": {"max_new_tokens": 3, "batch_size": 2},
-        })  # fmt: skip
-
-    def _core_model(self, cfg: Any, registry: Any) -> tuple[Any, Any, Any]:
-        """``(model, tokenizer, chat processor)`` of ``cfg``, built through ``registry`` as training builds them."""
-        from omnicore.data.chat import ChatProcessor
-        from omnicore.model.build import build_omni_model
-
-        model, tokenizer = build_omni_model(cfg, registry)
-        return model, tokenizer, ChatProcessor.for_model(tokenizer, model, cfg.data)
+        if self.core_export:  # export, built back through the registry
+            self._core_export(model, tokenizer, cfg, registry, tmp_path / "export", val)
 
 
 # ---- decoders --------------------------------------------------------------------------------
@@ -554,6 +574,44 @@ class DecoderContract(ModuleComponentContract):
         feats = [proc.preprocess(m) for m in self.make_media(dec.modality)]
         assert len(feats) >= 2, "make_media() must return at least two items"
         return feats, proc.collate(feats)
+
+    def test_core_paths(self, tmp_path, monkeypatch):
+        """Every path the core calls with this decoder in a tiny model (the built-in foundation,
+        built through the registry as training builds it), each through the component contract: a
+        training step (its loss part finite, gradients reach the decoder), validation's held-out
+        loss (``heldout_loss``), generation that opens an item (``generate_answers``, the opening
+        token forced: the codes come from the decoder's ``head`` and ``decode`` gives the medium),
+        and an export (``write_export``) that builds back, through the registry, to the same loss."""
+        from omnicore.data.jsonl import read_jsonl
+        from omnicore.eval.generate import generate_answers, user_prompt
+        from omnicore.eval.heldout import heldout_loss
+
+        m = self._proc.modality
+        media = self._core_media(monkeypatch)
+        cfg, registry = self._core_config(tmp_path, list(media)), self.registry()
+        model, tokenizer, processor = self._core_model(cfg, registry)
+        path = cfg.resolve_path(cfg.data.eval)
+        samples = list(read_jsonl(path))
+        out = self._core_step(model, processor, samples, model.decoders[m])  # training
+        assert out.decoder_targets.get(m, 0) > 0, "training step: the decoder's codes are not targets"
+        val = heldout_loss(model, processor, path, cfg.data.max_tokens)  # validation (eval.every)
+        assert math.isfinite(val.get(f"val_loss/decoder.{m}", math.nan)), val
+        # generation (omnicore generate, samples.every): the LM head made to open an item at once
+        start = model.token_ids["decoder_start"][m]
+
+        def open_item(module: Any, args: Any, logits: torch.Tensor) -> torch.Tensor:
+            return logits.index_fill(-1, torch.tensor([start], device=logits.device), 1e4)
+
+        one = cfg.model_copy(update={"generate": cfg.generate.model_copy(update={"max_new_tokens": 1})})
+        hook = model.lm.get_output_embeddings().register_forward_hook(open_item)
+        try:
+            prompts = [processor.encode(user_prompt(f"Make item {i}."), prompt_only=True) for i in range(2)]
+            answers = list(generate_answers(one, model, tokenizer, processor, prompts))
+        finally:
+            hook.remove()
+        assert [len(a["images"].get(m, [])) for a in answers] == [1, 1], "generation: an opened item gave no medium"
+        if self.core_export:  # export, built back through the registry
+            self._core_export(model, tokenizer, cfg, registry, tmp_path / "export", val)
 
     def test_implements_protocol(self):
         dec = self.build()
