@@ -97,7 +97,11 @@ def test_losses_equal_transformers_depth_decoder_frame_by_frame(built):
         h = hidden[where - 1]
         want0 = F.cross_entropy(dec.lm_head(h), codes[:, 0], reduction="sum")
         want_depth = sum(
-            float(dec.depth_decoder(input_ids=F.pad(codes[i : i + 1, :1], (1, 0)), backbone_last_hidden_state=h[i : i + 1], labels=codes[i : i + 1]).loss)
+            float(
+                dec.depth_decoder(
+                    input_ids=F.pad(codes[i : i + 1, :1], (1, 0)), backbone_last_hidden_state=h[i : i + 1], labels=codes[i : i + 1]
+                ).loss
+            )
             for i in range(codes.shape[0])
         )
     assert codes.shape == (40, 2)
@@ -133,7 +137,9 @@ def test_greedy_generation_equals_teacher_forcing(built, monkeypatch):
         with torch.no_grad():
             emb = model.lm.get_input_embeddings()(ids).clone()
             emb[0, -20:] = dec.embed(codes)
-            hidden = model.lm.base_model(inputs_embeds=emb, position_ids=torch.arange(ids.shape[1])[None], use_cache=False).last_hidden_state[0]
+            hidden = model.lm.base_model(
+                inputs_embeds=emb, position_ids=torch.arange(ids.shape[1])[None], use_cache=False
+            ).last_hidden_state[0]
             h = hidden[-21:-1]
             assert torch.equal(dec.head(h).argmax(-1), codes[:, 0])
             assert torch.equal(dec.depth_logits(h, codes).argmax(-1), codes[:, 1:])

@@ -104,14 +104,41 @@ def test_refits_exactly_when_an_input_changed(repo):
     assert _fit(repo, MOVQ_STEPS="300", FORCE_MOVQ_FIT="1") == ("fitting the tokenizer again (FORCE_MOVQ_FIT=1)", 5)
 
 
-def test_five_task_config_keeps_the_codec_by_its_stamp(repo):
-    """CONFIG=five.yaml: the text BPE goes to data5/tokenizer, the MoVQGAN is config.yaml's (one fit for
-    both), and the EnCodec codec in examples/digits/codec (shipped) is fit on takes 5-24 and kept while
-    the command and recordings of its stamp hold; a change of the fit code alone keeps it too."""
-    codec, movq = "examples/digits/codec", "examples/digits/movq"
-    five = {"CONFIG": "examples/digits/five.yaml"}
-    out, calls = _run(repo, **five)
+CODEC_YAML = """model:
+  foundation:
+    name: qwen2
+    options:
+      tokenizer: data5/tokenizer
+  decoders:
+    image:
+      name: movqgan
+      options:
+        checkpoint: movq
+    audio:
+      name: encodec
+      options:
+        checkpoint: codec
+"""
+
+
+def test_five_task_config_fits_its_text_and_speech_tokenizers(repo):
+    """CONFIG=five.yaml as shipped: the text BPE goes to data5/tokenizer, the MoVQGAN is config.yaml's
+    (one fit for both), and its speech decoder's MelRVQ goes to examples/digits/mel."""
+    out, calls = _run(repo, CONFIG="examples/digits/five.yaml")
     assert calls[0] == "-m omnicore fit-tokenizer examples/digits/five.yaml --vocab-size 400 --out examples/digits/data5/tokenizer"
+    assert out.splitlines() == ["fitting the tokenizer (none yet)", "fitting the speech tokenizer (none yet)"]
+    assert calls[-1].startswith("-m omnicore_audio_mel.fit ") and " --out examples/digits/mel " in calls[-1]
+
+
+def test_an_encodec_config_keeps_the_codec_by_its_stamp(repo):
+    """A config with an `encodec` decoder (five.yaml's speech before the mel RVQ): the EnCodec codec in
+    examples/digits/codec is fit on takes 5-24 and kept while the command and recordings of its stamp
+    hold; a change of the fit code alone keeps it too."""
+    codec, movq = "examples/digits/codec", "examples/digits/movq"
+    (repo / "examples/digits/codec.yaml").write_text(CODEC_YAML)
+    five = {"CONFIG": "examples/digits/codec.yaml"}
+    out, calls = _run(repo, **five)
+    assert calls[0] == "-m omnicore fit-tokenizer examples/digits/codec.yaml --vocab-size 400 --out examples/digits/data5/tokenizer"
     assert out.splitlines() == ["fitting the tokenizer (none yet)", "fitting the codec (none yet)"]
     r = "examples/digits/raw/fsdd/recordings"
     assert calls[2] == (

@@ -39,7 +39,9 @@ def draw(generated: Path, real: Path, digit: int, out: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True, constrained_layout=True)
     for ax, (title, path) in zip(axes, clips):
         db = log_mel(read_wave(path)).numpy()
-        im = ax.imshow(db, origin="lower", aspect="auto", cmap="magma", vmin=-80, vmax=0, extent=(0, db.shape[1] * HOP / RATE, 0, db.shape[0]))
+        im = ax.imshow(
+            db, origin="lower", aspect="auto", cmap="magma", vmin=-80, vmax=0, extent=(0, db.shape[1] * HOP / RATE, 0, db.shape[0])
+        )
         ax.set_title(f'"{digit}": {title}', fontsize=9)
         ax.set_xlabel("seconds")
     axes[0].set_ylabel("mel band")

@@ -182,12 +182,13 @@ def _launcher() -> list[str]:
 
 
 def load_for_resume(
-    folder: Path, given: dict[str, Any], cfg: Config, model: Any, optimizer: Any, state: Any, log: Any
+    folder: Path, given: dict[str, Any], cfg: Config, model: Any, optimizer: Any, state: Any, log: Any, build_schedule: Any
 ) -> tuple[dict[str, Any], Any]:
     """Load ``folder`` (verified) into ``model`` and ``optimizer`` as this run's config says: the
     changes against the checkpoint's config (``given``: this run's, as the user gave it) refused
     before anything is read, or listed in the log and applied; returns the trainer state and the LR
-    schedule at the checkpoint's step.
+    schedule at the checkpoint's step, made by ``build_schedule(optimizer, cfg, step)`` (the
+    training loop's :func:`omnicore.train.optim.build_schedule`, passed in: this layer is below it).
 
     Raises:
         ResumeError, ConfigError: as :func:`check_resume_changes`.
@@ -196,7 +197,6 @@ def load_for_resume(
     import json
 
     from omnicore.checkpoint.dcp import load_checkpoint
-    from omnicore.train.optim import build_schedule
 
     try:
         saved = json.loads((folder / "trainer_state.json").read_text())

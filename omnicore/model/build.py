@@ -336,3 +336,41 @@ def _options(field: str, c: ComponentConfig, base: Path | None) -> dict[str, Any
         return _resolve_checkpoints(c.options, base)
     except RegistryError as exc:
         raise RegistryError(f"{field}: {exc}") from exc
+
+
+def open_data(cfg: Config, registry: Registry, tokenizer: Any, rope: Any = None) -> tuple[Any, list[Any]]:
+    """The chat processor of the data side (a :class:`~omnicore.data.chat.ChatProcessor`: the
+    tokenizer and the components' processors, no weights; ``rope``: the foundation's mRoPE layout,
+    ``OmniModel.rope``) and the opened data sources (nothing read yet). Training opens its data
+    with it, and ``omnicore plan`` reads a step through it.
+
+    Raises:
+        SampleError: a source cannot be opened, or two have one name.
+    """
+    from omnicore.data.chat import ChatProcessor
+    from omnicore.data.jsonl import SampleError
+    from omnicore.data.sources import open_source
+
+    encoders, decoders = build_processors(cfg, registry)
+    d = cfg.data
+    processor = ChatProcessor(
+        tokenizer,
+        encoders,
+        decoders,
+        d.system_prompt,
+        special_tokens_in_text=d.special_tokens_in_text,
+        max_tokens=d.max_tokens,
+        chat_template=d.chat_template,
+        rope=rope,
+    )
+    base = Path(cfg.source).parent if cfg.source else Path.cwd()
+    sources = []
+    for i, sc in enumerate(d.source_list()):
+        try:
+            sources.append(open_source(sc, base))
+        except ValueError as exc:
+            raise SampleError(f"{'data.train' if d.train is not None else f'data.sources[{i}]'}: {exc}") from exc
+    names = [s.name for s in sources]
+    if len(set(names)) != len(names):
+        raise SampleError(f"data.sources: two sources are named alike ({names}); give each a distinct name")
+    return processor, sources

@@ -69,9 +69,7 @@ class DepthOptions(BaseModel):
 
         kv = self.kv_heads or self.heads
         if self.hidden_size % self.heads or self.heads % kv:
-            raise ValueError(
-                f"depth: hidden_size {self.hidden_size} must be a multiple of heads {self.heads}, and heads of kv_heads {kv}"
-            )
+            raise ValueError(f"depth: hidden_size {self.hidden_size} must be a multiple of heads {self.heads}, and heads of kv_heads {kv}")
         return CsmDepthDecoderConfig(
             num_codebooks=num_codebooks,
             backbone_hidden_size=backbone_hidden_size,
@@ -148,7 +146,9 @@ class CodebookDecoder(nn.Module):
                 f"got {hidden_size}, {codebook_size}, {num_codebooks}"
             )
         if depth is not None and int(num_codebooks) == 1:
-            raise ValueError(f"{type(self).__name__}: a depth decoder needs num_codebooks > 1 (one codebook has nothing to predict after it)")
+            raise ValueError(
+                f"{type(self).__name__}: a depth decoder needs num_codebooks > 1 (one codebook has nothing to predict after it)"
+            )
         self._tokenizer_attr = tokenizer_attr
         setattr(self, tokenizer_attr, tokenizer)
         self.processor = processor

@@ -327,7 +327,7 @@ def _meta_or_none(model: Any, part: str, batch: Any) -> float | None:
 def _first_step(cfg: Any, model: Any, tokenizer: Any, registry: Any, data_size: int) -> tuple[list[Any] | None, str]:
     """Rank 0's micro-batches of step 1 (read in this process), or None and why not."""
     from omnicore.data.pipeline import DataPipeline
-    from omnicore.train.loop import open_data
+    from omnicore.model.build import open_data
 
     if not cfg.data.source_list():
         return None, "no data.train"

@@ -64,6 +64,7 @@ from omnicore.data.state import DataResumeError, merge_states
 from omnicore.eval.samples import Sampler
 from omnicore.eval.validate import Validator
 from omnicore.logs import Phase
+from omnicore.model.build import open_data
 from omnicore.model.flops import ModelFlops, model_flops
 from omnicore.model.trainable import apply_freeze
 from omnicore.parallel.parallelize import build_strategies, data_split, parallelize
@@ -124,7 +125,7 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
         with Phase(logger, "loading the checkpoint to resume from") as ph:
             folder = _resume_folder(ckpt_root, resume, state, log)
             # settings changed since the checkpoint: refused before anything is read, else listed and applied
-            meta, scheduler = load_for_resume(folder, given, cfg, model, optimizer, state, log)
+            meta, scheduler = load_for_resume(folder, given, cfg, model, optimizer, state, log, build_schedule)
             use_implementation(optimizer)  # fused or looped AdamW as this run's parameters allow, not as the saved run's
             _resume_data(data, meta, folder)
             start, skips = meta["step"], (meta.get("skipped_steps", 0), meta.get("nonfinite_in_row", 0))
@@ -237,42 +238,6 @@ def _components(cfg: Config) -> str:
         if table:
             parts.append(f"{kind} " + ", ".join(f"{k}={c.name}" for k, c in table.items()))
     return "; ".join(parts)
-
-
-def open_data(cfg: Config, registry: Registry, tokenizer: Any, rope: Any = None) -> tuple[ChatProcessor, list[Any]]:
-    """The chat processor of the data side (the tokenizer and the components' processors, no
-    weights; ``rope``: the foundation's mRoPE layout, ``OmniModel.rope``) and the opened data
-    sources (nothing read yet); ``omnicore plan`` reads a step through them too.
-
-    Raises:
-        SampleError: a source cannot be opened, or two have one name.
-    """
-    from omnicore.data.sources import open_source
-    from omnicore.model.build import build_processors
-
-    encoders, decoders = build_processors(cfg, registry)
-    d = cfg.data
-    processor = ChatProcessor(
-        tokenizer,
-        encoders,
-        decoders,
-        d.system_prompt,
-        special_tokens_in_text=d.special_tokens_in_text,
-        max_tokens=d.max_tokens,
-        chat_template=d.chat_template,
-        rope=rope,
-    )
-    base = Path(cfg.source).parent if cfg.source else Path.cwd()
-    sources = []
-    for i, sc in enumerate(d.source_list()):
-        try:
-            sources.append(open_source(sc, base))
-        except ValueError as exc:
-            raise SampleError(f"{'data.train' if d.train is not None else f'data.sources[{i}]'}: {exc}") from exc
-    names = [s.name for s in sources]
-    if len(set(names)) != len(names):
-        raise SampleError(f"data.sources: two sources are named alike ({names}); give each a distinct name")
-    return processor, sources
 
 
 def check_eval_file(cfg: Config) -> None:

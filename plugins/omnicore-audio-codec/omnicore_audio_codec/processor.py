@@ -218,7 +218,14 @@ class CodecProcessor:
     modality = "audio"
 
     def __init__(
-        self, *, sample_rate: int, hop_length: int, num_quantizers: int, max_seconds: float, long_audio: str = "refuse", codebooks: str = "flat"
+        self,
+        *,
+        sample_rate: int,
+        hop_length: int,
+        num_quantizers: int,
+        max_seconds: float,
+        long_audio: str = "refuse",
+        codebooks: str = "flat",
     ) -> None:
         self.sample_rate = int(sample_rate)
         self.hop_length = int(hop_length)
