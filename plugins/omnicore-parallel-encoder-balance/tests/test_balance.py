@@ -1,8 +1,8 @@
 """``encoder_balance`` on 2 and 4 gloo processes against one process and against the same layout
-without it: the rows of ``cases`` (uneven items, a rank with no item, image and audio encoders).
+without it: the rows of ``balance_cases`` (uneven items, a rank with no item, image and audio encoders).
 
 Each layout runs the four rows once: every data group reads its rows one per micro-step
-(:func:`cases.rows_of`), the loss of each is ``loss_sum * world / targets`` (FSDP2 averages
+(:func:`balance_cases.rows_of`), the loss of each is ``loss_sum * world / targets`` (FSDP2 averages
 gradients over the world; the raw layout sums them itself), and each rank returns the whole loss
 (all-reduced), every gradient gathered whole, how often each encoder module ran, and the
 balancer's statistics. Tolerances: loss relative difference at most 1e-5; each gradient at most
@@ -23,7 +23,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import cases  # noqa: E402
+import balance_cases as cases  # noqa: E402
 
 from omnicore.testing.distributed import max_rel_diff, run_distributed  # noqa: E402
 

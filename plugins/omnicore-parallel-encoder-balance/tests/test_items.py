@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import cases  # noqa: E402
+import balance_cases as cases  # noqa: E402
 
 from omnicore.api import ITEM_SEEDS  # noqa: E402
 from omnicore_parallel_encoder_balance.exchange import (  # noqa: E402

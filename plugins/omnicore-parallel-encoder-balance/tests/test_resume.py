@@ -23,7 +23,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import cases  # noqa: E402
+import balance_cases as cases  # noqa: E402
 
 from omnicore.testing.distributed import max_rel_diff, run_distributed  # noqa: E402
 
