@@ -185,7 +185,7 @@ def generate_out_dir(out: str | None, output_dir: str, force: bool) -> str:
     """The folder ``omnicore generate`` writes images to: ``out``, or ``output_dir/generated``.
 
     Raises:
-        UsageError: the folder already holds generated images (``generated-*``) and ``force`` is
+        UsageError: the folder already holds generated media (``generated-*``) and ``force`` is
             False; the message names the folder, a file, and the two ways on.
     """
     from pathlib import Path
@@ -195,7 +195,7 @@ def generate_out_dir(out: str | None, output_dir: str, force: bool) -> str:
     if existing and not force:
         more = f" and {len(existing) - 1} more" if len(existing) > 1 else ""
         raise UsageError(
-            f"{folder} already holds generated images ({existing[0].name}{more}); pass --force to overwrite them or choose another --out"
+            f"{folder} already holds generated media ({existing[0].name}{more}); pass --force to overwrite them or choose another --out"
         )
     return str(folder)
 
@@ -388,7 +388,7 @@ def _add_weights(sp: argparse.ArgumentParser) -> None:
 
 
 def _add_generate(sub: Any) -> None:
-    sp = _subparser(sub, "generate", "generate text, or an image saved as PNG", config=True)
+    sp = _subparser(sub, "generate", "generate text, or images and speech saved as PNG and WAV", config=True)
     _add_weights(sp)
     sp.add_argument("--prompt", required=True, action="append", help="the user's text; repeat for several prompts (batched)")
     sp.add_argument("--num-samples", type=int, default=1, metavar="N", help="answers per prompt (needs --temperature > 0)")
@@ -406,9 +406,13 @@ def _add_generate(sub: Any) -> None:
         help="also speak each answer, saved as a WAV (a family whose foundation speaks, e.g. qwen2_5_omni; needs --export)",
     )
     sp.add_argument(
-        "--out", metavar="DIR", help="folder for generated images (PNG; default: RUN_DIR/generated, RUN_DIR being run.output_dir)"
+        "--out",
+        metavar="DIR",
+        help="folder for generated images and speech (PNG, WAV; default: RUN_DIR/generated, RUN_DIR being run.output_dir)",
     )
-    sp.add_argument("--force", action="store_true", help="overwrite generated images already in the --out folder (refused without it)")
+    sp.add_argument(
+        "--force", action="store_true", help="overwrite generated images and speech already in the --out folder (refused without it)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,7 +102,7 @@ def test_generate_refusal_is_one_error_line(tmp_path, capsys):
     rc = main(["generate", str(DIGITS_CFG), "--prompt", "Draw the digit 7.", "--out", str(out)])
     err = capsys.readouterr().err.splitlines()  # "reading the config" (omnicore.logs), then one error line
     assert rc == 2 and [x for x in err if x.startswith("error:")] == err[-1:] == [
-        f"error: {out} already holds generated images (generated-image-0.png); pass --force to overwrite them or choose another --out"
+        f"error: {out} already holds generated media (generated-image-0.png); pass --force to overwrite them or choose another --out"
     ]
 
 
