@@ -210,6 +210,7 @@ def cmd_generate(args: argparse.Namespace, extra: list[str]) -> int:
         prompts=args.prompt,
         image=args.image,
         audio=args.audio,
+        video=args.video,
         out_dir=out_dir,
         checkpoint=args.checkpoint,
         export=args.export,
@@ -398,8 +399,13 @@ def _add_generate(sub: Any) -> None:
     sp.add_argument("--seed", type=int, help="sampling seed; answer k draws with seed + k (sets run.seed)")
     sp.add_argument("--max-new-tokens", type=int, metavar="N", help="text tokens per answer (sets generate.max_new_tokens)")
     sp.add_argument("--batch-size", type=int, metavar="N", help="answers per forward (sets generate.batch_size)")
-    sp.add_argument("--image", help="an input image file")
-    sp.add_argument("--audio", help="an input audio file")
+    for kind in ("image", "audio", "video"):
+        sp.add_argument(
+            f"--{kind}",
+            action="append",
+            metavar="FILE",
+            help=f"an input {kind} file: given once it goes with every prompt; repeated, once per --prompt, in order",
+        )
     sp.add_argument(
         "--speak",
         action="store_true",

@@ -10,7 +10,7 @@ a (possibly FSDP2-sharded) model in the state generation needs.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,41 @@ def user_prompt(text: str, media: list[Part] | None = None, where: str = "<comma
     """A one-message prompt as ``omnicore generate --prompt TEXT`` makes it: a user message of
     ``media`` (``image``/``audio`` parts) then ``text``; ``where`` names it in errors."""
     return Sample([Message("user", list(media or []) + [Part("text", text)])], where, 0)
+
+
+MEDIA_FLAGS = ("image", "audio", "video")
+"""The media of ``omnicore generate``'s flags (``--image``, ``--audio``, ``--video``), in the order
+their parts come before the prompt's text."""
+
+
+def prompt_media(n_prompts: int, media: dict[str, str | Sequence[str] | None]) -> list[list[Part]]:
+    """The media parts of each of ``n_prompts`` prompts, from the repeatable media flags.
+
+    Args:
+        n_prompts: how many ``--prompt`` were given.
+        media: modality (one of :data:`MEDIA_FLAGS`) -> the files of its flag, in the order given
+            (one path, a list, or None / empty when the flag was not given). A flag given once goes
+            with every prompt; given once per prompt, its ``k``-th file goes with prompt ``k``.
+
+    Returns:
+        ``n_prompts`` lists of :class:`Part`, each in :data:`MEDIA_FLAGS` order.
+
+    Raises:
+        ConfigError: a flag is given neither once nor once per prompt (``--image given 3 times for
+            2 prompts: ...``); it names both counts and the two ways on.
+    """
+    out: list[list[Part]] = [[] for _ in range(n_prompts)]
+    for kind in MEDIA_FLAGS:
+        files = media.get(kind) or []
+        files = [files] if isinstance(files, str) else list(files)
+        if len(files) not in (0, 1, n_prompts):
+            raise ConfigError(
+                f"--{kind} given {len(files)} times for {n_prompts} prompt(s): give it once (the same {kind} with every prompt) "
+                f"or once per --prompt (the k-th --{kind} goes with the k-th --prompt)"
+            )
+        for k in range(n_prompts if files else 0):
+            out[k].append(Part(kind, files[k if len(files) > 1 else 0]))
+    return out
 
 
 def generate_answers(cfg: Config, model: Any, tokenizer: Any, processor: ChatProcessor, prompts: list[Any]) -> Iterator[dict[str, Any]]:
@@ -75,13 +110,14 @@ def generate_cli(
     cfg: Config,
     *,
     prompts: list[str],
-    image: str | None,
-    audio: str | None,
+    image: str | Sequence[str] | None,
+    audio: str | Sequence[str] | None,
     out_dir: str,
     checkpoint: str | None,
     export: str | None,
     num_samples: int = 1,
     speak: bool = False,
+    video: str | Sequence[str] | None = None,
 ) -> Iterator[str]:
     """``omnicore generate``: yields lines to print: ``text: '...'`` (the generated text, quoted, so
     that text the model wrote after an image is not mistaken for an answer), then ``saved PATH``
@@ -89,22 +125,26 @@ def generate_cli(
     with ``prompt P, sample S:`` (from 1) and its images are ``generated-pP-sS-MODALITY-I.png``
     (audio: ``.wav``, 16-bit PCM).
 
-    ``image`` / ``audio`` go with every prompt. Runs on :func:`eval_device`, ``generate.batch_size``
-    rows per forward, with the ``generate`` section's sampling; answer ``k`` (prompt-major) draws
-    with seed ``run.seed + k``. With ``speak`` the answers are also spoken (:func:`speak_cli`).
+    ``image`` / ``audio`` / ``video`` (each one file or several) pair with the prompts as
+    :func:`prompt_media` says: one file goes with every prompt, one per prompt goes with its prompt.
+    Runs on :func:`eval_device`, ``generate.batch_size`` rows per forward, with the ``generate``
+    section's sampling; answer ``k`` (prompt-major) draws with seed ``run.seed + k``. With ``speak`` the answers are also spoken (:func:`speak_cli`).
 
     Raises:
         ConfigError: ``num_samples`` < 1, or > 1 with greedy decoding (``generate.temperature: 0``
-            would give identical answers), or ``run.device: cuda`` without a GPU; see :func:`speak_cli`.
+            would give identical answers), or ``run.device: cuda`` without a GPU; a media flag given
+            neither once nor once per prompt (:func:`prompt_media`); see :func:`speak_cli`.
     """
+    media = prompt_media(len(prompts), {"image": image, "audio": audio, "video": video})
     if num_samples < 1 or (num_samples > 1 and cfg.generate.temperature <= 0):
         raise ConfigError(f"--num-samples {num_samples}: needs 1, or more with sampling (--temperature > 0; greedy answers are all alike)")
     if speak:
-        yield from speak_cli(cfg, prompts=prompts, image=image, audio=audio, out_dir=out_dir, export=export, num_samples=num_samples)
+        yield from speak_cli(
+            cfg, prompts=prompts, image=image, audio=audio, video=video, out_dir=out_dir, export=export, num_samples=num_samples
+        )
         return
     model, tokenizer, processor = load_on_device(cfg, checkpoint, export)
-    media = [Part(k, v) for k, v in (("image", image), ("audio", audio)) if v]
-    encoded = [processor.encode(user_prompt(p, media), prompt_only=True) for p in prompts]
+    encoded = [processor.encode(user_prompt(p, m), prompt_only=True) for p, m in zip(prompts, media)]
     jobs = [(p, s) for p in range(len(prompts)) for s in range(num_samples)]
     outs = generate_answers(cfg, model, tokenizer, processor, [encoded[p] for p, _ in jobs])
     for (p, s), out in zip(jobs, outs):
@@ -114,7 +154,15 @@ def generate_cli(
 
 
 def speak_cli(
-    cfg: Config, *, prompts: list[str], image: str | None, audio: str | None, out_dir: str, export: str | None, num_samples: int = 1
+    cfg: Config,
+    *,
+    prompts: list[str],
+    image: str | Sequence[str] | None,
+    audio: str | Sequence[str] | None,
+    out_dir: str,
+    export: str | None,
+    num_samples: int = 1,
+    video: str | Sequence[str] | None = None,
 ) -> Iterator[str]:
     """``omnicore generate --speak``: each answer written and spoken by a published family whose
     foundation speaks (``FoundationOptional.speak``: Qwen2.5-Omni's talker and token2wav, through
@@ -124,8 +172,10 @@ def speak_cli(
     device only for its processors: the family's generation reads the weights.
 
     Raises:
-        ConfigError: no ``export``, or its foundation has no ``speak``.
+        ConfigError: no ``export``, or its foundation has no ``speak``; a media flag given neither
+            once nor once per prompt (:func:`prompt_media`).
     """
+    media = prompt_media(len(prompts), {"image": image, "audio": audio, "video": video})
     from omnicore.eval.loading import model_config_from_export
     from omnicore.model.build import build_foundation, build_omni_model
 
@@ -141,10 +191,9 @@ def speak_cli(
     model, tokenizer = build_omni_model(cfg, defer_load=True)  # on meta: its processors and positions are all that is read
     processor = ChatProcessor.for_model(tokenizer, model, cfg.data)
     processors = model.encoder_processors()
-    media = [Part(k, v) for k, v in (("image", image), ("audio", audio)) if v]
     jobs = [(p, s) for p in range(len(prompts)) for s in range(num_samples)]
     for k, (p, s) in enumerate(jobs):
-        encoded = processor.encode(user_prompt(prompts[p], media), prompt_only=True)
+        encoded = processor.encode(user_prompt(prompts[p], media[p]), prompt_only=True)
         out = speak(
             encoded, processors, max_new_tokens=cfg.generate.max_new_tokens, seed=cfg.run.seed + k, stop_id=processor.end_of_turn_id
         )
