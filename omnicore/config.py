@@ -312,6 +312,15 @@ class DataConfig(_Strict):
         ge=0,
         description="DataLoader worker processes per rank that read, decode and preprocess; 0: read in the training process",
     )
+    worker_nice: int = Field(
+        default=19,
+        ge=0,
+        le=19,
+        description="niceness the DataLoader workers add to their own (os.nice, where the system has it), so that the training "
+        "process keeps its cores when both want them: the workers then decode in the time the training step leaves idle instead of "
+        "slowing it down, which matters where the CPU is shared (a CPU-only run, a few cores per GPU); 0: the training process's "
+        "priority",
+    )
     prefetch_factor: int = Field(
         default=4,
         gt=0,

@@ -233,6 +233,22 @@ def test_million_line_source_starts_without_reading_the_file(tmp_path, chat):
 
 
 @pytest.mark.slow
+def test_workers_run_at_the_configured_niceness(tmp_path, chat):
+    """data.worker_nice is added to each worker's niceness (read back from the system), and 0 leaves
+    them at the training process's."""
+    import os
+
+    src = [SourceConfig(path=str(_write(tmp_path / "a.jsonl", 200, "a")))]
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    for nice in (7, 0):
+        pipe = _pipeline(tmp_path, chat, src, workers=2, worker_nice=nice)
+        pipe.step()
+        got = [os.getpriority(os.PRIO_PROCESS, w.pid) for w in pipe._it._workers]
+        pipe.close()
+        assert got == [min(base + nice, 19)] * 2
+
+
+@pytest.mark.slow
 def test_a_dead_worker_ends_the_run_with_a_message(tmp_path, chat):
     """A worker killed (out of memory, say) stops the next steps with DataWorkerError naming the
     setting to change; never a hang."""

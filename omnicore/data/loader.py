@@ -190,8 +190,13 @@ def features_as(features: dict[str, Any], *, to_numpy: bool) -> dict[str, Any]:
     return out
 
 
-def worker_init(worker_id: int) -> None:
-    """How a worker meets signals and the end of its training process.
+def worker_init(worker_id: int, nice: int = 0) -> None:
+    """How a worker meets signals and the end of its training process, and its priority.
+
+    ``nice`` (``data.worker_nice``, 0-19) is added to the worker's niceness (``os.nice``; skipped
+    where the system has no such call): the workers then take the CPU time the training process
+    leaves idle rather than contend with its compute threads, whose parallel regions stall when a
+    core they wait on is busy with a worker.
 
     SIGTERM (a scheduler signals every process of a job; ``multiprocessing`` terminates daemon
     processes at exit) ends the worker at once with exit status 0: torch reports a worker that died
@@ -203,6 +208,8 @@ def worker_init(worker_id: int) -> None:
     import signal
     import threading
 
+    if nice > 0 and hasattr(os, "nice"):
+        os.nice(nice)
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()

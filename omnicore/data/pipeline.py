@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import atexit
 import copy
+import functools
+import logging
 import math
 import os
 import time
@@ -111,7 +113,7 @@ class DataPipeline:
             # the packer takes a whole window at once: keep two windows of every shard in flight, so
             # the workers decode the next one while the model trains on this one
             ahead = math.ceil(2 * self.window * self.grad_accum / (self.chunk * d.num_workers))
-            kwargs.update(prefetch_factor=max(d.prefetch_factor, ahead), persistent_workers=False, worker_init_fn=worker_init)
+            kwargs.update(prefetch_factor=max(d.prefetch_factor, ahead), persistent_workers=False, worker_init_fn=functools.partial(worker_init, nice=d.worker_nice))
         return iter(DataLoader(ds, **kwargs))
 
     def _next_entry(self, k: int) -> Entry | None:
