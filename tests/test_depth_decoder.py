@@ -180,3 +180,26 @@ def test_code_cache_round_trips_frames():
     assert torch.equal(cache.lookup("audio", keys, width=3), codes)
     assert torch.equal(cache.lookup("audio", [("b", 3)], width=3), codes[2:])
     assert cache.lookup("audio", keys, width=2) is None
+
+
+def test_a_batch_without_speech_gives_every_decoder_parameter_a_zero_gradient(built):
+    """On a micro-batch with no spoken answer the audio decoder's trainable parameters (its code
+    embedding, codebook-0 head and the whole depth decoder) still get gradients, all exactly zero, so
+    FSDP2 reduces the same tensors on every rank; and the loss is the text loss alone."""
+    import json
+
+    model, _, proc = built
+    line = json.dumps({"messages": [{"role": "user", "content": "Say the digit 3."}, {"role": "assistant", "content": "three"}]})
+    mb = collate([proc.encode(parse_line(line, "text.jsonl", 1))], proc.encoders, proc.decoders)
+    model.zero_grad(set_to_none=True)
+    out = model(mb)
+    out.loss_sum.backward()
+    dec = model.decoders["audio"]
+    params = {n: p for n, p in dec.named_parameters() if p.requires_grad}
+    assert any(n.startswith("depth_decoder.") for n in params)
+    missing = [n for n, p in params.items() if p.grad is None]
+    assert not missing
+    assert all(float(p.grad.abs().max()) == 0.0 for p in params.values())
+    assert float(out.loss_sum) == float(out.text_loss_sum)
+    assert out.decoder_loss_sums == {}
+    model.zero_grad(set_to_none=True)

@@ -320,8 +320,9 @@ class OmniModel(nn.Module):
                     c = dec.dummy_codes().to(input_ids.device)
                 h = dec.embed(c)
                 dummy = dummy + 0.0 * dec.head(h).sum()
-                if _codebooks(dec) > 1:  # the depth decoder too
-                    dummy = dummy + 0.0 * dec.depth_logits(h, c).sum()
+                depth = getattr(dec, "depth_decoder", None) if _codebooks(dec) > 1 else None
+                if depth is not None:  # its parameters, at no forward's cost: each gets a zero gradient, as a dummy pass gives
+                    dummy = dummy + 0.0 * sum((p.sum() for p in depth.parameters() if p.requires_grad), h.new_zeros(()))
         return embeds, codes, dummy, _join_layers(layered, where)
 
     def loss_parts(self) -> list[str]:
