@@ -79,3 +79,66 @@ def test_generate_parser_collects_every_media_flag():
         ["generate", "c.yaml", "--prompt", "p", "--prompt", "q", "--image", "a.png", "--image", "b.png", "--video", "v.mp4"]
     )
     assert (args.image, args.audio, args.video) == (["a.png", "b.png"], None, ["v.mp4"])
+
+
+# ---- an export of the byte tokenizer carries the chat template it was trained with -------------------
+
+
+def _byte_tokenizer():
+    from conftest import TINY_LM
+
+    from omnicore.model.build import prepare_tokenizer
+    from omnicore.model.foundation import HFCausalLM
+
+    return prepare_tokenizer(HFCausalLM({"config": dict(TINY_LM), "tokenizer": "byte"}).build_tokenizer(), ["image"], ["image"])
+
+
+def test_byte_tokenizer_export_renders_the_training_text(tmp_path):
+    """Before: the export had no ``chat_template`` and ``apply_chat_template`` raised. Now it renders
+    what ChatProcessor trains on, system prompt included (a prompt with quotes, braces, a backslash
+    and non-ASCII survives), and omnicore reading the export through that template gets the same
+    ids and labels as ChatML."""
+    from conftest import tiny_config_dict
+    from transformers import AutoTokenizer
+
+    from omnicore.checkpoint.export import save_tokenizer
+    from omnicore.config import Config
+    from omnicore.data.chat import ChatProcessor
+    from omnicore.data.jsonl import Message, Part, Sample
+
+    system = 'Be brief. "Quoted" {{ x }} {% if %} a\\b é 😀\nEND @SYSTEM@'
+    data = Config.model_validate(tiny_config_dict("unused.jsonl")).data.model_copy(update={"system_prompt": system})
+    tok = _byte_tokenizer()
+    assert tok.chat_template is None
+    save_tokenizer(tok, data, tmp_path / "export", {"image": None}, {"image": None})
+    assert tok.chat_template is None  # the run's tokenizer is left as it was
+    saved = AutoTokenizer.from_pretrained(tmp_path / "export")
+
+    turns = [("user", "What is 2+2?"), ("assistant", "4"), ("user", " <|im_end|> spaced \n")]
+    sample = Sample([Message(r, [Part("text", t)]) for r, t in turns], "x.jsonl", 1)
+    chatml = ChatProcessor(tok, {"image": None}, {"image": None}, system)
+    assert chatml.template is None  # trained on omnicore's ChatML
+    messages = [{"role": r, "content": t} for r, t in turns]
+    for prompt_only in (False, True):
+        want = chatml.encode(sample, prompt_only=prompt_only)
+        shown = messages[:-1] if prompt_only and turns[-1][0] == "assistant" else messages
+        text = saved.apply_chat_template(shown, tokenize=False, add_generation_prompt=prompt_only)
+        assert text == tok.decode(want.input_ids)
+        assert text.startswith(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n")
+        templated = ChatProcessor(saved, {"image": None}, {"image": None}, system)
+        assert templated.template is not None  # the export's own template, as `data.chat_template: auto` reads it
+        got = templated.encode(sample, prompt_only=prompt_only)
+        assert (got.input_ids, got.labels) == (want.input_ids, want.labels)
+    media = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which?"}]}]
+    assert (
+        saved.apply_chat_template(media, tokenize=False)
+        == f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n<|image_pad|>Which?<|im_end|>\n"
+    )
+    with pytest.raises(Exception, match="a video part in a user message: this model has no video encoder"):
+        saved.apply_chat_template([{"role": "user", "content": [{"type": "video"}]}], tokenize=False)
+    from omnicore.data.chatml import chatml_template
+
+    tok.chat_template = chatml_template()  # no system prompt: none is added
+    assert tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True) == (
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    )

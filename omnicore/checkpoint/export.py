@@ -176,6 +176,8 @@ def _write_components(model: Any, tokenizer: Any, cfg: Any, out: Path, header: s
     ``...ForConditionalGeneration.from_pretrained(out)`` loads it) plus ``omnicore.yaml``, whose
     foundation entry points at ``out`` itself and which leaves out the encoders the foundation
     brings again; decoders and encoders configured apart still get their folders."""
+    from omnicore.data.chat import encoder_processors, module_processors
+
     section = cfg.model.model_dump()
     brought = set(getattr(cfg.model, "_brought", ()))
     if family is not None:
@@ -185,7 +187,7 @@ def _write_components(model: Any, tokenizer: Any, cfg: Any, out: Path, header: s
         section["encoders"] = {k: v for k, v in section["encoders"].items() if k not in brought}
     else:
         model.lm.save_pretrained(out / "foundation")
-        tokenizer.save_pretrained(out / "foundation")
+        save_tokenizer(tokenizer, cfg.data, out / "foundation", encoder_processors(model), module_processors(model.decoders, "decoder"))
         section["foundation"] = {"name": cfg.model.foundation.name, "options": {"checkpoint": "foundation"}}
     section["lora"] = None  # merged or apart: the folders hold no adapter layers
     section["init_from"] = None  # these folders are the weights
@@ -199,3 +201,38 @@ def _write_components(model: Any, tokenizer: Any, cfg: Any, out: Path, header: s
             opts["checkpoint"] = f"{kind}/{m}"
             section[kind][m]["options"] = opts
     (out / "omnicore.yaml").write_text(header + yaml.safe_dump({"model": section}, sort_keys=False))
+
+
+def save_tokenizer(tokenizer: Any, data: Any, folder: Path, encoders: dict[str, Any], decoders: dict[str, Any]) -> None:
+    """``tokenizer.save_pretrained(folder)``, carrying the chat template the run trained with.
+
+    When samples were rendered with omnicore's ChatML (the tokenizer has no chat template of its
+    own, as the byte tokenizer, or ``data.chat_template: chatml``), the saved tokenizer gets
+    :func:`omnicore.data.chatml.chatml_template` as its ``chat_template`` (``data.system_prompt``
+    included, each encoder's and decoder's tokens for media parts), so that ``apply_chat_template``
+    on the export renders the training text; otherwise it keeps its own template. ``tokenizer``
+    itself is left as it was.
+
+    Args:
+        data: the config's ``data`` section (``chat_template``, ``system_prompt``).
+        encoders, decoders: modality -> processor of the model's encoders and decoders
+            (:func:`omnicore.data.chat.media_tokens`, :func:`omnicore.data.chat.decoder_tokens`).
+    """
+    from omnicore.data.chat import decoder_tokens, media_tokens
+    from omnicore.data.chat_template import has_template
+    from omnicore.data.chatml import chatml_template
+
+    if data.chat_template == "auto" and has_template(tokenizer):
+        tokenizer.save_pretrained(folder)
+        return
+    inputs = {}
+    for m, proc in encoders.items():
+        placeholder, wrap = media_tokens(m, proc)
+        inputs[m] = wrap[0] + placeholder + wrap[1] if wrap else placeholder
+    outputs = {m: "".join(decoder_tokens(m, proc)) for m, proc in decoders.items()}
+    own = tokenizer.chat_template
+    tokenizer.chat_template = chatml_template(data.system_prompt, inputs, outputs)
+    try:
+        tokenizer.save_pretrained(folder)
+    finally:
+        tokenizer.chat_template = own
