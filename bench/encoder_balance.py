@@ -2,8 +2,8 @@
 whose data is skewed: rank 0's micro-batches carry most of the images.
 
 The model is a small Qwen2 foundation with a SigLIP image encoder large enough that encoding costs
-time on a CPU (``--image-size`` pixels, 8-pixel patches, 2 x 2 of them merged into one token: 64
-patches and 16 tokens an image at 64 px), under FSDP2.
+time on a CPU (``--image-size`` pixels, 8-pixel patches, 2 x 2 of them merged into one token: 256
+patches and 64 tokens an image at the default 128 px), under FSDP2.
 Each rank trains ``--accum`` micro-batches per step, every row ``--row`` tokens long (packed to one
 budget, as the data pipeline packs): rank 0's rows hold ``load`` images each and text for the rest,
 rank 1's rows ``--light`` images and more text, so the foundation's work is the same on both ranks
@@ -17,8 +17,8 @@ with it), and the ratio of the two step times.
 
 Usage::
 
-    .venv/bin/python bench/encoder_balance.py [--loads 4,12] [--light 1] [--accum 2] [--steps 8]
-                                              [--image-size 64] [--row 512] [--threads 1] [--quick]
+    .venv/bin/python bench/encoder_balance.py [--loads 15,31] [--light 1] [--accum 2] [--steps 8]
+                                              [--image-size 128] [--row 2304] [--threads 1] [--quick]
 
 Writes ``bench/results/encoder_balance.json`` and prints a table. ``--quick`` (2 steps, loads 2
 and 4, 32-pixel images, 256-token rows) only checks that the script runs. Timings count only on a
@@ -144,12 +144,12 @@ def rank_run(args: dict, load: int, balance: bool) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--loads", default="4,12", help="images per micro-batch on rank 0 (comma-separated: one run each)")
+    p.add_argument("--loads", default="15,31", help="images per micro-batch on rank 0 (comma-separated: one run each)")
     p.add_argument("--light", type=int, default=1, help="images per micro-batch on rank 1")
     p.add_argument("--accum", type=int, default=2, help="micro-batches per rank per step")
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--image-size", type=int, default=64, help="SigLIP image size in pixels (8-pixel patches)")
-    p.add_argument("--row", type=int, default=512, help="tokens per packed row (every row has this length)")
+    p.add_argument("--image-size", type=int, default=128, help="SigLIP image size in pixels (8-pixel patches)")
+    p.add_argument("--row", type=int, default=2304, help="tokens per packed row (every row has this length)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--quick", action="store_true", help="a smoke run: 2 steps, loads 2,4, 32-pixel images, 256-token rows")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "encoder_balance.json"))
