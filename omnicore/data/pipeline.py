@@ -35,6 +35,12 @@ from omnicore.data.packing import check_method, collate, pinned
 from omnicore.data.reading import DataExhausted, SourceCursor
 from omnicore.data.state import DataResumeError, ShardPacker, ShardState, check_resume
 
+logger = logging.getLogger(__name__)
+
+NAMED_SKIPS = 5
+"""Bad samples skipped under ``data.on_error: skip`` that each rank names in a warning line
+(``FILE:LINE: why``, each line once); later ones are only counted (``skipped/<source>``)."""
+
 EMPTY_WINDOWS = 4
 """Packing windows in a row without one usable sample after which a shard gives up (every sample
 bad, under ``data.on_error: skip``)."""
@@ -90,6 +96,7 @@ class DataPipeline:
         self._issued = [0] * len(self.shards)  # chunks asked for, per slot (DemandSampler)
         self._received = [0] * len(self.shards)  # chunks arrived, per slot
         self._before: list[ShardState] | None = None  # the packers' states before the last step
+        self._named: list[str] = []  # the bad samples' messages logged so far (NAMED_SKIPS at most)
         _LIVE.add(self)
         self.wait_s = 0.0  # seconds spent waiting for data since the last :meth:`take_wait`
 
@@ -211,8 +218,24 @@ class DataPipeline:
             if self.pin_memory:
                 mb = pinned(mb)
             out.append(mb)
+        self._name_skips()
         self.wait_s += time.perf_counter() - t0
         return out
+
+    def _name_skips(self) -> None:
+        """Log the first :data:`NAMED_SKIPS` bad samples the step passed over (each ``FILE:LINE``
+        once, however many epochs pass it), then one line saying that later ones are only counted."""
+        for p in self.packers:
+            errors, p.consumed_errors = p.consumed_errors, []
+            for message in errors:
+                if len(self._named) >= NAMED_SKIPS or message in self._named:
+                    continue
+                self._named.append(message)
+                logger.warning("data: skipped a bad sample (data.on_error: skip): %s", message)
+                if len(self._named) == NAMED_SKIPS:
+                    logger.warning(
+                        "data: %d bad samples named; later ones are counted, not named (skipped/<source> in metrics.jsonl)", NAMED_SKIPS
+                    )
 
     def rewind(self) -> None:
         """Put the data position back to before the last :meth:`step` (its micro-batches were not
@@ -248,7 +271,9 @@ class DataPipeline:
         return w
 
     def counts(self) -> tuple[list[int], list[int]]:
-        """Samples used and bad samples skipped so far, per source, over this rank's shards."""
+        """Samples used and bad samples skipped so far, per source, over this rank's shards; both
+        counted as the stream is consumed (a sample once per epoch that trains it), never as it is
+        read ahead (:mod:`omnicore.data.state`)."""
         seen = [sum(p.state.seen[i] for p in self.packers) for i in range(len(self.sources))]
         skipped = [sum(p.state.skipped[i] for p in self.packers) for i in range(len(self.sources))]
         return seen, skipped

@@ -838,6 +838,9 @@ def _loop(run: Run) -> None:
         run.bar.close()
     if run.history:
         run.log(summarize(run.history))
+        skipped = skipped_summary(run.history[-1], run.data.source_names)
+        if skipped and run.state.is_main:
+            logger.warning(skipped)
     cache = getattr(run.model, "code_cache", None)
     if cache is not None and cache.hits + cache.misses:  # train.code_cache_mb: how much encoding it saved
         run.log(cache.describe())
@@ -854,6 +857,18 @@ def _loop(run: Run) -> None:
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
+
+
+def skipped_summary(row: dict[str, Any], sources: list[str]) -> str | None:
+    """The count of bad samples a run skipped (``data.on_error: skip``), from its last metrics row's
+    ``skipped/<source>`` (run totals, every rank's shards): ``data: 3 bad samples skipped in all
+    (train 2, captions 1; data.on_error: skip); the first are named above``; None when there were none."""
+    counts = {name: int(row.get(f"skipped/{name}", 0)) for name in sources}
+    total = sum(counts.values())
+    if not total:
+        return None
+    per = ", ".join(f"{name} {n}" for name, n in counts.items() if n)
+    return f"data: {total} bad sample{'s' if total != 1 else ''} skipped in all ({per}; data.on_error: skip); the first are named above"
 
 
 def summarize(history: list[dict[str, Any]]) -> str:
