@@ -142,3 +142,28 @@ def test_byte_tokenizer_export_renders_the_training_text(tmp_path):
     assert tok.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True) == (
         "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+# ---- reading Parquet draws no `datasets` progress bar -----------------------------------------------
+
+
+def test_reading_parquet_draws_no_datasets_progress_bar(tmp_path, capfd):
+    """``datasets`` alone draws "Generating train split" for a Parquet file; omnicore's reading of
+    the same file draws nothing, and leaves the bars switched on for the program's own use."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets.utils import is_progress_bar_enabled
+
+    from omnicore.config import SourceConfig
+    from omnicore.data.hf_tables import load_file
+
+    file = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "b", "c"], "answer": ["1", "2", "3"]}), file)
+    capfd.readouterr()
+    datasets.load_dataset("parquet", data_files={"train": [str(file)]}, split="train", cache_dir=str(tmp_path / "by-hand"))
+    assert "Generating train split" in capfd.readouterr().err  # the reference: the bar omnicore used to show
+    assert is_progress_bar_enabled()
+    ds = load_file("parquet", file, SourceConfig(dataset=str(file)), tmp_path / "ours")
+    assert capfd.readouterr().err == ""
+    assert ds["prompt"] == ["a", "b", "c"] and is_progress_bar_enabled()

@@ -1,12 +1,15 @@
 """Reading tables through Hugging Face ``datasets``, offline, with media columns left undecoded.
 
 Used by :mod:`omnicore.data.sources`; ``datasets`` is imported only here and only when a table
-source is opened.
+source is opened. ``datasets``' own progress bars (``Generating train split``, on every command
+that reads a Parquet file) are off while omnicore reads (:func:`quiet_datasets`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +27,14 @@ def load_file(builder: str, file: Path, cfg: SourceConfig, cache_dir: Path | Non
     import datasets
 
     try:
-        ds = datasets.load_dataset(
-            builder,
-            data_files={cfg.split: [str(file)]},
-            split=cfg.split,
-            streaming=cfg.streaming,
-            cache_dir=None if cache_dir is None else str(cache_dir),
-        )
+        with quiet_datasets():
+            ds = datasets.load_dataset(
+                builder,
+                data_files={cfg.split: [str(file)]},
+                split=cfg.split,
+                streaming=cfg.streaming,
+                cache_dir=None if cache_dir is None else str(cache_dir),
+            )
     except Exception as exc:  # noqa: BLE001 - pyarrow and datasets raise many types for unreadable files
         raise ValueError(f"dataset file {file}: cannot read it as {builder}: {type(exc).__name__}: {' '.join(str(exc).split())}") from exc
     return undecoded(ds)
@@ -65,14 +69,35 @@ def load_cached(cfg: SourceConfig, cache_dir: Path | None) -> Any:
     splits = list(builder.info.splits or {})
     if cfg.split not in splits:
         raise ValueError(f"dataset {name!r} has no split {cfg.split!r} in the cache; its splits: {', '.join(splits) or 'none'}")
-    ds = builder.as_streaming_dataset(split=cfg.split) if cfg.streaming else builder.as_dataset(split=cfg.split)
+    with quiet_datasets():
+        ds = builder.as_streaming_dataset(split=cfg.split) if cfg.streaming else builder.as_dataset(split=cfg.split)
     return undecoded(ds)
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """``datasets``' progress bars off inside (``Generating train split``, ``Loading dataset
+    shards``, casts), and back as they were on the way out, so that a program using ``datasets``
+    beside omnicore keeps its own bars. ``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` in the environment
+    wins, as ``datasets`` rules: the bars then stay."""
+    import datasets.config
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    if are_progress_bars_disabled() or datasets.config.HF_DATASETS_DISABLE_PROGRESS_BARS is False:
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
 
 
 def undecoded(ds: Any) -> Any:
     """``ds`` with every decoding feature (``Image``, ``Audio``, ...) cast to ``decode=False``, so a
     cell holds ``{"bytes": ..., "path": ...}`` and media are decoded by omnicore's loaders in workers."""
-    for col, feat in (ds.features or {}).items():
-        if getattr(feat, "decode", False) and dataclasses.is_dataclass(feat):
-            ds = ds.cast_column(col, dataclasses.replace(feat, decode=False))
+    with quiet_datasets():
+        for col, feat in (ds.features or {}).items():
+            if getattr(feat, "decode", False) and dataclasses.is_dataclass(feat):
+                ds = ds.cast_column(col, dataclasses.replace(feat, decode=False))
     return ds
