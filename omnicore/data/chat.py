@@ -22,18 +22,29 @@ published family's decoder processor names its checkpoint's own two tokens, :fun
 Labels are shifted here, on the full sequence, before any packing or sharding: ``labels[i]`` is the
 target for position ``i`` (the id of token ``i + 1``) or ``-100``. Text targets are the assistant
 messages' text tokens and their closing ``<|im_end|>`` (with a chat template: its end-of-turn
-token). Decoder targets are not in ``labels``: the model scores the hidden state at the position
-*before* each ``<|{modality}_out|>`` token against the decoder's codebook.
+token; with a template that rewrites content, such as Qwen3's dropping earlier ``<think>`` blocks,
+each assistant turn as the template writes it). Decoder targets are not in ``labels``: the model
+scores the hidden state at the position *before* each ``<|{modality}_out|>`` token against the
+decoder's codebook.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnicore.data.chat_template import TemplateInfo, has_template, inspect_template, render_pieces
+from omnicore.data.chat_template import (
+    TemplateInfo,
+    assistant_spans,
+    has_template,
+    inspect_template,
+    join_pieces,
+    render,
+    render_pieces,
+)
 from omnicore.data.jsonl import Sample, SampleError
 from omnicore.data.media import MediaError, describe_media, load_audio, load_image, load_video, nonfinite_feature
 from omnicore.data.positions import FixedRows, mrope_positions
@@ -367,6 +378,11 @@ class ChatProcessor:
         self.reserved_strings = [t for t in special_tokens(encoders, decoders) if tokenizer.convert_tokens_to_ids(t) in self.reserved]
         self.control = control_tokens(tokenizer)
         self.control_ids = set(self.control.values()) | self.reserved
+        self._escape_re = re.compile(
+            "|".join([*(re.escape(t) for t in sorted(self.control, key=len, reverse=True) if t), "[\ue000-\ue003]"])
+        )
+        """Special token strings (longest first) and the private-use characters that mark contents:
+        what :meth:`_contents` takes out of message text before the template sees it."""
         self.template: TemplateInfo | None = None
         if chat_template == "auto" and has_template(tokenizer):
             try:
@@ -402,6 +418,15 @@ class ChatProcessor:
 
     def _text(self, text: str, where: str) -> list[int]:
         """Token ids of user-written text, in which no special token string is ever a control token."""
+        self._check_text(text, where)
+        # split_special_tokens: special token strings are tokenized as the plain text they are
+        ids = self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        if self.control_ids.intersection(ids):
+            raise SampleError(f"{where}: this tokenizer turns text into control tokens even with split_special_tokens; cannot escape them")
+        return ids
+
+    def _check_text(self, text: str, where: str) -> None:
+        """Refuse user-written text with a placeholder string, or (policy ``refuse``) a special token string."""
         for s in self.reserved_strings:
             if s in text:
                 raise SampleError(f"{where}: text contains a reserved placeholder token {s}; placeholders come only from media parts")
@@ -412,11 +437,6 @@ class ChatProcessor:
                         f"{where}: text contains the special token {s} (data.special_tokens_in_text: refuse); remove it, or set "
                         "data.special_tokens_in_text: escape to train on it as plain text"
                     )
-        # split_special_tokens: special token strings are tokenized as the plain text they are
-        ids = self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
-        if self.control_ids.intersection(ids):
-            raise SampleError(f"{where}: this tokenizer turns text into control tokens even with split_special_tokens; cannot escape them")
-        return ids
 
     def _media(self, kind: str, path: str | bytes, side: str, where: str) -> tuple[dict[str, Any], Any]:
         table = self.encoders if side == "encoder" else self.decoders
@@ -492,13 +512,26 @@ class ChatProcessor:
         """The tokenizer's chat template (see :mod:`omnicore.data.chat_template`): the template's
         pieces between the messages, each message's parts in its sentinel's place; an assistant
         message and the next piece's tokens up to its first special token (the end of turn) are
-        targets."""
+        targets. Where the template's text of this conversation is not its pieces with the contents
+        put back (it rewrites content: ``TemplateInfo.rewrites``, or this sample only), the text as
+        the template renders it (:meth:`_rendered`)."""
+        roles = [m.role for m in messages]
+        contents, inserts = self._contents(messages, where)
         try:
-            pieces, order = render_pieces(self.tokenizer, [m.role for m in messages], generation_prompt=prompt_only)
+            text = render(self.tokenizer, roles, contents, generation_prompt=prompt_only)
         except Exception as exc:
             raise SampleError(
                 f"{where}: the tokenizer's chat template cannot render this conversation: {type(exc).__name__}: {exc}"
             ) from exc
+        pieces = None
+        if self.template.rewrites is None:
+            try:
+                pieces, order = render_pieces(self.tokenizer, roles, generation_prompt=prompt_only)
+            except Exception:  # contents out of order or twice: rendered whole below
+                pieces = None
+        if pieces is None or text != join_pieces(pieces, order, contents, self.template.lstrip, self.template.rstrip):
+            self._rendered(messages, contents, inserts, text, out, where)
+            return
         out.add(self._piece(pieces[0]), False)
         for k, piece in zip(order, pieces[1:], strict=True):
             assistant = messages[k].role == "assistant"
@@ -507,6 +540,85 @@ class ChatProcessor:
             closing = next((j + 1 for j, t in enumerate(toks) if t in self.control_ids), 0) if assistant else 0
             out.add(toks[:closing], True)
             out.add(toks[closing:], False)
+
+    def _contents(self, messages: list[Any], where: str) -> tuple[list[str], list[tuple[int, Any]]]:
+        """Each message's content as one string for the template: its text, with every media part and
+        every special token string written in text (and any of the private-use characters that mark
+        these) replaced by a marker ``\\ue002{i}\\ue003``, ``i`` indexing the returned inserts
+        ``(message index, Part or escaped string)``. So the template sees the text it would see from
+        a user, and no text of the sample can become a control token or a marker.
+
+        Raises:
+            SampleError: text holds a placeholder string, or a special token string under ``refuse``.
+        """
+        contents, inserts = [], []
+        for k, msg in enumerate(messages):
+            buf = []
+            for part in msg.parts:
+                if part.type != "text":
+                    inserts.append((k, part))
+                    buf.append(f"{_MARK_OPEN}{len(inserts) - 1}{_MARK_CLOSE}")
+                    continue
+                self._check_text(part.value, where)
+                pos = 0
+                for m in self._escape_re.finditer(part.value):
+                    inserts.append((k, m.group()))
+                    buf += [part.value[pos : m.start()], f"{_MARK_OPEN}{len(inserts) - 1}{_MARK_CLOSE}"]
+                    pos = m.end()
+                buf.append(part.value[pos:])
+            contents.append("".join(buf))
+        return contents, inserts
+
+    def _rendered(
+        self, messages: list[Any], contents: list[str], inserts: list[tuple[int, Any]], text: str, out: _Tokens, where: str
+    ) -> None:
+        """A sample as the template renders it (``text``, from :meth:`_contents`' contents): its
+        template text and message text tokenized together with the special tokens parsed, as
+        ``apply_chat_template(..., tokenize=True)`` does; each marker replaced by its media part
+        (placeholders) or its escaped text. The labels are each assistant turn as rendered, its
+        end-of-turn token included (:func:`~omnicore.data.chat_template.assistant_spans`). A media
+        part the template drops (inside reasoning it removes) is not loaded.
+
+        Raises:
+            SampleError: the assistant turns cannot be found in the text, or the template writes a
+                media part or escaped text twice.
+        """
+        roles = [m.role for m in messages]
+        try:
+            spans = assistant_spans(self.tokenizer, roles, contents, text, end_of_turn=self.template.end_of_turn, specials=self.control)
+        except Exception as exc:
+            raise SampleError(f"{where}: {exc}; set data.chat_template: chatml") from exc
+        bounds = [(a, b) for _, a, b in spans]
+        pos, used = 0, set()
+        for m in [*_MARK_RE.finditer(text), None]:
+            cut = len(text) if m is None else m.start()
+            self._chunk(text[pos:cut], pos, bounds, out)
+            if m is None:
+                break
+            pos, i = m.end(), int(m.group(1))
+            if i >= len(inserts) or i in used:
+                raise SampleError(f"{where}: the chat template writes a media part or escaped text of this sample twice")
+            used.add(i)
+            k, item = inserts[i]
+            if isinstance(item, str):
+                out.add(self._text(item, where), _inside(m.start(), bounds))
+            else:
+                self._parts([item], roles[k] == "assistant", out, where)
+
+    def _chunk(self, chunk: str, base: int, bounds: list[tuple[int, int]], out: _Tokens) -> None:
+        """Template-rendered text starting at ``base`` in the sample's text, tokenized whole with its
+        special tokens parsed; a token is a target when it starts inside one of ``bounds``. A slow
+        tokenizer (no offsets) tokenizes the parts between the bounds apart."""
+        if not chunk:
+            return
+        if getattr(self.tokenizer, "is_fast", False):
+            enc = self.tokenizer(chunk, add_special_tokens=False, return_offsets_mapping=True)
+            for i, (a, _) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
+                out.add([i], _inside(base + a, bounds))
+            return
+        cuts = sorted({0, len(chunk), *(x - base for b in bounds for x in b if 0 < x - base < len(chunk))})
+        for a, b in zip(cuts, cuts[1:]):
+            out.add(self.tokenizer.encode(chunk[a:b], add_special_tokens=False), _inside(base + a, bounds))
 
     def _piece(self, text: str) -> list[int]:
         """Token ids of template text: its special token strings are the control tokens."""
@@ -624,6 +736,15 @@ class ChatProcessor:
         if sum(c for _, c, _ in out) != n:
             raise SampleError(f"{where}: the {kind} processor's runs hold {sum(c for _, c, _ in out)} tokens, not its num_tokens {n}")
         return out
+
+
+_MARK_OPEN, _MARK_CLOSE = "\ue002", "\ue003"
+_MARK_RE = re.compile(f"{_MARK_OPEN}(\\d+){_MARK_CLOSE}")
+
+
+def _inside(pos: int, bounds: list[tuple[int, int]]) -> bool:
+    """Whether character ``pos`` lies in one of the ``[start, end)`` bounds."""
+    return any(a <= pos < b for a, b in bounds)
 
 
 @dataclass
