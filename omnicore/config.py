@@ -339,7 +339,8 @@ class DataConfig(_Strict):
         default="auto",
         description="how samples become tokens: auto = the foundation tokenizer's own chat template when it has one "
         "(apply_chat_template; the assistant's content and the template's end-of-turn token are the labels, generation stops "
-        "at that token; a template omnicore cannot follow is refused at start-up), else ChatML; chatml = always omnicore's ChatML",
+        "at that token; a sample the template rewrites, as Qwen3's drops earlier <think> blocks, is trained as the template "
+        "renders it; a template omnicore cannot follow is refused at start-up), else ChatML; chatml = always omnicore's ChatML",
     )
 
     @model_validator(mode="after")

@@ -1,5 +1,6 @@
 """Faults in signals and checkpoints (issue 27, item 10): two SIGTERMs close together, on one process
-and in the Slurm pattern under torchrun, leave a verified checkpoint.
+and in the Slurm pattern under torchrun, leave a verified checkpoint; a bad ``latest`` falls back to
+the newest checkpoint that verifies.
 
 Trainings run in this process on a tiny text-only model (about 1 s each); one test starts torchrun.
 """
@@ -191,3 +192,167 @@ def test_slurm_pattern_under_torchrun_leaves_a_verified_checkpoint(text_jsonl, t
     files = json.loads((folder / "manifest.json").read_text())["files"]
     assert {"__0_0.distcp", "__1_0.distcp", "rng-rank0.json", "rng-rank1.json"} <= set(files)
     assert json.loads((folder / "trainer_state.json").read_text())["step"] == _rows(out)[-1]["step"]
+
+
+# ---- a bad `latest` -----------------------------------------------------------------------------------
+
+ONE = None  # ParallelState of one process, made on first use (torch imported lazily)
+
+
+def _one():
+    global ONE
+    if ONE is None:
+        import torch
+
+        from omnicore.parallel.state import ParallelState
+
+        ONE = ParallelState(0, 1, 0, torch.device("cpu"))
+    return ONE
+
+
+def _parts(seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()
+    sched.step()
+    return model, opt, sched
+
+
+def _save(root: Path, step: int, seed: int):
+    from omnicore.checkpoint.dcp import save_checkpoint
+
+    model, opt, sched = _parts(seed)
+    save_checkpoint(root, step, model, opt, sched, {}, _one())
+    return model
+
+
+def _weights_of(folder: Path) -> list:
+    from omnicore.checkpoint.dcp import load_checkpoint
+
+    model, opt, sched = _parts(99)
+    load_checkpoint(folder, model, opt, sched, _one(), verify=False)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _same(a, b) -> bool:
+    import torch
+
+    return all(torch.equal(x, y.detach()) for x, y in zip(a, b, strict=True))
+
+
+def _flip(path: Path, offset: int = -20) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+class _Killed(BaseException):
+    """The process dies here (nothing after it runs, no clean-up)."""
+
+
+def test_a_crash_while_resaving_a_step_falls_back_to_the_newest_that_verifies(tmp_path, monkeypatch):
+    """Run 1 saved steps 2 and 4; run 2 resumed from step 2 and, saving step 4 again, died between
+    moving the old step-4 aside and renaming the new one into place: `latest` names a missing folder."""
+    import omnicore.checkpoint.dcp as dcp_mod
+    from omnicore.checkpoint.dcp import save_checkpoint
+    from omnicore.checkpoint.resume import find_good_checkpoint
+
+    _save(tmp_path, 2, seed=0)
+    first = _save(tmp_path, 4, seed=1)
+    real = os.replace
+
+    def dies_before_renaming(src, dst):
+        if Path(src).name == ".tmp-step-00000004":
+            raise _Killed
+        return real(src, dst)
+
+    monkeypatch.setattr(dcp_mod.os, "replace", dies_before_renaming)
+    model, opt, sched = _parts(2)
+    with pytest.raises(_Killed):
+        save_checkpoint(tmp_path, 4, model, opt, sched, {}, _one())
+    monkeypatch.undo()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [".old-step-00000004", ".tmp-step-00000004", "latest", "step-00000002"]
+    assert (tmp_path / "latest").read_text() == "step-00000004"
+    for name in (".old-step-00000004", ".tmp-step-00000004", "step-00000002"):
+        verify_checkpoint(tmp_path / name)  # all three verify
+
+    new, old = tmp_path / ".tmp-step-00000004", tmp_path / ".old-step-00000004"
+    folder, message = find_good_checkpoint(tmp_path)
+    assert folder == new
+    assert message == (
+        f"{tmp_path / 'latest'} names step-00000004, which does not exist (a save that replaced it was interrupted?); resuming "
+        f"from the newest checkpoint that verifies, {new} (the complete save of step 4, not yet renamed to step-00000004 when "
+        "it was interrupted)"
+    )
+    assert _same(_weights_of(folder), list(model.parameters()))  # run 2's weights, the newest
+
+    _flip(new / "__0_0.distcp")  # the new save damaged too: the step as it was before
+    folder, message = find_good_checkpoint(tmp_path)
+    assert folder == old and _same(_weights_of(folder), list(first.parameters()))
+    assert message.startswith(f"{tmp_path / 'latest'} names step-00000004, which does not exist")
+    assert f"skipped 1 corrupt checkpoint(s) (checkpoint {new} is corrupt: {new / '__0_0.distcp'}: sha256 differs" in message
+    assert message.endswith(f"resuming from the previous good one, {old} (step-00000004 as it was before an interrupted save replaced it)")
+
+    _save(tmp_path, 5, seed=3)  # the run goes on: the next save removes what the interrupted one left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000002", "step-00000005"]
+
+
+@pytest.mark.parametrize(
+    ("latest", "says"),
+    [
+        (None, "is missing"),
+        (b"", "is empty"),
+        (b"\xff\xfe\x00garbage", "is unreadable (UnicodeDecodeError)"),
+        (b"garbage\n", "holds 'garbage', not a step-NNNNNNNN folder name"),
+        (b"step-00000009\n", "names step-00000009, which does not exist (a save that replaced it was interrupted?)"),
+    ],
+)
+def test_a_bad_latest_takes_the_newest_checkpoint_that_verifies(tmp_path, latest, says):
+    from omnicore.checkpoint.resume import find_good_checkpoint
+
+    _save(tmp_path, 2, seed=0)
+    newest = _save(tmp_path, 4, seed=1)
+    pointer = tmp_path / "latest"
+    pointer.unlink()
+    if latest is not None:
+        pointer.write_bytes(latest)
+    folder, message = find_good_checkpoint(tmp_path)
+    assert folder == tmp_path / "step-00000004" and _same(_weights_of(folder), list(newest.parameters()))
+    assert message == f"{pointer} {says}; resuming from the newest checkpoint that verifies, {folder}"
+
+
+@pytest.fixture(scope="module")
+def stopped(text_jsonl, tmp_path_factory) -> Path:
+    """A 6-step run stopped after step 4 (checkpoints at steps 2 and 4); each test resumes a copy."""
+    from omnicore.train.loop import train
+
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    train(_cfg(text_jsonl, out, save_every=2, stop_after=4))
+    return out
+
+
+@pytest.fixture
+def run(stopped, tmp_path) -> Path:
+    import shutil
+
+    shutil.copytree(stopped, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_plain_resume_with_a_deleted_latest_says_what_it_took(text_jsonl, run, caplog):
+    from omnicore.train.loop import train
+
+    (run / "checkpoints" / "latest").unlink()
+    with caplog.at_level(logging.INFO, logger="omnicore"):
+        train(_cfg(text_jsonl, run), resume=True)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "resuming from" in r.getMessage()]
+    assert said == [
+        f"{run / 'checkpoints' / 'latest'} is missing; resuming from the newest checkpoint that verifies, {run / 'checkpoints' / 'step-00000004'}"
+    ]
+    assert [r["step"] for r in _rows(run)] == [1, 2, 3, 4, 5, 6]

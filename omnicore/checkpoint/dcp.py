@@ -36,9 +36,18 @@ from omnicore.checkpoint.errors import CheckpointError
 from omnicore.checkpoint.manifest import merge_manifest, rank_files, verify_manifest, write_manifest_part
 from omnicore.checkpoint.safety import read_rng_state, rng_file, safe_dcp_load_args, write_rng_state
 
-__all__ = ["CheckpointError", "checkpoint_step", "latest_checkpoint", "load_checkpoint", "save_checkpoint", "verify_checkpoint"]
+__all__ = [
+    "CheckpointError",
+    "checkpoint_step",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "read_latest",
+    "save_checkpoint",
+    "verify_checkpoint",
+]
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_LEFT_OVER = re.compile(r"^\.(?:tmp|old)-step-(\d+)$")  # what an interrupted save leaves (save_checkpoint, replace_folder)
 
 
 @contextlib.contextmanager
@@ -221,7 +230,9 @@ def prune_checkpoints(root: Path, just_saved: Path, keep: int) -> list[Path]:
 
     Only ``step-NNNNNNNN`` folders with a step below the step just saved are candidates (ordered by step
     number, not by name): the checkpoint just written, the one ``latest`` names, and folders of a
-    later step (another run's, left in the folder) are never deleted.
+    later step (another run's, left in the folder) are never deleted. The ``.tmp-step-N`` and
+    ``.old-step-N`` folders an interrupted save left behind (a resume may have started from one:
+    :func:`omnicore.checkpoint.resume.find_good_checkpoint`) are deleted once a later step is saved.
     """
     current = checkpoint_step(just_saved)
     named = _previous(root)
@@ -230,25 +241,58 @@ def prune_checkpoints(root: Path, just_saved: Path, keep: int) -> list[Path]:
         key=checkpoint_step,  # type: ignore[arg-type]
     )
     doomed = [p for p in older[: max(len(older) - (max(keep, 1) - 1), 0)] if p != named]
+    for p in root.iterdir():
+        m = _LEFT_OVER.match(p.name)
+        if m and p.is_dir() and current is not None and int(m.group(1)) < current:
+            doomed.append(p)
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
     return doomed
 
 
-def latest_checkpoint(root: str | Path) -> Path:
-    """The folder named by ``<root>/latest``.
-
-    Raises:
-        CheckpointError: if there is none, or the folder it names is missing or incomplete.
-    """
+def read_latest(root: str | Path) -> tuple[Path | None, str | None]:
+    """The complete checkpoint folder ``<root>/latest`` names, or ``(None, what is wrong)``: the
+    pointer is missing, empty or unreadable, names no ``step-NNNNNNNN`` folder, or names one that is
+    missing (a crash while a save replaced it) or incomplete (no ``trainer_state.json``)."""
     root = Path(root)
     pointer = root / "latest"
     if not pointer.is_file():
-        raise CheckpointError(f"no checkpoint under {root} (missing {pointer}); train first, or name a checkpoint or export explicitly")
-    folder = root / pointer.read_text().strip()
+        return None, f"{pointer} is missing"
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        return None, f"{pointer} is unreadable ({type(e).__name__})"
+    if not name:
+        return None, f"{pointer} is empty"
+    if checkpoint_step(Path(name)) is None or "/" in name:
+        return None, f"{pointer} holds {name[:40]!r}, not a step-NNNNNNNN folder name"
+    folder = root / name
+    if not folder.is_dir():
+        return None, f"{pointer} names {name}, which does not exist (a save that replaced it was interrupted?)"
     if not (folder / "trainer_state.json").is_file():
-        raise CheckpointError(f"checkpoint {folder} named by {pointer} is incomplete (no trainer_state.json)")
-    return folder
+        return None, f"{pointer} names {name}, which is incomplete (no trainer_state.json)"
+    return folder, None
+
+
+def latest_checkpoint(root: str | Path) -> Path:
+    """The folder named by ``<root>/latest`` (:func:`read_latest`).
+
+    Raises:
+        CheckpointError: if there is none, or the pointer or the folder it names is bad (what is
+            wrong is named; :func:`omnicore.checkpoint.resume.find_good_checkpoint` falls back to
+            the newest checkpoint that verifies instead).
+    """
+    root = Path(root)
+    folder, problem = read_latest(root)
+    if folder is not None:
+        return folder
+    if not (root / "latest").is_file():
+        raise CheckpointError(
+            f"no checkpoint under {root} (missing {root / 'latest'}); train first, or name a checkpoint or export explicitly"
+        )
+    raise CheckpointError(
+        f"{problem}; give a checkpoint folder explicitly ({root}/step-NNNNNNNN; `omnicore train --resume` takes the newest that verifies)"
+    )
 
 
 def verify_checkpoint(folder: str | Path, state: Any | None = None) -> None:

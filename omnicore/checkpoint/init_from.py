@@ -55,7 +55,7 @@ def resolve_init_from(cfg: Config, state: Any | None = None) -> InitFrom:
             and no checkpoint that verifies.
     """
     from omnicore.checkpoint.dcp import verify_checkpoint
-    from omnicore.checkpoint.resume import find_good_checkpoint
+    from omnicore.checkpoint.resume import find_good_checkpoint, saved_folders
 
     given = cfg.model.init_from
     if given is None:
@@ -74,7 +74,7 @@ def resolve_init_from(cfg: Config, state: Any | None = None) -> InitFrom:
         return InitFrom("checkpoint", folder)
     if (folder / "export" / "omnicore.yaml").is_file():
         return InitFrom("export", folder / "export")
-    if (folder / "checkpoints" / "latest").is_file():
+    if (folder / "checkpoints" / "latest").is_file() or saved_folders(folder / "checkpoints"):
         try:
             good, _ = find_good_checkpoint(folder / "checkpoints", state)
         except CheckpointError as exc:

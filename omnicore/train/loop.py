@@ -170,14 +170,17 @@ def _resume_folder(ckpt_root: Path, resume: bool | str, state: ParallelState, lo
     """The checkpoint to resume from, its files verified against its manifest (collective). A path
     (``--resume PATH``: a folder, or a name such as ``step-00000004``) must verify, else the error
     names the bad file and the previous good checkpoint; plain ``--resume`` takes the newest
-    checkpoint that verifies and says so when it had to skip a corrupt one."""
+    checkpoint that verifies and says so, as a warning, when it had to skip a corrupt one or
+    ``latest`` was bad (missing, empty, naming a folder an interrupted save left missing)."""
     from omnicore.checkpoint.resume import find_good_checkpoint, resolve_resume
 
     if isinstance(resume, str):
         return resolve_resume(ckpt_root, resume, state)
     folder, message = find_good_checkpoint(ckpt_root, state)
-    if message:
+    if message == f"resuming from {folder}":
         log(message)
+    elif state.is_main:
+        logger.warning(message)
     return folder
 
 
@@ -227,6 +230,8 @@ def _build_model_and_data(cfg: Config, registry: Registry) -> tuple[Any, Any, Ch
         processor, sources = open_data(cfg, registry, tokenizer, rope=model.rope)
         desc = ", ".join(f"{s.name} (weight {s.config.weight:g})" for s in sources)
         ph.detail = f"{desc}; {cfg.data.num_workers} worker(s) per rank, started with the first step"
+        if processor.template is not None and processor.template.rewrites:  # Qwen3 drops earlier <think> blocks: say so
+            ph.detail += f"; the chat template rewrites {processor.template.rewrites}: samples are trained as it renders them"
     return model, tokenizer, processor, sources
 
 
