@@ -448,7 +448,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[
         try:
             return cmd_plugins(args)
         except RegistryError as exc:  # OMNICORE_STRICT=1 and a plugin failed
-            print(f"error: {exc}", file=sys.stderr)
+            _print_error(str(exc), alike=True)
             return 2
         except BrokenPipeError:  # `omnicore plugins | head`: the reader has all it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
@@ -459,6 +459,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[
 
     handlers = {"train": cmd_train, "plan": cmd_plan, "eval": cmd_eval, "generate": cmd_generate, "fit-tokenizer": cmd_fit_tokenizer}
     user_errors: tuple[type[BaseException], ...] = (ConfigError, RegistryError, UsageError)
+    alike: tuple[type[BaseException], ...] = user_errors  # met by every rank alike (omnicore.logs.error_line)
     try:
         from omnicore.checkpoint.dcp import CheckpointError
         from omnicore.data.jsonl import SampleError
@@ -471,13 +472,28 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[
 
         user_errors += (SampleError, CheckpointError, PackingError, MeshError, ParallelizeError, NonFiniteError)
         user_errors += (DataResumeError, DataWorkerError)
+        # checkpoints are verified (and saves agreed) on every rank; a non-finite step is all-reduced
+        alike += (CheckpointError, MeshError, ParallelizeError, NonFiniteError)
         return handlers[args.command](args, extra)
     except user_errors as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        from omnicore.logs import ECHO_ATTRIBUTE
+
+        _print_error(str(exc), alike=isinstance(exc, alike), echo=bool(getattr(exc, ECHO_ATTRIBUTE, False)))
         return 2
     except OSError as exc:  # the file system said no: a user's problem to fix, in one line
-        print(f"error: {describe_os_error(exc)}", file=sys.stderr)
+        _print_error(describe_os_error(exc), alike=False)
         return 2
+
+
+def _print_error(message: str, *, alike: bool, echo: bool = False) -> None:
+    """Print a user error's ``error: ...`` line on stderr, once per run under torchrun
+    (:func:`omnicore.logs.error_line`: rank 0 alone for an error every rank meets ``alike``, else
+    each failing rank with its ``[rankN]`` prefix; an echo of another rank's failure not at all)."""
+    from omnicore.logs import error_line
+
+    line = error_line(message, alike=alike, echo=echo)
+    if line is not None:
+        print(line, file=sys.stderr)
 
 
 def _start_logging(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -501,10 +517,10 @@ def _light(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: lis
     try:
         return handler(args)
     except PlotError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _print_error(str(exc), alike=True)
         return 2
     except OSError as exc:
-        print(f"error: {describe_os_error(exc)}", file=sys.stderr)
+        _print_error(describe_os_error(exc), alike=True)
         return 2
 
 

@@ -18,6 +18,10 @@ Python warnings (``warnings.warn``) become one line each on the ``py.warnings`` 
 nothing to act on (:data:`QUIET_WARNINGS`) are filtered out, except at ``debug``; omnicore's own
 (a logger plugin that failed, a plugin without a processor) stay.
 
+A user error ends a command with one ``error: ...`` line on stderr (:func:`error_line`): under
+torchrun an error that every rank meets alike is printed by rank 0 alone, one that only some ranks
+may meet by each of them with its ``[rankN]`` prefix.
+
 A program that uses omnicore as a library configures logging itself (``logging.basicConfig(level=
 logging.INFO)``, or :func:`setup_logging`); without that Python shows only warnings and errors.
 
@@ -84,6 +88,45 @@ def resolve_level(level: str | None = None) -> int:
 def rank_and_world() -> tuple[int, int]:
     """This process's rank and the world size, from torchrun's ``RANK`` / ``WORLD_SIZE`` (0, 1 without)."""
     return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+ECHO_ATTRIBUTE = "omnicore_echo"
+"""Set (true) on an exception by :func:`echo_of_other_rank`."""
+
+
+def echo_of_other_rank(exc: BaseException) -> BaseException:
+    """``exc``, marked as this rank's echo of another rank's failure (``1 rank(s) stopped on a data
+    error (see that rank's error); this rank 0 stops too``): the rank that failed prints its own
+    error, so :func:`error_line` prints nothing for the echo. Returns ``exc`` itself, to be raised."""
+    setattr(exc, ECHO_ATTRIBUTE, True)
+    return exc
+
+
+def error_line(message: str, *, alike: bool, echo: bool = False, rank: int | None = None, world_size: int | None = None) -> str | None:
+    """The line a command prints on stderr for a user error, or None when this process prints none.
+
+    One process: ``error: MESSAGE``. Under torchrun (``world_size`` > 1), so that N ranks do not
+    print the same line N times:
+
+    * an error every rank meets alike (``alike``: one that depends only on the config and the files
+      every rank reads, such as a config, registry or checkpoint error, or one the ranks agree on
+      in a collective) is printed by rank 0 alone, as ``error: MESSAGE``;
+    * an error that may concern only some ranks (a bad sample, a dead data worker, a file) is
+      printed by each rank that met it, as ``[rankN] error: MESSAGE``;
+    * an ``echo`` (:func:`echo_of_other_rank`: this rank stops because another one failed) prints
+      nothing: the failing rank's line is the one to read.
+
+    Args:
+        rank, world_size: default to torchrun's ``RANK`` and ``WORLD_SIZE`` (:func:`rank_and_world`).
+    """
+    env_rank, env_world = rank_and_world()
+    rank = env_rank if rank is None else rank
+    world_size = env_world if world_size is None else world_size
+    if world_size <= 1:
+        return f"error: {message}"
+    if echo or (alike and rank != 0):
+        return None
+    return f"error: {message}" if alike else f"[rank{rank}] error: {message}"
 
 
 def setup_logging(level: str | int | None = None, *, rank: int | None = None, world_size: int | None = None) -> int:

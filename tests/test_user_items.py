@@ -167,3 +167,48 @@ def test_reading_parquet_draws_no_datasets_progress_bar(tmp_path, capfd):
     ds = load_file("parquet", file, SourceConfig(dataset=str(file)), tmp_path / "ours")
     assert capfd.readouterr().err == ""
     assert ds["prompt"] == ["a", "b", "c"] and is_progress_bar_enabled()
+
+
+# ---- under torchrun an error is printed once ----------------------------------------------------------
+
+
+def _stderr_of_ranks(monkeypatch, capsys, errors: list[BaseException]) -> str:
+    """What ``omnicore plan`` prints on stderr, rank after rank of a 2-rank torchrun, when rank r's
+    command raises ``errors[r]``; every rank exits 2."""
+    import omnicore.cli as cli
+
+    out = ""
+    for rank, exc in enumerate(errors):
+        monkeypatch.setenv("WORLD_SIZE", str(len(errors)))
+        monkeypatch.setenv("RANK", str(rank))
+
+        def fail(args, extra, exc=exc):
+            raise exc
+
+        monkeypatch.setattr(cli, "cmd_plan", fail)
+        capsys.readouterr()
+        assert cli.main(["plan", "unused.yaml", "--world-size", "2"]) == 2
+        out += capsys.readouterr().err
+    return out
+
+
+def test_an_error_every_rank_meets_is_printed_once_by_rank_0(monkeypatch, capsys):
+    """Before: each rank printed ``error: ...``, so two ranks showed the line twice, unprefixed."""
+    message = "cfg.yaml: train.lr: must be a finite number"
+    assert _stderr_of_ranks(monkeypatch, capsys, [ConfigError(message), ConfigError(message)]) == f"error: {message}\n"
+
+
+def test_an_error_of_one_rank_is_printed_by_it_with_its_rank(monkeypatch, capsys):
+    """Rank 1 reads a bad sample; rank 0 stops because rank 1 did (the echo the training loop
+    raises): one line, from rank 1, prefixed."""
+    from omnicore.data.jsonl import SampleError
+    from omnicore.logs import echo_of_other_rank
+
+    bad = SampleError("data.jsonl:3: invalid JSON")
+    echo = echo_of_other_rank(SampleError("1 rank(s) stopped on a data error (see that rank's error); this rank 0 stops too"))
+    assert _stderr_of_ranks(monkeypatch, capsys, [echo, bad]) == "[rank1] error: data.jsonl:3: invalid JSON\n"
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process: as it always was
+    monkeypatch.setenv("RANK", "0")
+    from omnicore.logs import error_line
+
+    assert error_line("x", alike=False) == error_line("x", alike=True) == "error: x"

@@ -63,7 +63,7 @@ from omnicore.data.seeds import rank_seed
 from omnicore.data.state import DataResumeError, merge_states
 from omnicore.eval.samples import Sampler
 from omnicore.eval.validate import Validator
-from omnicore.logs import Phase
+from omnicore.logs import Phase, echo_of_other_rank
 from omnicore.model.build import open_data
 from omnicore.model.flops import ModelFlops, model_flops
 from omnicore.model.trainable import apply_freeze
@@ -476,7 +476,9 @@ def _step_batches(run: Run) -> tuple[list[Any], float] | None:
     if failed:
         if error is not None:
             raise error
-        raise SampleError(f"{failed:.0f} rank(s) stopped on a data error (see that rank's error); this rank {run.state.rank} stops too")
+        raise echo_of_other_rank(
+            SampleError(f"{failed:.0f} rank(s) stopped on a data error (see that rank's error); this rank {run.state.rank} stops too")
+        )
     if any_ended:
         run.data.rewind()
         return None
