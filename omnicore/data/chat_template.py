@@ -195,20 +195,20 @@ class TemplateInfo:
 def _probes() -> list[tuple[str, list[str], list[str]]]:
     """``(what, roles, contents)`` of the conversations that show a template rewriting content:
     reasoning markers in two assistant turns (one before the last user message, one after), and
-    whitespace around every message's content. Contents hold words as well as sentinels, so that a
-    template changing letters shows it too."""
+    whitespace around every message's content. Contents are words, so that a template changing
+    letters shows it too (and a message that names a difference reads as text)."""
     out = []
     roles = ["user", "assistant", "user", "assistant"]
     for opening, closing in REASONING_MARKERS:
         contents = [
-            f"Question {sentinel(0)}?",
-            f"{opening}\nSome reasoning {sentinel(1)}.\n{closing}\n\nAn answer {sentinel(2)}.",
-            f"Question {sentinel(3)}?",
-            f"{opening}\nSome reasoning {sentinel(4)}.\n{closing}\n\nAn answer {sentinel(5)}.",
+            "Question 1?",
+            f"{opening}\nSome reasoning 1.\n{closing}\n\nAnswer 1.",
+            "Question 2?",
+            f"{opening}\nSome reasoning 2.\n{closing}\n\nAnswer 2.",
         ]
         out.append((f"content holding {opening}...{closing}", roles, contents))
-    out.append(("whitespace around content", roles, [f"{_WHITESPACE}Text {sentinel(k)}.{_WHITESPACE}" for k in range(4)]))
-    out.append(("a system message", ["system", *roles], [f"Text {sentinel(k)}." for k in range(5)]))
+    out.append(("whitespace around content", roles, [f"{_WHITESPACE}Text {k}.{_WHITESPACE}" for k in range(4)]))
+    out.append(("a system message", ["system", *roles], [f"Text {k}." for k in range(5)]))
     return out
 
 
