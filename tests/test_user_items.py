@@ -212,3 +212,66 @@ def test_an_error_of_one_rank_is_printed_by_it_with_its_rank(monkeypatch, capsys
     from omnicore.logs import error_line
 
     assert error_line("x", alike=False) == error_line("x", alike=True) == "error: x"
+
+
+# ---- a mistyped local folder says "no such folder" with the resolved path -------------------------------
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A config file next to ``runs/digits/export`` and ``model``."""
+    (tmp_path / "runs" / "digits" / "export").mkdir(parents=True)
+    (tmp_path / "model").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("value", "there", "part", "meant"),
+    [
+        ("runs/digts/export", "runs", "digts", "runs/digits/export"),  # not a model id: a path
+        ("runs/digitz", "runs", "digitz", "runs/digits"),  # shaped like org/name, but runs/ is here
+        ("./modle", ".", "modle", "model"),
+        ("runs/digits/export/foundation", "runs/digits/export", "foundation", None),
+    ],
+)
+def test_a_mistyped_folder_is_named_resolved(tree, value, there, part, meant):
+    """Before: ``runs/digitz`` got a Hugging Face download hint, ``runs/digts/export`` the
+    component's "has no config.json"; now each is "no such folder" with the absolute path, the
+    deepest folder that exists and, when one is close, the folder meant."""
+    import json
+
+    from conftest import tiny_config_dict
+
+    from omnicore.config import load_config
+    from omnicore.model.build import build_processors
+    from omnicore.registry import RegistryError
+
+    d = tiny_config_dict("unused.jsonl", decoders=False)
+    d["model"]["encoders"]["image"]["options"] = {"checkpoint": value}
+    (tree / "cfg.yaml").write_text(json.dumps(d))
+    with pytest.raises(RegistryError) as info:
+        build_processors(load_config(str(tree / "cfg.yaml"), []))
+    root = tree.resolve()
+    hint = f"; did you mean {root / meant}?" if meant else ""
+    assert str(info.value) == (
+        f"model.encoders.image: options.checkpoint: no such folder: {root / value} ({(root / there).resolve()} has no {part!r}{hint})"
+    )
+
+
+def test_a_model_name_not_cached_names_the_folder_it_looked_for(tree, monkeypatch):
+    """``exprt/digits`` has a model id's shape and no folder ``exprt/`` is here: it may be a model, so
+    the cache is asked; the refusal names the absolute folder it looked for and the one meant."""
+    import huggingface_hub.constants as hub
+
+    from omnicore.model.loading import LoadError, resolve_pretrained
+
+    (tree / "export" / "digits").mkdir(parents=True)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tree / "hub"))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    with pytest.raises(LoadError) as info:
+        resolve_pretrained("exprt/digits", base=tree, what="options.checkpoint")
+    looked, meant = (tree / "exprt" / "digits").resolve(), (tree / "export" / "digits").resolve()
+    assert str(info.value).startswith(
+        f"options.checkpoint: 'exprt/digits' is neither a folder (looked for '{looked}'; did you mean '{meant}'?) nor a model in the "
+        "local Hugging Face cache"
+    )

@@ -69,13 +69,15 @@ def _resolve_checkpoints(options: dict[str, Any], base: Path | None) -> dict[str
     """A component's ``checkpoint`` (and ``tokenizer``) option as a local folder: a relative path is
     relative to the config file's folder; a Hugging Face model name (``org/name``) that is not a
     folder there is looked up in the local HF cache (:func:`omnicore.model.loading.resolve_pretrained`).
-    A path that is neither is passed on unchanged, for the component to report.
+    A file that exists is passed on, for the component to read or refuse.
 
     Raises:
-        RegistryError: starting ``options.checkpoint:`` (or ``options.tokenizer:``): the text names
-            a model that is neither cached nor downloadable (the caller puts the component's field in front).
+        RegistryError: starting ``options.checkpoint:`` (or ``options.tokenizer:``; the caller puts
+            the component's field in front): a missing folder given as a path (``no such folder:
+            /abs/path``, :func:`omnicore.model.loading.no_such_folder`), or a model name that is
+            neither cached nor downloadable.
     """
-    from omnicore.model.loading import LoadError, looks_like_hub_name, resolve_pretrained
+    from omnicore.model.loading import LoadError, resolve_pretrained
 
     out = dict(options)
     for key in PATH_OPTIONS:
@@ -84,8 +86,8 @@ def _resolve_checkpoints(options: dict[str, Any], base: Path | None) -> dict[str
             continue
         local = Path(value).expanduser()
         local = local if local.is_absolute() or base is None else base / local
-        if local.exists() or not looks_like_hub_name(value) or local.parent.is_dir() and local.parent != (base or Path(".")):
-            out[key] = str(local)  # a folder, or a missing one next to existing ones: the component says so
+        if local.exists():
+            out[key] = str(local)
             continue
         try:
             out[key] = str(resolve_pretrained(value, base=base, what=f"options.{key}"))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import json
+import os
 import re
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -56,13 +57,51 @@ def looks_like_hub_name(text: str) -> bool:
     return bool(_REPO_ID.match(text)) and not text.startswith((".", "~")) and "//" not in text
 
 
+def looks_local(text: str, local: Path) -> bool:
+    """Whether ``text``, the option's value (``local``: it as a path, relative ones joined to the
+    config's folder), names a local folder rather than a Hugging Face model: it has no model id's
+    shape (it starts with ``.``, ``/`` or ``~``, has two ``/`` or more, ...), or it has a ``/`` and the
+    folder it would be in exists (``models/qwen-typo`` next to an existing ``models/``)."""
+    return not looks_like_hub_name(text) or ("/" in text or os.sep in text) and local.parent.is_dir()
+
+
+def no_such_folder(local: Path) -> str:
+    """``no such folder: /abs/resolved/path``, followed by the deepest folder on the way that exists
+    and, when one of its folders is a close spelling of the missing part, the path meant
+    (:func:`_meant`): ``no such folder: /w/runs/digts/export (/w/runs has no 'digts'; did you mean
+    /w/runs/digits/export?)``."""
+    path = local.expanduser().resolve()
+    parent, rest, meant = _meant(path)
+    hint = f"; did you mean {meant}?" if meant else ""
+    return f"no such folder: {path} ({parent} has no {rest[0]!r}{hint})" if rest else f"no such folder: {path}"
+
+
+def _meant(path: Path) -> tuple[Path, tuple[str, ...], Path | None]:
+    """For a missing absolute ``path``: the deepest folder on the way that exists, the parts after
+    it, and ``path`` with the first of them replaced by the closest folder name there (difflib),
+    or None when none is close."""
+    import difflib
+
+    parent = path.parent
+    while not parent.is_dir() and parent != parent.parent:
+        parent = parent.parent
+    rest = path.relative_to(parent).parts
+    try:
+        names = [p.name for _, p in zip(range(5000), parent.iterdir()) if p.is_dir()]  # bounded: a huge folder costs no time
+    except OSError:  # unreadable: say what is known
+        names = []
+    close = difflib.get_close_matches(rest[0], sorted(names), n=1) if rest else []
+    return parent, rest, parent.joinpath(close[0], *rest[1:]) if close else None
+
+
 def resolve_pretrained(name_or_path: str, *, base: Path | None = None, what: str = "checkpoint") -> Path:
     """The local folder of a checkpoint given as a folder or as a Hugging Face model name.
 
     Args:
         name_or_path: a folder (absolute, ``~``, or relative to ``base``), or a model id such as
             ``Qwen/Qwen2.5-0.5B`` or ``Qwen/Qwen2.5-0.5B@<revision>``. A folder that exists wins over
-            a model of the same name.
+            a model of the same name; a missing one that reads as a path (:func:`looks_local`) is
+            reported as such, not looked up on the Hub.
         base: the folder relative paths start from (the config file's folder); None: the current one.
         what: how errors name the option (``model.foundation.options.checkpoint``).
 
@@ -71,7 +110,8 @@ def resolve_pretrained(name_or_path: str, *, base: Path | None = None, what: str
         (``huggingface_hub.snapshot_download``, which downloads only when online and the cache lacks it).
 
     Raises:
-        LoadError: naming ``what``: the folder does not exist and the text is not a model id, or the
+        LoadError: naming ``what``: the folder does not exist and the text reads as a path
+            (``options.checkpoint: no such folder: /abs/path ...``, :func:`no_such_folder`), or the
             model is neither cached nor downloadable (offline, or no such repository), with what to do.
     """
     path = Path(name_or_path).expanduser()
@@ -80,8 +120,8 @@ def resolve_pretrained(name_or_path: str, *, base: Path | None = None, what: str
         if not local.is_dir():
             raise LoadError(f"{what}: {str(local)!r} is a file; point it at a folder written by save_pretrained, or a model name")
         return local
-    if not looks_like_hub_name(name_or_path):
-        raise LoadError(f"{what}: no such folder {str(local)!r} (and {name_or_path!r} is not a Hugging Face model name)")
+    if looks_local(name_or_path, local):
+        raise LoadError(f"{what}: {no_such_folder(local)}")
     return _from_hub_cache(name_or_path, local, what)
 
 
@@ -97,8 +137,10 @@ def _from_hub_cache(name: str, local: Path, what: str) -> Path:
         offline = "; HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else ""
         # not cached and not reachable says it all; other failures (no such repository, no access) add the library's words
         reason = "" if isinstance(exc, LocalEntryNotFoundError) else f" ({' '.join(str(exc).split())[:200]})"
+        meant = _meant(local.resolve())[2]
+        looked = f"looked for {str(local.resolve())!r}" + (f"; did you mean {str(meant)!r}?" if meant else "")
         raise LoadError(
-            f"{what}: {name!r} is neither a folder (looked for {str(local)!r}) nor a model in the local Hugging Face cache "
+            f"{what}: {name!r} is neither a folder ({looked}) nor a model in the local Hugging Face cache "
             f"({constants.HF_HUB_CACHE}{offline}){reason}. Download it first (`hf download {repo_id}` where there is internet, "
             "then copy the cache or set HF_HUB_CACHE), or point the option at a local folder"
         ) from exc
