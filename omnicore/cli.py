@@ -100,8 +100,8 @@ def _config(args: argparse.Namespace, extra: list[str]) -> Any:
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    cfg = _config(args, extra)
-    cfg.command = ["train", args.config, *extra]  # what `continue with:` repeats, overrides included
+    cfg = _config(args, extra + _flag_overrides(args))
+    cfg.command = ["train", args.config, *extra]  # what `continue with:` repeats, overrides included (not --no-verify)
     from omnicore.logs import Phase
 
     with Phase(logging.getLogger("omnicore.cli"), "importing torch and starting the process group") as ph:
@@ -156,6 +156,8 @@ def _flag_overrides(args: argparse.Namespace) -> list[str]:
     for attr, key in _FLAG_KEYS.items():
         if getattr(args, attr, None) is not None:
             out += [f"--{key}", str(getattr(args, attr))]
+    if getattr(args, "no_verify", False):
+        out += ["--run.verify", "false"]
     return out
 
 
@@ -349,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CHECKPOINT",
         help="continue from the newest checkpoint in run.output_dir that verifies, or from CHECKPOINT (a folder, or a name such as step-00000004)",
     )
+    _add_no_verify(sp)
     sp = _subparser(sub, "plan", "check and size the parallel layout for N ranks without starting processes", config=True)
     sp.add_argument("--world-size", type=int, required=True, metavar="N", help="number of ranks to plan for")
     sp.add_argument("--json", action="store_true", help="print JSON")
@@ -386,6 +389,17 @@ def _add_weights(sp: argparse.ArgumentParser) -> None:
     """``--checkpoint`` / ``--export``: which trained weights ``eval`` and ``generate`` load."""
     sp.add_argument("--checkpoint", help="a checkpoint folder (default: the latest under run.output_dir)")
     sp.add_argument("--export", help="an export folder to load instead of a checkpoint")
+    _add_no_verify(sp)
+
+
+def _add_no_verify(sp: argparse.ArgumentParser) -> None:
+    """``--no-verify``: the user's way past a checksum check (sets ``run.verify: false``)."""
+    sp.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="load checkpoints and exports without checking their checksum manifests, and resume on changed data files "
+        "(sets run.verify false; for files written before checksums existed)",
+    )
 
 
 def _add_generate(sub: Any) -> None:

@@ -595,6 +595,12 @@ class RunConfig(_Strict):
         "metrics.jsonl in run.output_dir; tensorboard, wandb, mlflow with the omnicore-logger-<name> plugins) or {name, options}; [] logs "
         "nowhere (see `omnicore plugins --kind logger`)",
     )
+    verify: bool = Field(
+        default=True,
+        description="check checkpoints and exports against their checksum manifests, and a resume's data files against the "
+        "checkpoint's, before reading them; one that cannot be verified (no manifest) or fails is refused. false (--no-verify) "
+        "loads them unchecked, with a warning",
+    )
 
     def logger_list(self) -> list[ComponentConfig]:
         """``loggers`` with every bare name turned into a :class:`ComponentConfig`, in order."""

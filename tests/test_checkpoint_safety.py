@@ -142,8 +142,9 @@ def test_tampered_rng_file_is_refused_without_running(tmp_path):
         load_checkpoint(folder, *_parts(1), ONE)
 
 
-def test_checkpoint_of_the_old_layout_still_loads(tmp_path):
-    """Written before checksums and JSON RNG: no manifest.json, rng-rank0.pt from torch.save."""
+def test_checkpoint_of_the_old_layout_loads_when_asked(tmp_path):
+    """Written before checksums and JSON RNG: no manifest.json, rng-rank0.pt from torch.save. It
+    cannot be verified, so it is refused unless the user asks (run.verify: false)."""
     folder = _save(tmp_path, 1)
     (folder / "manifest.json").unlink()
     (folder / "rng-rank0.json").unlink()
@@ -151,7 +152,9 @@ def test_checkpoint_of_the_old_layout_still_loads(tmp_path):
     random.seed(12)
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, folder / "rng-rank0.pt")
     expect = (torch.rand(2), random.random())
-    assert load_checkpoint(folder, *_parts(1), ONE)["step"] == 1
+    with pytest.raises(CheckpointError, match=r"cannot be verified: .*manifest\.json: missing.*--no-verify"):
+        load_checkpoint(folder, *_parts(1), ONE)
+    assert load_checkpoint(folder, *_parts(1), ONE, verify=False)["step"] == 1
     assert torch.equal(torch.rand(2), expect[0]) and random.random() == expect[1]
 
 

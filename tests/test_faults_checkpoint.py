@@ -1,6 +1,7 @@
 """Faults in signals and checkpoints (issue 27, item 10): two SIGTERMs close together, on one process
 and in the Slurm pattern under torchrun, leave a verified checkpoint; a bad ``latest`` falls back to
-the newest checkpoint that verifies.
+the newest checkpoint that verifies; checkpoints and exports without a checksum manifest are refused
+unless the user asks.
 
 Trainings run in this process on a tiny text-only model (about 1 s each); one test starts torchrun.
 """
@@ -325,6 +326,109 @@ def test_a_bad_latest_takes_the_newest_checkpoint_that_verifies(tmp_path, latest
     folder, message = find_good_checkpoint(tmp_path)
     assert folder == tmp_path / "step-00000004" and _same(_weights_of(folder), list(newest.parameters()))
     assert message == f"{pointer} {says}; resuming from the newest checkpoint that verifies, {folder}"
+
+
+# ---- what cannot be verified ------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_without_manifest_is_refused_unless_asked(tmp_path):
+    from omnicore.checkpoint.dcp import CheckpointError, load_checkpoint
+    from omnicore.checkpoint.resume import find_good_checkpoint
+
+    older = _save(tmp_path, 2, seed=0)
+    saved = _save(tmp_path, 4, seed=1)
+    folder = tmp_path / "step-00000004"
+    (folder / "manifest.json").unlink()  # whatever its tensors hold now, nothing can tell
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(folder, *_parts(5), _one())
+    assert str(err.value) == (
+        f"checkpoint {folder} cannot be verified: {folder / 'manifest.json'}: missing, so its files cannot be verified (a save "
+        "that did not finish, or written before checksums); use another checkpoint, or load it unchecked with --no-verify "
+        "(run.verify: false)"
+    )
+    good, message = find_good_checkpoint(tmp_path)  # plain --resume: the newest that verifies
+    assert good == tmp_path / "step-00000002" and _same(_weights_of(good), list(older.parameters()))
+    assert message.startswith(f"skipped 1 corrupt checkpoint(s) (checkpoint {folder} cannot be verified: ")
+    assert find_good_checkpoint(tmp_path, verify=False)[0] == folder  # asked: taken unchecked
+    assert load_checkpoint(folder, *_parts(5), _one(), verify=False)["step"] == 4
+    assert _same(_weights_of(folder), list(saved.parameters()))
+
+
+def test_no_verify_sets_run_verify_and_is_not_repeated_on_continue():
+    from omnicore.cli import _flag_overrides, build_parser
+
+    for argv in (
+        ["train", "c.yaml", "--resume", "--no-verify"],
+        ["eval", "c.yaml", "--no-verify"],
+        ["generate", "c.yaml", "--prompt", "x", "--no-verify"],
+    ):
+        args, extra = build_parser().parse_known_args(argv)
+        assert _flag_overrides(args) == ["--run.verify", "false"] and extra == []
+    args, _ = build_parser().parse_known_args(["eval", "c.yaml"])
+    assert _flag_overrides(args) == []
+
+
+def _digest(path: Path) -> dict:
+    import hashlib
+
+    data = path.read_bytes()
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+@pytest.fixture(scope="module")
+def exported(text_jsonl, tmp_path_factory) -> Path:
+    """A finished 2-step run with its export."""
+    from omnicore.train.loop import train
+
+    out = tmp_path_factory.mktemp("exported") / "run"
+    train(_cfg(text_jsonl, out, max_steps=2, export=True))
+    return out / "export"
+
+
+def test_an_export_carries_checksums_and_changed_weights_are_refused_unless_asked(text_jsonl, exported, tmp_path):
+    import shutil
+
+    import torch
+
+    from omnicore.checkpoint.errors import CheckpointError
+    from omnicore.checkpoint.init_from import resolve_init_from
+    from omnicore.eval.loading import load_trained
+
+    export = tmp_path / "export"
+    shutil.copytree(exported, export)
+    listed = json.loads((export / "manifest.json").read_text())["files"]
+    files = sorted(p.relative_to(export).as_posix() for p in export.rglob("*") if p.is_file() and p != export / "manifest.json")
+    assert sorted(listed) == files and {"omnicore.yaml", "foundation/model.safetensors", "foundation/config.json"} <= set(files)
+    assert all(listed[n] == _digest(export / n) for n in files)  # against hashlib over each whole file
+    cfg = _cfg(text_jsonl, tmp_path / "x")
+    model, _, _ = load_trained(cfg, export=str(export))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+    weights = export / "foundation" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-4:] = b"\x00\x00\x80\x7f"  # float32 inf over the last weight: header and size unchanged
+    weights.write_bytes(bytes(data))
+    damaged = (
+        f"export {export} is damaged: {weights}: sha256 differs from the manifest (corrupt bytes); restore it from a copy or export "
+        "the run again from its checkpoint, or load it unchecked with --no-verify (run.verify: false)"
+    )
+    with pytest.raises(CheckpointError) as err:
+        load_trained(cfg, export=str(export))
+    assert str(err.value) == damaged
+    d = _cfg_dict(text_jsonl, tmp_path / "y")
+    d["model"]["init_from"] = str(export)
+    with pytest.raises(CheckpointError) as err:
+        resolve_init_from(Config.model_validate(d))
+    assert str(err.value) == f"model.init_from: {damaged}"
+
+    asked = _cfg(text_jsonl, tmp_path / "x").model_copy(update={"run": cfg.run.model_copy(update={"verify": False})})
+    model, _, _ = load_trained(asked, export=str(export))  # loaded as asked: the inf is in the model
+    assert not all(torch.isfinite(p).all() for p in model.parameters())
+
+    (export / "manifest.json").unlink()
+    with pytest.raises(CheckpointError) as err:
+        load_trained(cfg, export=str(export))
+    assert str(err.value).startswith(f"export {export} cannot be verified: {export / 'manifest.json'}: missing")
 
 
 @pytest.fixture(scope="module")

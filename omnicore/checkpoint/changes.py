@@ -16,7 +16,8 @@ and sorts each difference:
   ``weight_decay`` and ``betas`` are this run's; the log says the next step's learning rate before
   and after;
 * ``model.init_from`` is not used by a resumed run (its own checkpoint holds the weights);
-  ``run.output_dir`` is where the checkpoint was found and is not compared.
+  ``run.output_dir`` is where the checkpoint was found and ``run.verify`` how this command reads
+  files: neither is compared.
 
 ``train.max_steps`` at or below the checkpoint's step is an error (nothing left to train).
 """
@@ -33,8 +34,9 @@ from typing import Any
 from omnicore.checkpoint.errors import CheckpointError
 from omnicore.config import Config, ConfigError
 
-NOT_COMPARED = ("run.output_dir",)
-"""Keys left out of the comparison (the checkpoint was found under this run's ``run.output_dir``)."""
+NOT_COMPARED = ("run.output_dir", "run.verify")
+"""Keys left out of the comparison: the checkpoint was found under this run's ``run.output_dir``,
+and ``run.verify`` is how this command reads files, not a setting of the run."""
 
 REFUSED: tuple[tuple[str, str], ...] = (
     ("model.kernels", ""),  # an attention or norm kernel computes the same model: applied

@@ -33,7 +33,15 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from omnicore.checkpoint.errors import CheckpointError
-from omnicore.checkpoint.manifest import merge_manifest, rank_files, verify_manifest, write_manifest_part
+from omnicore.checkpoint.manifest import (
+    MANIFEST,
+    NO_VERIFY,
+    merge_manifest,
+    missing_manifest,
+    rank_files,
+    verify_manifest,
+    write_manifest_part,
+)
 from omnicore.checkpoint.safety import read_rng_state, rng_file, safe_dcp_load_args, write_rng_state
 
 __all__ = [
@@ -300,11 +308,16 @@ def verify_checkpoint(folder: str | Path, state: Any | None = None) -> None:
     each rank hashes its share of the files).
 
     Raises:
-        CheckpointError: naming the first bad file (missing, other size, other sha256, unlisted).
+        CheckpointError: naming the first bad file (missing, other size, other sha256, unlisted);
+            or the folder has no manifest, so nothing can be verified (a save that did not finish,
+            or a checkpoint written before checksums): refused, with the way to load it unchecked
+            when the user asks (``run.verify: false``, whose callers skip this check).
     """
     folder = Path(folder)
     if not (folder / "trainer_state.json").is_file():
         raise CheckpointError(f"checkpoint {folder} is incomplete (no trainer_state.json)")
+    if not (folder / MANIFEST).is_file():  # the same answer on every rank: no collective needed
+        raise CheckpointError(f"checkpoint {folder} cannot be verified: {missing_manifest(folder)}; use another checkpoint, {NO_VERIFY}")
     shard = (state.rank, state.world_size) if state is not None and state.distributed else (0, 1)
     problem = None
     try:
@@ -359,11 +372,13 @@ def load_checkpoint(
 
     Args:
         verify: check the manifest first (:func:`verify_checkpoint`); False when the caller just
-            did (:func:`omnicore.checkpoint.resume.resolve_resume`).
+            did (:func:`omnicore.checkpoint.resume.resolve_resume`), or the user asked to load it
+            unchecked (``run.verify: false``).
 
     Raises:
-        CheckpointError: the folder is incomplete or corrupt (naming the file), or a file holds
-            anything but tensors, DCP metadata or JSON (it is refused, never run).
+        CheckpointError: the folder is incomplete, corrupt (naming the file) or has no manifest
+            (when ``verify``), or a file holds anything but tensors, DCP metadata or JSON (it is
+            refused, never run).
     """
     folder = Path(folder)
     if verify:

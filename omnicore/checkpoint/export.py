@@ -26,6 +26,11 @@ export/foundation_lora)``. The
 ``omnicore.yaml`` section has ``lora`` unset: it rebuilds the merged model, or in adapter mode the
 base model (its header comment says how to add the adapter).
 
+``manifest.json`` at the top lists the size and sha256 of every file under the export (paths
+relative to it, :mod:`omnicore.checkpoint.manifest`); ``omnicore eval``/``generate --export`` and
+``model.init_from`` refuse an export whose files differ from it, or that has none, unless
+``run.verify`` is false.
+
 The export is written to a temporary folder and renamed into place, so a crash leaves the previous
 export intact.
 """
@@ -97,9 +102,12 @@ def write_export(model: Any, tokenizer: Any, cfg: Any, out: Path) -> None:
     """Write an unsharded :class:`~omnicore.model.omni.OmniModel` as the export layout above.
 
     With LoRA adapters in ``model`` (``model.lora``) the model is changed in place: adapters are
-    merged, or (``export: adapter``) the foundation's are written apart and removed."""
+    merged, or (``export: adapter``) the foundation's are written apart and removed. Last, every
+    file's size and sha256 go into ``manifest.json`` (:func:`~omnicore.checkpoint.manifest.write_tree_manifest`),
+    which ``omnicore eval``/``generate --export`` and ``model.init_from`` check before loading."""
     from transformers.utils import logging as hf_logging
 
+    from omnicore.checkpoint.manifest import write_tree_manifest
     from omnicore.model.build import build_foundation
 
     out.mkdir(parents=True)
@@ -115,6 +123,7 @@ def write_export(model: Any, tokenizer: Any, cfg: Any, out: Path) -> None:
     finally:
         if was_on:
             hf_logging.enable_progress_bar()
+    write_tree_manifest(out)
 
 
 def _write_lora(model: Any, cfg: Any, out: Path, family: bool) -> tuple[str, Any]:

@@ -46,13 +46,14 @@ def _is_checkpoint(folder: Path) -> bool:
 
 
 def resolve_init_from(cfg: Config, state: Any | None = None) -> InitFrom:
-    """What ``cfg.model.init_from`` names (module docstring); a checkpoint is verified against its
-    manifest (collective when ``state`` is distributed: every rank must call this).
+    """What ``cfg.model.init_from`` names (module docstring); a checkpoint or an export is verified
+    against its checksum manifest unless ``run.verify`` is false (a checkpoint collectively when
+    ``state`` is distributed: every rank must call this).
 
     Raises:
         CheckpointError: the folder does not exist; it is none of an export, a checkpoint and a run
-            folder; the checkpoint is corrupt (naming the bad file); or a run folder has no export
-            and no checkpoint that verifies.
+            folder; the checkpoint or export is corrupt (naming the bad file) or has no manifest; or
+            a run folder has no export and no checkpoint that verifies.
     """
     from omnicore.checkpoint.dcp import verify_checkpoint
     from omnicore.checkpoint.resume import find_good_checkpoint, saved_folders
@@ -65,18 +66,19 @@ def resolve_init_from(cfg: Config, state: Any | None = None) -> InitFrom:
     if not folder.is_dir():
         raise CheckpointError(f"{where}: no such folder; give a run folder, its export/ or a checkpoint (checkpoints/step-NNNNNNNN)")
     if (folder / "omnicore.yaml").is_file():
-        return InitFrom("export", folder)
+        return _verified_export(folder, cfg.run.verify)
     if _is_checkpoint(folder):
         try:
-            verify_checkpoint(folder, state)
+            if cfg.run.verify:
+                verify_checkpoint(folder, state)
         except CheckpointError as exc:
             raise CheckpointError(f"model.init_from: {exc}") from exc
         return InitFrom("checkpoint", folder)
     if (folder / "export" / "omnicore.yaml").is_file():
-        return InitFrom("export", folder / "export")
+        return _verified_export(folder / "export", cfg.run.verify)
     if (folder / "checkpoints" / "latest").is_file() or saved_folders(folder / "checkpoints"):
         try:
-            good, _ = find_good_checkpoint(folder / "checkpoints", state)
+            good, _ = find_good_checkpoint(folder / "checkpoints", state, verify=cfg.run.verify)
         except CheckpointError as exc:
             raise CheckpointError(f"model.init_from: {exc}") from exc
         return InitFrom("checkpoint", good)
@@ -102,6 +104,23 @@ def _export_section(export: Path) -> dict[str, Any]:
     if not isinstance(section, dict) or not isinstance(section.get("foundation"), dict):
         raise CheckpointError(f"model.init_from: {path}: no model.foundation section; is this an omnicore export?")
     return section
+
+
+def _verified_export(folder: Path, verify: bool) -> InitFrom:
+    """The export ``folder`` to start from, its files checked against its checksum manifest first
+    (:func:`~omnicore.checkpoint.manifest.verify_export`) unless ``verify`` is False.
+
+    Raises:
+        CheckpointError: ``model.init_from: export ... is damaged: FILE: ...`` or cannot be verified.
+    """
+    from omnicore.checkpoint.manifest import verify_export
+
+    if verify:
+        try:
+            verify_export(folder)
+        except CheckpointError as exc:
+            raise CheckpointError(f"model.init_from: {exc}") from exc
+    return InitFrom("export", folder)
 
 
 def _pointed(component: Any, exported: dict[str, Any] | None, field: str, export: Path) -> Any:
@@ -230,7 +249,8 @@ def start_from(cfg: Config, resume: bool | str, state: Any, log: Any) -> tuple[C
     if resume or cfg.model.init_from is None:
         return cfg, None
     init = resolve_init_from(cfg, state)
-    log(f"init_from: weights of {init.kind} {init.folder} (new optimizer, LR schedule and data position)")
+    unchecked = "; run.verify is false: its files were not checked against their checksums" if not cfg.run.verify else ""
+    log(f"init_from: weights of {init.kind} {init.folder} (new optimizer, LR schedule and data position){unchecked}")
     if init.kind == "export":
         return apply_export(cfg, init.folder), None
     return cfg, init

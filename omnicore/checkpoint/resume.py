@@ -65,8 +65,10 @@ def _named_step(root: Path) -> int | None:
     return int(m.group(2)) if m else None
 
 
-def _check(folder: Path, state: Any | None) -> str | None:
-    """None when ``folder`` verifies, else the reason."""
+def _check(folder: Path, state: Any | None, verify: bool = True) -> str | None:
+    """None when ``folder`` verifies (``verify`` False: when it is complete), else the reason."""
+    if not verify:
+        return None if (folder / "trainer_state.json").is_file() else f"checkpoint {folder} is incomplete (no trainer_state.json)"
     try:
         verify_checkpoint(folder, state)
     except CheckpointError as e:
@@ -85,13 +87,15 @@ def _what(folder: Path) -> str:
     return f" ({name} as it was before an interrupted save replaced it)"
 
 
-def find_good_checkpoint(root: str | Path, state: Any | None = None) -> tuple[Path, str]:
+def find_good_checkpoint(root: str | Path, state: Any | None = None, *, verify: bool = True) -> tuple[Path, str]:
     """The newest checkpoint under ``root`` that verifies, and a message saying what was done.
 
     Args:
         root: the checkpoints folder (``<output_dir>/checkpoints``).
         state: the run's ParallelState on several ranks (verification is then shared and agreed;
             every rank must call this); None on one process.
+        verify: False (``run.verify: false``, the user's choice): take the newest complete one
+            without checking checksums.
 
     Returns:
         ``(folder, message)``: message is ``"resuming from <folder>"``; or one line naming what is
@@ -106,7 +110,7 @@ def find_good_checkpoint(root: str | Path, state: Any | None = None) -> tuple[Pa
         latest_checkpoint(root)  # raises: no checkpoint at all
     skipped: list[str] = []
     for folder in candidates:
-        reason = _check(folder, state)
+        reason = _check(folder, state, verify)
         if reason is not None:
             skipped.append(reason)
             continue
@@ -123,18 +127,19 @@ def find_good_checkpoint(root: str | Path, state: Any | None = None) -> tuple[Pa
     raise CheckpointError(f"no usable checkpoint under {root}: {'; '.join(reasons)}; start a fresh run in another run.output_dir")
 
 
-def resolve_resume(root: str | Path, path: str | Path | None, state: Any | None = None) -> Path:
+def resolve_resume(root: str | Path, path: str | Path | None, state: Any | None = None, *, verify: bool = True) -> Path:
     """The verified checkpoint folder to resume from (for ``--resume PATH``).
 
     Args:
         root: the checkpoints folder (``<output_dir>/checkpoints``).
         path: None for the one ``latest`` names; else a checkpoint folder, as a path or as a name
             under ``root`` (``step-00000020``).
-        state: as for :func:`find_good_checkpoint`.
+        state, verify: as for :func:`find_good_checkpoint`.
 
     Raises:
-        CheckpointError: no such folder; or the folder is corrupt: the message names the bad file
-            and, when there is one, the previous good checkpoint to pass as ``--resume PATH``.
+        CheckpointError: no such folder; or the folder is corrupt or cannot be verified: the
+            message names the bad file and, when there is one, the previous good checkpoint to pass
+            as ``--resume PATH``.
     """
     root = Path(root)
     if path is not None:
@@ -145,7 +150,7 @@ def resolve_resume(root: str | Path, path: str | Path | None, state: Any | None 
             raise CheckpointError(f"--resume {path}: no such checkpoint folder (give a step-NNNNNNNN folder, e.g. under {root})")
     else:
         folder = latest_checkpoint(root)
-    problem = _check(folder, state)
+    problem = _check(folder, state, verify)
     if problem is None:
         return folder
     offer = "; no earlier checkpoint verifies either: start a fresh run in another run.output_dir"

@@ -39,10 +39,13 @@ def model_config_from_export(export_dir: str | Path) -> ModelConfig:
 def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None = None) -> tuple[Any, Any, ChatProcessor]:
     """``(model, tokenizer, processor)`` in eval mode on CPU, from an export or a DCP checkpoint.
 
-    Without either argument, the latest checkpoint under ``run.output_dir`` is used.
+    Without either argument, the latest checkpoint under ``run.output_dir`` is used. Either is
+    checked against its checksum manifest first, unless ``run.verify`` is false (``--no-verify``:
+    loaded unchecked, with a warning).
 
     Raises:
-        CheckpointError: if there is no such checkpoint or export.
+        CheckpointError: if there is no such checkpoint or export, or it is damaged (naming the
+            file) or cannot be verified (no manifest).
     """
     from omnicore.checkpoint.dcp import latest_checkpoint, load_checkpoint
     from omnicore.model.build import build_omni_model
@@ -50,6 +53,7 @@ def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None 
     from omnicore.parallel.state import ParallelState
 
     if export is not None:
+        _verify_export(cfg, Path(export))
         cfg = cfg.model_copy(update={"model": model_config_from_export(export)})
         model, tokenizer = build_omni_model(cfg)
         if (Path(export) / "foundation_lora").is_dir():  # model.lora.export: adapter
@@ -61,10 +65,30 @@ def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None 
         model, tokenizer = build_omni_model(cfg)
         apply_lora(model, cfg.model.lora)  # a LoRA run's checkpoint holds the adapter layers
         folder = Path(checkpoint) if checkpoint else latest_checkpoint(Path(cfg.run.output_dir) / "checkpoints")
-        load_checkpoint(folder, model, None, None, ParallelState(0, 1, 0, torch.device("cpu")))
+        if not cfg.run.verify:
+            logger.warning("run.verify is false: %s is loaded without checking its checksums", folder)
+        load_checkpoint(folder, model, None, None, ParallelState(0, 1, 0, torch.device("cpu")), verify=cfg.run.verify)
     model.eval()
     processor = ChatProcessor.for_model(tokenizer, model, cfg.data)
     return model, tokenizer, processor
+
+
+def _verify_export(cfg: Config, export: Path) -> None:
+    """Check the export's files against its checksum manifest
+    (:func:`~omnicore.checkpoint.manifest.verify_export`) before anything reads them; with
+    ``run.verify: false`` only warn. A folder that is no export is left to :func:`model_config_from_export`.
+
+    Raises:
+        CheckpointError: a file is missing, changed (sha256) or added, or there is no manifest.
+    """
+    from omnicore.checkpoint.manifest import verify_export
+
+    if not (export / "omnicore.yaml").is_file():
+        return
+    if cfg.run.verify:
+        verify_export(export.resolve())
+    else:
+        logger.warning("run.verify is false: the export %s is loaded without checking its checksums", export)
 
 
 def load_on_device(cfg: Config, checkpoint: str | None, export: str | None) -> tuple[Any, Any, ChatProcessor]:

@@ -123,7 +123,7 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
     start, skips = 0, (0, 0)
     if resume:
         with Phase(logger, "loading the checkpoint to resume from") as ph:
-            folder = _resume_folder(ckpt_root, resume, state, log)
+            folder = _resume_folder(ckpt_root, resume, state, log, verify=cfg.run.verify)
             # settings changed since the checkpoint: refused before anything is read, else listed and applied
             meta, scheduler = load_for_resume(folder, given, cfg, model, optimizer, state, log, build_schedule)
             use_implementation(optimizer)  # fused or looped AdamW as this run's parameters allow, not as the saved run's
@@ -166,21 +166,25 @@ def _model_to_train(
     return cfg, init_from, (model, tokenizer, processor, sources, flops)
 
 
-def _resume_folder(ckpt_root: Path, resume: bool | str, state: ParallelState, log: Callable[..., None]) -> Path:
+def _resume_folder(ckpt_root: Path, resume: bool | str, state: ParallelState, log: Callable[..., None], *, verify: bool = True) -> Path:
     """The checkpoint to resume from, its files verified against its manifest (collective). A path
     (``--resume PATH``: a folder, or a name such as ``step-00000004``) must verify, else the error
     names the bad file and the previous good checkpoint; plain ``--resume`` takes the newest
     checkpoint that verifies and says so, as a warning, when it had to skip a corrupt one or
-    ``latest`` was bad (missing, empty, naming a folder an interrupted save left missing)."""
+    ``latest`` was bad (missing, empty, naming a folder an interrupted save left missing).
+    ``verify`` False (``run.verify: false``): complete checkpoints are taken unchecked, with a warning."""
     from omnicore.checkpoint.resume import find_good_checkpoint, resolve_resume
 
     if isinstance(resume, str):
-        return resolve_resume(ckpt_root, resume, state)
-    folder, message = find_good_checkpoint(ckpt_root, state)
-    if message == f"resuming from {folder}":
-        log(message)
-    elif state.is_main:
-        logger.warning(message)
+        folder = resolve_resume(ckpt_root, resume, state, verify=verify)
+    else:
+        folder, message = find_good_checkpoint(ckpt_root, state, verify=verify)
+        if message == f"resuming from {folder}":
+            log(message)
+        elif state.is_main:
+            logger.warning(message)
+    if not verify and state.is_main:
+        logger.warning("run.verify is false: %s is loaded without checking its checksums", folder)
     return folder
 
 
