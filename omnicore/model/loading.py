@@ -330,7 +330,9 @@ def plan_load(
 
     Args:
         module: the model whose parameters the checkpoint fills (names as ``named_parameters``,
-            tied weights once).
+            tied weights once). A tied parameter is read from whichever of its names the checkpoint
+            holds, its ``named_parameters`` name first (a tied model saved with
+            ``safetensors.torch.save_model`` keeps ``lm_head.weight`` only), as transformers does.
         folder, entries: the checkpoint folder and its :func:`checkpoint_index`.
         prefix: ``module``'s name in the whole model plus a dot, e.g. ``"lm."``.
         init_fresh: fnmatch patterns (or dotted prefixes) of parameter names the checkpoint may
@@ -353,24 +355,24 @@ def plan_load(
     """
     params = dict(module.named_parameters())
     buffers = {n for n, _ in module.named_buffers()}
-    sources, rows, fresh, missing, shapes = {}, {}, [], [], []
+    aliases = tied_names(module)
+    sources, rows, fresh, missing, shapes, tied_keys = {}, {}, [], [], [], set()
     for name, p in params.items():
-        key = name if name in entries else (name[len(strip) :] if strip and name.startswith(strip) else None)
-        if (key is None or key not in entries) and renames:
-            key = next(
-                (ck + name[len(pp) :] for ck, pp in renames.items() if name.startswith(pp) and ck + name[len(pp) :] in entries), None
-            )
-        if key is None or key not in entries:
+        # a tied parameter is read under whichever of its names the file holds, its own first
+        # (safetensors.torch.save_model keeps only lm_head.weight of a tied pair; transformers loads that)
+        keys = [k for alias in aliases.get(name, [name]) if (k := _key_of(alias, entries, strip, renames))]
+        if not keys:
             (fresh if matches_any(name, list(init_fresh)) else missing).append(name)
             continue
-        sources[name] = key
+        key = sources[name] = keys[0]
+        tied_keys.update(keys[1:])  # the same tensor under its other names: read once
         want, have = tuple(p.shape), entries[key].shape
         if want != have:
             if name in grow and len(want) == len(have) and want[1:] == have[1:] and want[0] > have[0]:
                 rows[name] = have[0]
             else:
                 shapes.append(f"{key!r}: checkpoint {have}, model {want}")
-    used = set(sources.values())
+    used = set(sources.values()) | tied_keys
     unused = [k for k in entries if k not in used and k not in buffers and not matches_any(k, list(ignore_unused))]
     unused = [k for k in unused if not (k == "lm_head.weight" and getattr(module.config, "tie_word_embeddings", False))]
     problems = _fit_problems(missing, unused, shapes, len(params))
@@ -382,6 +384,52 @@ def plan_load(
         raise LoadError(f"{what}: the checkpoint {str(folder)!r} does not fit the model: {'; '.join(problems)}")
     std = float(getattr(getattr(module, "config", None), "initializer_range", 0.02) or 0.02)
     return PendingLoad(folder, prefix, entries, sources, rows, fresh, std, seed)
+
+
+def _key_of(name: str, entries: Mapping[str, Any], strip: str, renames: Mapping[str, str] | None) -> str | None:
+    """The checkpoint key holding parameter ``name`` (itself, without ``strip``, or through
+    ``renames``, as :func:`plan_load` describes), or None."""
+    if name in entries:
+        return name
+    if strip and name.startswith(strip) and name[len(strip) :] in entries:
+        return name[len(strip) :]
+    for ck, pp in (renames or {}).items():
+        if name.startswith(pp) and ck + name[len(pp) :] in entries:
+            return ck + name[len(pp) :]
+    return None
+
+
+def tied_names(module: Any) -> dict[str, list[str]]:
+    """Every name of each parameter that ``module`` holds under several names (``tie_word_embeddings``:
+    ``{"model.embed_tokens.weight": ["model.embed_tokens.weight", "lm_head.weight"]}``), keyed by
+    the name ``named_parameters`` gives it, that name first; parameters with one name are left out."""
+    names: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return {group[0]: group for group in names.values() if len(group) > 1}
+
+
+def tied_groups(module: Any) -> list[list[tuple[Any, str]]]:
+    """``[(owning module, attribute name), ...]`` per parameter held by several modules (tied
+    weights), the first owner in module order first: what :func:`retie` needs to share them again
+    after an operation that gives each owner its own tensor (``Module.to_empty``,
+    ``load_state_dict(assign=True)``)."""
+    owners: dict[int, list[tuple[Any, str]]] = {}
+    for m in module.modules():
+        for pname, p in m._parameters.items():
+            if p is not None:
+                owners.setdefault(id(p), []).append((m, pname))
+    return [group for group in owners.values() if len(group) > 1]
+
+
+def retie(groups: list[list[tuple[Any, str]]]) -> None:
+    """Make every owner in each group of :func:`tied_groups` hold its first owner's parameter again
+    (by the module's parameter table, so it works on wrappers such as PEFT's LoRA layers, whose
+    ``weight`` attribute is a read-only view of their base layer's)."""
+    for group in groups:
+        first = group[0][0]._parameters[group[0][1]]
+        for m, pname in group[1:]:
+            m._parameters[pname] = first
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,12 +474,7 @@ def materialize(model: Any, device: Any) -> None:
     """
     import torch
 
-    owners: dict[int, list[tuple[Any, str]]] = {}
-    for module in model.modules():
-        for pname, p in module._parameters.items():
-            if p is not None:
-                owners.setdefault(id(p), []).append((module, pname))
-    tied = [group for group in owners.values() if len(group) > 1]
+    tied = tied_groups(model)
     keep = {}
     with torch.no_grad():
         for name, t in _iter_tensors(model):
@@ -439,10 +482,7 @@ def materialize(model: Any, device: Any) -> None:
             if not local.is_meta:
                 keep[name] = local.detach().to("cpu", copy=True)
         model.to_empty(device=device)
-        for group in tied:
-            first = group[0][0]._parameters[group[0][1]]
-            for module, pname in group[1:]:
-                module._parameters[pname] = first
+        retie(tied)
         for name, t in _iter_tensors(model):
             if name in keep:
                 local = t.to_local() if hasattr(t, "to_local") else t
