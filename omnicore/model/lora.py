@@ -123,6 +123,30 @@ def apply_lora(model: nn.Module, cfg: LoraConfig | None, *, seed: int | None = N
     return adapted
 
 
+def head_weight(layer: nn.Module) -> torch.Tensor | None:
+    """The ``[out, in]`` weight that ``layer`` applies, for a fused linear + cross-entropy kernel,
+    which takes the LM head's weight and not the module: ``layer.weight`` for a plain
+    ``nn.Linear``; for a LoRA layer (``lm_head`` in ``model.lora.target_modules``) its base weight
+    plus ``(alpha / r) * B @ A`` of each active unmerged adapter, differentiable in ``A`` and ``B``.
+    PEFT's own ``weight`` attribute is the base weight alone: through it the adapter would neither
+    count in the loss nor train. None where no one weight gives the module's output (adapter dropout
+    active in training, a LoRA bias or variant such as DoRA): the caller then runs the module."""
+    if not hasattr(layer, "lora_A"):
+        return layer.weight
+    weight = layer.get_base_layer().weight
+    if layer.merged or layer.disable_adapters:
+        return weight
+    for name in layer.active_adapters:
+        if name not in layer.lora_A:
+            continue
+        drop = layer.lora_dropout[name]
+        dropping = layer.training and isinstance(drop, nn.Dropout) and drop.p > 0
+        if dropping or name in getattr(layer, "lora_variant", {}) or getattr(layer, "lora_bias", {}).get(name):
+            return None
+        weight = weight + layer.get_delta_weight(name).to(weight.dtype)
+    return weight
+
+
 def _unwrap(model: nn.Module, merge: bool) -> int:
     """Replace every LoRA layer by its base layer, after folding the adapter in when ``merge``."""
     from peft.tuners.lora import LoraLayer

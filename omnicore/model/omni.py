@@ -38,6 +38,13 @@ def _default_cross_entropy() -> Any:
     return TorchCrossEntropy()
 
 
+def _lora_head_weight(head: nn.Module) -> torch.Tensor | None:
+    """:func:`omnicore.model.lora.head_weight`: the weight of an LM head that carries a LoRA adapter."""
+    from omnicore.model.lora import head_weight
+
+    return head_weight(head)
+
+
 def _in_dtype_of(module: nn.Module, batch: Any) -> Any:
     """``batch`` (a dict of features) with its floating-point tensors cast to the dtype of
     ``module``'s parameters, when those are not float32 (a component loaded in bfloat16 gets
@@ -470,14 +477,17 @@ class OmniModel(nn.Module):
         part of the row under sequence parallelism)."""
         head = self.lm.get_output_embeddings()
         logits = None
-        if return_logits:  # eval: the whole logits, and the plain loss from them (= torch_cross_entropy)
-            logits = head(hidden).float()
-            text_sum = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+        # a LoRA adapter on lm_head is part of the weight the kernel gets (head.weight alone is PEFT's base weight)
+        weight = _lora_head_weight(head) if hasattr(head, "lora_A") else head.weight
+        if return_logits or weight is None:  # eval: the whole logits, and the plain loss from them (= torch_cross_entropy)
+            full = head(hidden).float()
+            text_sum = F.cross_entropy(full.view(-1, full.shape[-1]), labels.view(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+            logits = full if return_logits else None
         else:  # the cross_entropy kernel (model.kernels.cross_entropy): lm_head and loss together
             ce = self.cross_entropy if self.cross_entropy is not None else _default_cross_entropy()
             flat = hidden.reshape(-1, hidden.shape[-1])
             text_sum = ce.linear_cross_entropy_sum(
-                flat, head.weight, labels.reshape(-1), ignore_index=IGNORE_INDEX, bias=getattr(head, "bias", None)
+                flat, weight, labels.reshape(-1), ignore_index=IGNORE_INDEX, bias=getattr(head, "bias", None)
             )
         n = int((labels != IGNORE_INDEX).sum())
         dec_sums: dict[str, torch.Tensor] = {}
