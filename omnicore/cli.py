@@ -31,11 +31,12 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     Listing imports each enabled plugin's hook module but never torch or a component's own module.
     ``--no-load`` reads metadata only and imports no plugin code at all, so it always works, however
     broken a plugin is. ``--check`` imports each plugin's hook and target modules in a subprocess
-    (one per plugin) and adds its import time and whether torch came in.
+    (one per plugin) and adds its import time and whether torch came in. ``--options NAME`` lists
+    one component's options instead (:func:`_plugins_options`).
 
     Raises:
         RegistryError: in strict mode (``OMNICORE_STRICT=1``), on the first failed or incompatible
-            plugin (not with ``--no-load``).
+            plugin (not with ``--no-load``); with ``--options``, an unknown or ambiguous NAME.
     """
     if args.no_load:
         return _plugins_no_load(args)
@@ -43,6 +44,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     from omnicore.registry import Registry
 
     reg = Registry.discover()
+    if args.options:
+        return _plugins_options(args, reg.rows)
     rows = [(r.as_dict(), r) for r in reg.rows]
     if args.kind:
         rows = [(d, r) for d, r in rows if d["kind"] in (args.kind, "-")]
@@ -69,6 +72,38 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     for d in out:
         d["description"] = d["reason"] if d["status"] != "available" else d["description"]
     print(_table(out, columns))
+    return 0
+
+
+def _plugins_options(args: argparse.Namespace, rows: list[Any]) -> int:
+    """``omnicore plugins --options NAME``: the component's options (name, type, default,
+    description) from its options model (:mod:`omnicore.registry.options`), as a table or JSON.
+    Imports that model's module alone, not the component's.
+
+    Raises:
+        RegistryError: no component or several of that name, or its options model cannot be imported.
+    """
+    from omnicore.registry.options import describe_options, find_named, refuses_unknown_keys
+
+    spec = find_named(rows, args.options, args.kind)
+    row = next(r for r in rows if r.spec is not None and r.spec.key == spec.key and r.spec.target == spec.target)
+    options = describe_options(spec)
+    if args.json:
+        import json
+
+        out = {"component": spec.key, "provider": row.provider, "options_model": spec.options_model}
+        out["options"] = None if options is None else [o.as_dict() for o in options]
+        print(json.dumps(out, indent=1))
+        return 0
+    where = f"{spec.key} from {row.provider} {row.version}".rstrip()
+    if options is None:
+        print(f"{where} declares no options model: its options go to {spec.target} unchecked; see its documentation")
+    elif not options:
+        print(f"{where} takes no options (any key under options is refused)")
+    else:
+        strict = "unknown keys are refused" if refuses_unknown_keys(spec) else "unknown keys are not checked"
+        print(f"{where}: options ({spec.options_model}; {strict})")
+        print(_table([o.as_dict() for o in options], ["name", "type", "default", "description"]))
     return 0
 
 
@@ -383,6 +418,12 @@ def _add_plugins(sub: Any) -> None:
     sp.add_argument(
         "--no-load", action="store_true", help="list entry points from metadata only; import no plugin code (to recover from a bad plugin)"
     )
+    sp.add_argument(
+        "--options",
+        metavar="NAME",
+        help="list the options of component NAME (or KIND/NAME) with their type, default and description, from its options "
+        "model (imports that model's module, which a plugin may have import torch)",
+    )
 
 
 def _add_weights(sp: argparse.ArgumentParser) -> None:
@@ -459,6 +500,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if args.no_load and (args.check or args.kind):
             parser.error("--no-load lists entry points without loading them; it cannot be combined with --check or --kind")
+        if args.options and (args.check or args.no_load):
+            parser.error("--options lists one component's options from its options model; it cannot be combined with --check or --no-load")
         try:
             return cmd_plugins(args)
         except RegistryError as exc:  # OMNICORE_STRICT=1 and a plugin failed

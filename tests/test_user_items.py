@@ -275,3 +275,49 @@ def test_a_model_name_not_cached_names_the_folder_it_looked_for(tree, monkeypatc
         f"options.checkpoint: 'exprt/digits' is neither a folder (looked for '{looked}'; did you mean '{meant}'?) nor a model in the "
         "local Hugging Face cache"
     )
+
+
+# ---- omnicore plugins --options NAME ------------------------------------------------------------------
+
+
+def test_plugins_options_lists_each_option_with_type_default_and_description(capsys):
+    """Before: the options were only in the source. Now each field of the options model is a row:
+    its name, type (with bounds), default and description."""
+    import json
+
+    from omnicore.cli import main
+    from omnicore.model.foundation import HFCausalLMOptions
+
+    assert main(["plugins", "--options", "hf_causal_lm", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["component"] == "foundation/hf_causal_lm" and got["options_model"] == "omnicore.model.foundation:HFCausalLMOptions"
+    assert [o["name"] for o in got["options"]] == list(HFCausalLMOptions.model_fields)
+    rows = {o["name"]: o for o in got["options"]}
+    assert rows["tokenizer"] == {
+        "name": "tokenizer",
+        "type": "str | null",
+        "default": "null",
+        "description": "'byte', or a local tokenizer folder; default: the checkpoint's own, else 'byte'",
+    }
+    assert (rows["config"]["type"], rows["init_fresh"]["type"], rows["init_fresh"]["default"]) == (
+        "dict[str, any] | null",
+        "list[str]",
+        "[]",
+    )
+
+    assert main(["plugins", "--options", "kernel/chunked_cross_entropy"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("kernel/chunked_cross_entropy from omnicore ")
+    assert lines[0].endswith(": options (omnicore.kernels.cross_entropy:ChunkedCrossEntropyOptions; unknown keys are refused)")
+    assert lines[1].split() == ["NAME", "TYPE", "DEFAULT", "DESCRIPTION"]
+    assert lines[2].startswith("chunk_size  int, > 0  1024     rows (tokens) per chunk;")
+    assert main(["plugins", "--options", "fsdp2"]) == 0
+    assert capsys.readouterr().out.endswith("takes no options (any key under options is refused)\n")
+
+
+def test_plugins_options_of_an_unknown_name_is_one_error_line(capsys):
+    from omnicore.cli import main
+
+    assert main(["plugins", "--options", "hf_causal"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no component named 'hf_causal'; did you mean 'hf_causal_lm'? Known components: ") and err.count("\n") == 1
