@@ -286,7 +286,11 @@ class DataConfig(_Strict):
     sources: list[SourceConfig] = Field(
         default_factory=list, description="training data sources, mixed by weight (instead of train); see SourceConfig"
     )
-    eval: str | None = Field(default=None, description="held-out JSONL for `omnicore eval` (answers are text)")
+    eval: str | list[str] | None = Field(
+        default=None,
+        description="held-out chat JSONL for validation (eval.every) and `omnicore eval`: a file, folder or glob as data.train, or "
+        "a list of them, read in the order given (each glob's or folder's files sorted; a file named twice is read once)",
+    )
     max_tokens: int = Field(default=1024, gt=0, description="token budget of one packed micro-batch (all samples share one row)")
     max_samples: int | None = Field(default=None, gt=0, description="use only the first N rows of each source (per epoch)")
     on_error: Literal["raise", "skip"] = Field(
@@ -342,6 +346,14 @@ class DataConfig(_Strict):
         "at that token; a sample the template rewrites, as Qwen3's drops earlier <think> blocks, is trained as the template "
         "renders it; a template omnicore cannot follow is refused at start-up), else ChatML; chatml = always omnicore's ChatML",
     )
+
+    @field_validator("eval")
+    @classmethod
+    def _eval_entries(cls, value: str | list[str] | None) -> str | list[str] | None:
+        entries = [value] if isinstance(value, str) else value
+        if entries is not None and (not entries or not all(e.strip() for e in entries)):
+            raise ValueError("data.eval: give a file, folder or glob, or a list of them (no empty entry); or null for no held-out data")
+        return value
 
     @model_validator(mode="after")
     def _one_kind_of_input(self) -> DataConfig:

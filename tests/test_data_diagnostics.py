@@ -142,3 +142,49 @@ def test_a_run_on_twenty_lines_with_one_bad_reports_skipped_1(tmp_path, caplog):
         "data: 1 bad sample skipped in all (train 1; data.on_error: skip); the first are named above",
     ]
 
+
+# ---- data.eval: several files, and validation's task accuracy ---------------------------------------
+
+
+def _qa(path: Path, answers: list[str], bad: set[int] = frozenset()) -> Path:
+    """Held-out lines asking for each answer of ``answers``; lines ``bad`` (1-based) are not JSON."""
+    lines = ['{"messages": [oops' if i + 1 in bad else json.dumps({"messages": [
+        {"role": "user", "content": f"Say {a}."}, {"role": "assistant", "content": a}]}) for i, a in enumerate(answers)]  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(x + "\n" for x in lines))
+    return path
+
+
+def _eval_cfg(tmp_path: Path, eval_spec, *, every: int = 0, task_samples: int = 0, max_new_tokens: int = 8, **data_kw) -> Config:
+    d = tiny_config_dict(str(tmp_path / "train.jsonl"), decoders=False, output_dir=str(tmp_path / "run"))
+    d["model"]["encoders"] = {}
+    d["data"].update(eval=eval_spec, **data_kw)
+    d["eval"] = {"every": every, "task_samples": task_samples}
+    d["generate"] = {"max_new_tokens": max_new_tokens, "temperature": 0}
+    cfg = Config.model_validate(d)
+    cfg.source = str(tmp_path / "cfg.yaml")  # relative entries are relative to the config's folder
+    return cfg
+
+
+def test_data_eval_takes_a_list_of_files_folders_and_globs(tmp_path):
+    """``data.eval`` as ``data.train``: a glob, a folder or a file, or a list of them, read in the order
+    given (a glob's files sorted, a file named twice once); an entry that names nothing is refused
+    naming it, as given and as resolved."""
+    from omnicore.config import ConfigError
+    from omnicore.eval.heldout import eval_files
+    from omnicore.train.loop import check_eval_file
+
+    b, a = _qa(tmp_path / "held" / "b.jsonl", ["1"]), _qa(tmp_path / "held" / "a.jsonl", ["2"])
+    c = _qa(tmp_path / "more" / "c.jsonl", ["3"])
+    assert eval_files(_eval_cfg(tmp_path, "held/*.jsonl")) == [a, b]
+    assert eval_files(_eval_cfg(tmp_path, ["more/c.jsonl", "held", str(a)])) == [c, a, b]
+    check_eval_file(_eval_cfg(tmp_path, ["held/*.jsonl", "more/c.jsonl"], every=1))
+    with pytest.raises(ConfigError) as info:
+        check_eval_file(_eval_cfg(tmp_path, ["held/*.jsonl", "nope/*.jsonl"], every=1))
+    assert str(info.value) == (
+        f"{tmp_path / 'cfg.yaml'}: data.eval: 'nope/*.jsonl' (resolved to {tmp_path / 'nope/*.jsonl'}) matches no file; eval.every "
+        "reads it for validation: fix the path (relative to the config file's folder) or set eval.every: 0"
+    )
+    for bad in ([], [""]):
+        with pytest.raises(ValueError, match=r"data\.eval: give a file, folder or glob, or a list of them \(no empty entry\)"):
+            _eval_cfg(tmp_path, bad)

@@ -17,6 +17,13 @@ into the weights (every folder above loads as plain transformers / diffusers, no
 
 (adapters on encoders or decoders are always merged: their folders have no PEFT loader).
 
+An adapter on a tied layer (``tie_word_embeddings`` with ``lm_head`` in ``model.lora.target_modules``)
+changes the LM head and not the input embedding. Merged, the two differ, so ``foundation/`` is
+written untied: its ``config.json`` says ``tie_word_embeddings: false`` and it holds both tensors
+(one log line says so); its logits are those of the trained model. A published family writes its
+own config, which ties them again, so there this combination is refused before step 1
+(:func:`check_lora_export`); the adapter export stays exact either way (PEFT keeps the embedding apart).
+
 A published family's foundation (one with ``export_pretrained``, e.g. ``qwen2_audio``) writes its
 own layout at the top instead of ``foundation/`` and ``encoders/<modality>/`` for the towers it
 brings: ``<Family>ForConditionalGeneration.from_pretrained(export)`` loads it. In adapter mode
@@ -37,11 +44,14 @@ export intact.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+logger = logging.getLogger(__name__)
 
 
 def export_model(model: Any, tokenizer: Any, cfg: Any, out_dir: str | Path, state: Any) -> Path | None:
@@ -79,6 +89,7 @@ def unsharded_copy(model: Any, cfg: Any, full: dict[str, Any]) -> Any:
     import torch
 
     from omnicore.model.build import build_omni_model
+    from omnicore.model.loading import retie, tied_groups
     from omnicore.model.lora import apply_lora
 
     with torch.device("meta"), warnings.catch_warnings():
@@ -86,16 +97,69 @@ def unsharded_copy(model: Any, cfg: Any, full: dict[str, Any]) -> Any:
         warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter.*")
         plain, _ = build_omni_model(cfg)
         apply_lora(plain, cfg.model.lora)
+    tied = tied_groups(plain)  # tie_word_embeddings, also where LoRA wraps lm_head (transformers' tie_weights cannot)
     plain.load_state_dict(full, assign=True)
+    retie(tied)  # assign= put two tensors where the model shares one
     # buffer names without the wrapper parts that torch.compile and checkpoint_wrapper may add
     trained = {n.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", ""): b for n, b in model.named_buffers()}
     for name, buf in list(plain.named_buffers()):
         if buf.is_meta:  # non-persistent buffers are not in the state dict: take the trained model's
             owner, _, leaf = name.rpartition(".")
             plain.get_submodule(owner).register_buffer(leaf, trained[name].detach().cpu().clone(), persistent=False)
-    if getattr(plain.lm.config, "tie_word_embeddings", False):
-        plain.lm.tie_weights()  # assign= put two tensors where the model shares one
     return plain
+
+
+def check_lora_export(model: Any, cfg: Any, registry: Any = None) -> None:
+    """Refuse, before training, a merged LoRA export that cannot be exact: an adapter on a tied
+    layer (``tie_word_embeddings`` with ``lm_head`` in ``model.lora.target_modules``) of a published
+    family's foundation (one with ``export_pretrained``), whose export writes the family's config
+    and so ties the LM head to the input embedding again. ``model``: the built model with its
+    adapters (:func:`omnicore.model.lora.apply_lora`); nothing is checked when ``train.export`` is
+    off or ``model.lora.export`` is ``adapter``.
+
+    Raises:
+        ConfigError: naming the tied layer, the parameter it shares, the foundation, and what to change.
+    """
+    from omnicore.model.build import build_foundation
+    from omnicore.model.lora import tied_adapted
+
+    lora = cfg.model.lora
+    if lora is None or lora.export != "merged" or not cfg.train.export:
+        return
+    tied = tied_adapted(model)
+    if tied and callable(getattr(build_foundation(cfg, registry), "export_pretrained", None)):
+        _refuse_tied_family(cfg, tied)
+
+
+def _refuse_tied_family(cfg: Any, tied: list[tuple[str, str]]) -> None:
+    """Raise :func:`check_lora_export`'s error for a published family's foundation when a layer of
+    its language model in ``tied`` (:func:`omnicore.model.lora.tied_adapted`) is adapted."""
+    from omnicore.config import ConfigError
+
+    tied = [(layer, other) for layer, other in tied if layer.startswith("lm.")]
+    if not tied:
+        return
+    layer, other = tied[0]
+    raise ConfigError(
+        f"model.lora.target_modules: the adapter on {layer} cannot be merged exactly: its weight is tied to {other} "
+        f"(tie_word_embeddings), and foundation {cfg.model.foundation.name!r} exports its published config, which ties them "
+        "again. Set model.lora.export: adapter (the PEFT adapter keeps the embedding apart), or leave "
+        f"{layer.rsplit('.', 1)[-1]!r} out of model.lora.target_modules"
+    )
+
+
+def _untie_merged(lm: Any) -> None:
+    """After merging: an LM head that no longer shares the input embedding's tensor (a merged
+    adapter on a tied ``lm_head``) is written untied, ``tie_word_embeddings: false`` in its config;
+    one log line says so."""
+    out, emb = lm.get_output_embeddings(), lm.get_input_embeddings()
+    if not getattr(lm.config, "tie_word_embeddings", False) or out is None or out.weight is emb.weight:
+        return
+    lm.config.tie_word_embeddings = False
+    logger.info(
+        "export: the merged LoRA adapter changed the tied LM head and not the input embedding; the export writes both "
+        "tensors, with tie_word_embeddings: false"
+    )
 
 
 def write_export(model: Any, tokenizer: Any, cfg: Any, out: Path) -> None:
@@ -131,13 +195,16 @@ def _write_lora(model: Any, cfg: Any, out: Path, family: bool) -> tuple[str, Any
     Returns a comment for the head of ``omnicore.yaml`` and, for a published family (whose class
     exists only once its export is written), ``(lm, adapter state)`` still to be written by
     :func:`_write_family_adapter`; else ``None``."""
-    from omnicore.model.lora import lora_state_dict, merge_lora, peft_adapter_config, strip_lora
+    from omnicore.model.lora import lora_state_dict, merge_lora, peft_adapter_config, strip_lora, tied_adapted
 
     lora = cfg.model.lora
     if lora is None:
         return "", None
     if lora.export == "merged":
+        if family:  # refused before step 1 already (check_lora_export); here for a direct call
+            _refuse_tied_family(cfg, tied_adapted(model))
         merge_lora(model)
+        _untie_merged(model.lm)
         return "# LoRA adapters are merged into these weights (model.lora.export: merged)\n", None
     if family:
         # keyed by omnicore's names until the family's config.json exists to rename them by

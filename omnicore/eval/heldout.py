@@ -6,7 +6,8 @@ count; ``val_loss/text`` and ``val_loss/decoder.<m>`` divide each part's sum by 
 as ``loss/text`` and ``loss/decoder.<m>`` do in the training rows. A part without targets in the
 held-out set is left out.
 
-The samples: ``data.eval`` in file order (no shuffle), the first ``eval.max_samples`` when
+The samples: ``data.eval``'s files (:func:`eval_files`: a file, folder or glob, or a list of them)
+one after the other, each in file order (no shuffle), the first ``eval.max_samples`` when
 set. Sample ``j`` belongs to data group ``j % data_size`` (the data-parallel groups of
 :func:`omnicore.parallel.parallelize.data_split`; ranks of one sequence-parallel group read the same
 samples), which packs its samples into rows of at most ``data.max_tokens`` tokens with training's
@@ -40,19 +41,72 @@ During training these figures are the ``split: val`` row of :class:`omnicore.eva
 from __future__ import annotations
 
 import contextlib
+import glob
+import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from omnicore.config import Config
+from omnicore.config import Config, ConfigError
 from omnicore.data.chat import ChatProcessor, Encoded
 from omnicore.data.jsonl import SampleError, iter_jsonl
 from omnicore.data.packing import collate, pack_rows, to_device
 from omnicore.parallel.state import ParallelState
+
+
+Paths = str | Path | Sequence[str | Path]
+"""A held-out set: one JSONL file, or several read one after the other (:func:`eval_files`)."""
+
+
+def resolve_eval(cfg: Config) -> tuple[list[Path], str | None]:
+    """``data.eval``'s files and what is wrong with it: ``(files, None)``, or ``([], problem)`` where
+    ``problem`` names the entry, as given and as resolved, e.g. ``data.eval: 'held-out.jsonl'
+    (resolved to /runs/cfg/held-out.jsonl) is not a file``. Each entry (a string, or each of a
+    list) is a file, a folder (its ``*.jsonl`` files, not recursive) or a glob (``**`` recursive),
+    relative to the config file's folder; entries in the order given, a glob's or folder's files
+    sorted, a file named twice read once. ``([], None)`` when ``data.eval`` is unset."""
+    specs = [cfg.data.eval] if isinstance(cfg.data.eval, str) else list(cfg.data.eval or [])
+    files: list[Path] = []
+    for spec in specs:
+        path = cfg.resolve_path(spec)
+        where = f"{spec!r}" + (f" (resolved to {path})" if str(path) != spec else "")
+        if any(c in spec for c in "*?["):
+            found = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+            problem = f"data.eval: {where} matches no file"
+        elif path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() == ".jsonl")
+            problem = f"data.eval: {where} is a folder without *.jsonl files"
+        else:
+            found = [path] if path.is_file() else []
+            problem = f"data.eval: {where} is not a file"
+        if not found:
+            return [], problem
+        files += [f for f in found if f not in files]
+    return files, None
+
+
+def eval_files(cfg: Config) -> list[Path]:
+    """``data.eval``'s held-out files, in reading order (:func:`resolve_eval`).
+
+    Raises:
+        ConfigError: ``data.eval`` is unset, or an entry names no file (``CONFIG: data.eval: 'SPEC'
+            (resolved to PATH) is not a file`` / ``matches no file`` / ``is a folder without *.jsonl
+            files``): fix the path, relative to the config file's folder.
+    """
+    if not cfg.data.eval:
+        raise ConfigError(f"{cfg.source or 'config'}: data.eval: not set; give the held-out chat JSONL (a file, folder or glob)")
+    files, problem = resolve_eval(cfg)
+    if problem:
+        raise ConfigError(f"{cfg.source or 'config'}: {problem}; fix the path (relative to the config file's folder)")
+    return files
+
+
+def _files(path: Paths) -> list[Path]:
+    return [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
 
 
 def task_of(sample: Any) -> str:
@@ -61,7 +115,7 @@ def task_of(sample: Any) -> str:
 
 
 def eval_rows(
-    path: Path,
+    path: Paths,
     processor: ChatProcessor,
     max_tokens: int,
     *,
@@ -77,7 +131,7 @@ def eval_rows(
     """This data group's packed rows of the held-out set (see the module docstring).
 
     Args:
-        path: the held-out JSONL.
+        path: the held-out JSONL, or several read one after the other (:func:`eval_files`).
         max_tokens: the row budget (``data.max_tokens``).
         shard, num_shards: this data group and the number of groups; sample ``j`` goes to group
             ``j % num_shards``.
@@ -98,7 +152,7 @@ def eval_rows(
 
 
 def _encoded(
-    path: Path,
+    path: Paths,
     processor: ChatProcessor,
     max_tokens: int,
     shard: int,
@@ -113,9 +167,12 @@ def _encoded(
     with the same tasks)."""
     # every group reads every line: a bad line is reported by group 0 only, a bad sample by its own group
     bad_lines = skipped if shard == 0 else []
-    if not path.is_file():
-        raise SampleError(f"{path}: held-out data file (data.eval) not found")
-    for j, sample in enumerate(iter_jsonl(path, on_error=on_error, errors=bad_lines)):
+    files = _files(path)
+    for f in files:
+        if not f.is_file():
+            raise SampleError(f"{f}: held-out data file (data.eval) not found")
+    samples = itertools.chain.from_iterable(iter_jsonl(f, on_error=on_error, errors=bad_lines) for f in files)
+    for j, sample in enumerate(samples):
         if max_samples is not None and j >= max_samples:
             break
         task = task_of(sample)
@@ -152,12 +209,13 @@ def _pack(
         yield from ((task, row) for row in pack_rows(rest, max_tokens, window=window, method=method))
 
 
-def _first_sample(path: Path, processor: ChatProcessor) -> list[Encoded]:
-    """A filler row: the first sample of the file that encodes."""
-    for sample in iter_jsonl(path, on_error="skip"):
-        with contextlib.suppress(SampleError):
-            return [processor.encode(sample)]
-    raise SampleError(f"{path}: no usable held-out sample")
+def _first_sample(path: Paths, processor: ChatProcessor) -> list[Encoded]:
+    """A filler row: the first sample of the held-out files that encodes."""
+    for f in _files(path):
+        for sample in iter_jsonl(f, on_error="skip"):
+            with contextlib.suppress(SampleError):
+                return [processor.encode(sample)]
+    raise SampleError(f"{', '.join(map(str, _files(path)))}: no usable held-out sample")
 
 
 Row = tuple[str | None, list[Encoded]]
@@ -216,7 +274,7 @@ class _Tally:
 def heldout_loss(
     model: torch.nn.Module,
     processor: ChatProcessor,
-    path: str | Path,
+    path: Paths,
     max_tokens: int,
     *,
     state: ParallelState | None = None,
@@ -235,6 +293,7 @@ def heldout_loss(
     Args:
         model: an :class:`~omnicore.model.omni.OmniModel`, possibly wrapped by the parallel strategies.
         processor: the run's :class:`ChatProcessor`.
+        path: the held-out JSONL, or several read one after the other (:func:`eval_files`).
         state: the parallel state (None: one process); every rank of it must call this together.
         data_rank, data_size: this rank's data group and the number of groups (training's split).
         autocast: the forward's autocast context factory (training's, for bf16 mixed precision).
@@ -253,7 +312,7 @@ def heldout_loss(
         SampleError: as :func:`eval_rows`, on every rank together.
     """
     state = state or ParallelState(0, 1, 0, torch.device("cpu"))
-    path = Path(path)
+    path = _files(path)
     skipped: list[str] = []
     tasks: dict[str, None] = {}
     items = _encoded(path, processor, max_tokens, data_rank, data_size, max_samples, on_error, skipped, tasks)
@@ -274,7 +333,7 @@ def _forward_rows(
     model: torch.nn.Module,
     processor: ChatProcessor,
     rows: Iterator[Row],
-    path: Path,
+    path: Paths,
     state: ParallelState,
     device: torch.device,
     autocast: Callable[[], contextlib.AbstractContextManager[Any]],
@@ -339,11 +398,12 @@ def heldout_loss_of(cfg: Config, model: Any, processor: ChatProcessor, *, by_tas
 
     Raises:
         SampleError: a bad held-out sample (``FILE:LINE: ...``) when ``data.on_error`` is ``raise``.
+        ConfigError: ``data.eval`` names no file (:func:`eval_files`).
     """
     device = next(model.parameters()).device
     bf16 = cfg.train.mixed_precision == "bf16"
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
-    path = cfg.resolve_path(cfg.data.eval or "")
+    path = eval_files(cfg)
     figures = heldout_loss(model, processor, path, cfg.data.max_tokens, max_samples=cfg.eval.max_samples, on_error=cfg.data.on_error,
                            autocast=autocast, by_task=by_task, window=cfg.data.packing_window, method=cfg.data.packing)  # fmt: skip
     out: dict[str, Any] = {k[4:]: v for k, v in figures.items() if k.startswith("val_loss") and not k.startswith("val_loss/task/")}

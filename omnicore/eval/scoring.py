@@ -169,12 +169,16 @@ def answer_samples(cfg: Config, limit: int | None = None) -> list[Sample]:
     Validation during training (``eval.task_samples``) scores the same first samples.
 
     Raises:
-        SampleError: ``data.eval`` is missing or holds a bad line (``FILE:LINE: ...``).
+        ConfigError: ``data.eval`` names no file (:func:`~omnicore.eval.heldout.eval_files`).
+        SampleError: ``data.eval`` holds a bad line (``FILE:LINE: ...``) before the ``limit``-th sample.
     """
-    from omnicore.data.jsonl import read_jsonl
+    import itertools
 
-    samples = [s for s in read_jsonl(cfg.resolve_path(cfg.data.eval or "")) if _answer(s) is not None]
-    return samples[:limit] if limit else samples
+    from omnicore.data.jsonl import iter_jsonl
+    from omnicore.eval.heldout import eval_files
+
+    samples = (s for f in eval_files(cfg) for s in iter_jsonl(f) if _answer(s) is not None)
+    return list(itertools.islice(samples, limit or None))
 
 
 def evaluate(

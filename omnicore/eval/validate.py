@@ -15,6 +15,9 @@ the first ``K`` samples of ``data.eval`` with a text answer (those of ``omnicore
 scored by the same code): ``val_acc``, ``val_acc/<task>`` (per sample ``task`` key, else
 ``default``) and ``val_acc_samples`` (how many were scored); ``val_time_s`` includes it.
 
+``data.eval`` may name several files (a folder, a glob or a list: :func:`omnicore.eval.heldout.eval_files`),
+resolved once when the validator is built, so every validation of a run reads the same files.
+
 A validation (or sampling) that raises never loses the steps already trained: the loop saves them
 first, then stops with ``EvaluationFailed`` naming the checkpoint and the command that continues
 (``omnicore.train.loop``); it does not go on without the validation the config asked for.
@@ -32,7 +35,7 @@ import torch
 from omnicore.config import Config
 from omnicore.data.chat import ChatProcessor
 from omnicore.eval.generate import check_no_sequence_parallelism
-from omnicore.eval.heldout import heldout_loss
+from omnicore.eval.heldout import eval_files, heldout_loss
 from omnicore.eval.scoring import task_accuracy
 from omnicore.parallel.state import ParallelState
 
@@ -54,7 +57,8 @@ class Validator:
         log: status lines (``logger.info``).
 
     Raises:
-        ConfigError: ``eval.task_samples`` under sequence parallelism (generation cannot run).
+        ConfigError: ``eval.task_samples`` under sequence parallelism (generation cannot run), or
+            ``data.eval`` names no file (with ``eval.every``).
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class Validator:
         self.data_rank, self.data_size, self.autocast = data_rank, data_size, autocast
         self.log_row, self.log = log_row, log
         self.every, self.task_samples = cfg.eval.every, cfg.eval.task_samples
+        self.files = eval_files(cfg) if self.every else []  # once: every validation reads the same files
         if self.every and self.task_samples:
             check_no_sequence_parallelism(cfg, replicas, "eval.task_samples")
 
@@ -94,7 +99,7 @@ class Validator:
         cfg = self.cfg
         t0 = time.perf_counter()
         figures = heldout_loss(
-            model, self.processor, cfg.resolve_path(cfg.data.eval or ""), cfg.data.max_tokens, state=self.state,
+            model, self.processor, self.files, cfg.data.max_tokens, state=self.state,
             data_rank=self.data_rank, data_size=self.data_size, max_samples=cfg.eval.max_samples,
             on_error=cfg.data.on_error, autocast=self.autocast, device=self.state.device,
             window=cfg.data.packing_window, method=cfg.data.packing,

@@ -16,11 +16,20 @@ names them.
 layers (the merged export); :func:`strip_lora` restores them without merging (the base of an
 adapter export); :func:`lora_state_dict` gives the adapter weights in PEFT's file layout, and
 :func:`load_lora_adapter` puts such a saved adapter back onto a base model.
+
+Tied weights (``tie_word_embeddings``: ``lm_head`` and ``embed_tokens`` hold one tensor): an adapter
+on ``lm_head`` adapts the output side only; the input embedding stays the base weight, in training
+and in the PEFT adapter export alike. Merged, the two therefore differ: :func:`merge_lora` gives the
+merged layer its own tensor (merging in place would change the embedding too), and the export
+writes them untied (:func:`omnicore.checkpoint.export.write_export`). :func:`tied_adapted` lists
+such layers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +38,25 @@ from torch import nn
 
 from omnicore.config import ConfigError, LoraConfig
 
+logger = logging.getLogger(__name__)
+
 ADAPTER = "default"
 """PEFT's adapter name for the one adapter omnicore trains."""
+
+_PEFT_TIE_WARNING = r"Model has `tie_word_embeddings=True` and a tied layer is part of the adapter"
 
 
 def _linear_names(module: nn.Module) -> list[str]:
     return [n for n, m in module.named_modules() if isinstance(m, nn.Linear) and n]
+
+
+@contextlib.contextmanager
+def _tie_warning_off() -> Any:
+    """PEFT warns when it adapts a tied layer, since merging it in place would change the other
+    module too: omnicore's merge unties it (see the module docstring), so the warning asks nothing."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_PEFT_TIE_WARNING)
+        yield
 
 
 def _check_targets(module: nn.Module, prefix: str, targets: list[str]) -> None:
@@ -112,15 +134,42 @@ def apply_lora(model: nn.Module, cfg: LoraConfig | None, *, seed: int | None = N
         peft_cfg = PeftLoraConfig(
             r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules), bias="none"
         )
-        inject_adapter_in_model(peft_cfg, sub, adapter_name=ADAPTER)
+        with _tie_warning_off():
+            inject_adapter_in_model(peft_cfg, sub, adapter_name=ADAPTER)
         for name, p in sub.named_parameters():  # PEFT does this too; stated here as the contract
             p.requires_grad_("lora_" in name)
         adapted += [f"{prefix}.{n}" for n, m in sub.named_modules() if hasattr(m, "lora_A") and ADAPTER in m.lora_A]
     # base weights still to be read from a checkpoint (sharded loading) now sit under base_layer
     rename_pending(model, {f"{layer}.{leaf}": f"{layer}.base_layer.{leaf}" for layer in adapted for leaf in ("weight", "bias")})
-    if torch.get_default_device().type != "meta":
-        _materialize(model, seed)
+    if torch.get_default_device().type == "meta":  # omnicore plan, the export's copy: no adapter values, no log lines
+        return adapted
+    _materialize(model, seed)
+    for layer, other in tied_adapted(model):
+        logger.info(
+            "model.lora: %s shares its weight with %s (tied: tie_word_embeddings); the adapter changes %s only, "
+            "so a merged export writes the two untied (tie_word_embeddings: false)",
+            layer, other, layer,
+        )  # fmt: skip
     return adapted
+
+
+def tied_adapted(model: nn.Module) -> list[tuple[str, str]]:
+    """The LoRA layers of ``model`` whose base weight is tied to another parameter:
+    ``[(layer name, the other parameter's name)]``, e.g. ``[("lm.lm_head", "lm.model.embed_tokens.weight")]``
+    for ``target_modules: [lm_head]`` under ``tie_word_embeddings``. Empty without such layers."""
+    from peft.tuners.lora import LoraLayer
+
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, LoraLayer) and ADAPTER in m.lora_A:
+            own = f"{name}.base_layer.weight"
+            others = [n for n in names.get(id(m.get_base_layer().weight), []) if n != own]
+            if others:
+                out.append((name, others[0]))
+    return out
 
 
 def head_weight(layer: nn.Module) -> torch.Tensor | None:
@@ -147,14 +196,29 @@ def head_weight(layer: nn.Module) -> torch.Tensor | None:
     return weight
 
 
+def _merge_untied(layer: nn.Module, tied: bool) -> None:
+    """PEFT's ``merge`` of one layer; a ``tied`` base weight (shared with another module) is
+    replaced by a copy first, since PEFT writes the merged values into the shared tensor, which
+    would change the other module (the input embedding) too. When the merged weight equals the
+    shared one (an adapter whose update is zero) the layer shares it again."""
+    base = layer.get_base_layer()
+    shared = base.weight
+    if tied:
+        base.weight = nn.Parameter(shared.detach().clone(), requires_grad=shared.requires_grad)
+    layer.merge(safe_merge=True)
+    if tied and torch.equal(base.weight, shared):
+        base.weight = shared
+
+
 def _unwrap(model: nn.Module, merge: bool) -> int:
     """Replace every LoRA layer by its base layer, after folding the adapter in when ``merge``."""
     from peft.tuners.lora import LoraLayer
 
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]
+    tied = {name for name, _ in tied_adapted(model)} if merge else set()
     for name, layer in layers:
         if merge:
-            layer.merge(safe_merge=True)
+            _merge_untied(layer, name in tied)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, layer.get_base_layer())
     for m in model.modules():  # the PEFT config apply_lora attached to each adapted prefix
@@ -166,6 +230,10 @@ def _unwrap(model: nn.Module, merge: bool) -> int:
 def merge_lora(model: nn.Module) -> int:
     """Fold each adapter into its base weight (``W + (alpha / r) * B @ A``, PEFT's ``merge`` with a
     finiteness check) and put the plain ``nn.Linear`` back, in place. Returns the layer count.
+
+    A base weight tied to another parameter (:func:`tied_adapted`) is merged into a copy: the layer
+    ends with its own weight, the other parameter unchanged (the layer shares it again only when the
+    merged weight equals it). The caller says so in the model's config (``tie_word_embeddings``).
 
     Raises:
         ValueError: (PEFT) a merged weight is not finite.
@@ -180,10 +248,14 @@ def strip_lora(model: nn.Module) -> int:
 
 def lora_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     """The adapter weights of ``module`` keyed as PEFT's ``adapter_model.safetensors`` stores them
-    (``base_model.model.<name>.lora_A.weight``: ``PeftModel.from_pretrained`` reads this layout)."""
+    (``base_model.model.<name>.lora_A.weight``: ``PeftModel.from_pretrained`` reads this layout).
+
+    Adapters only: PEFT would add the base weight of an adapted ``lm_head`` (its ``save_embedding_layers``
+    guess, for a resized vocabulary), which the exported base folder already holds, frozen, at the
+    trained vocabulary size."""
     from peft.utils import get_peft_model_state_dict
 
-    sd = get_peft_model_state_dict(module, adapter_name=ADAPTER)
+    sd = get_peft_model_state_dict(module, adapter_name=ADAPTER, save_embedding_layers=False)
     return {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in sd.items()}
 
 
@@ -285,7 +357,8 @@ def load_lora_adapter(module: nn.Module, folder: str | Path, prefixes: list[tupl
         saved[key.replace(".lora_A.", f".lora_A.{ADAPTER}.").replace(".lora_B.", f".lora_B.{ADAPTER}.")] = value
     if prefixes:
         config.target_modules = sorted({k.partition(".lora_")[0] for k in saved})
-    inject_adapter_in_model(config, module, adapter_name=ADAPTER)
+    with _tie_warning_off():
+        inject_adapter_in_model(config, module, adapter_name=ADAPTER)
     own = {n: p for n, p in module.named_parameters() if "lora_" in n}
     if set(own) != set(saved):
         only_file, only_model = sorted(set(saved) - set(own))[:4], sorted(set(own) - set(saved))[:4]

@@ -250,28 +250,27 @@ def _components(cfg: Config) -> str:
 
 
 def check_eval_file(cfg: Config) -> None:
-    """``data.eval`` must exist before the build when validation reads it (``eval.every``), not
-    only at the first validation; when training does not read it, a missing file is a warning (for
-    ``omnicore eval`` later).
+    """``data.eval``'s files (a file, folder or glob, or a list of them:
+    :func:`~omnicore.eval.heldout.resolve_eval`) must exist before the build when validation reads
+    them (``eval.every``), not only at the first validation; when training does not read them, a
+    missing one is a warning (for ``omnicore eval`` later).
 
     Raises:
-        ConfigError: ``eval.every`` is set and the file is missing; the message names the
-            field, the path as configured and as resolved (relative to the config file's folder).
+        ConfigError: ``eval.every`` is set and an entry names no file; the message names the
+            field, the entry as configured and as resolved (relative to the config file's folder).
     """
     from omnicore.config import ConfigError
+    from omnicore.eval.heldout import resolve_eval
 
-    if not cfg.data.eval:
+    _, problem = resolve_eval(cfg)
+    if problem is None:
         return
-    path = cfg.resolve_path(cfg.data.eval)
-    if path.is_file():
-        return
-    where = f"{cfg.data.eval!r}" + (f" (resolved to {path})" if str(path) != cfg.data.eval else "")
     if cfg.eval.every:
         raise ConfigError(
-            f"{cfg.source or 'config'}: data.eval: {where} is not a file; eval.every reads it for validation: fix the path "
+            f"{cfg.source or 'config'}: {problem}; eval.every reads it for validation: fix the path "
             "(relative to the config file's folder) or set eval.every: 0"
         )
-    logger.warning("data.eval: %s is not a file; training does not read it, but `omnicore eval` will", where)
+    logger.warning("%s; training does not read it, but `omnicore eval` will", problem)
 
 
 def _load_init_from(folder: Path, model: Any, state: ParallelState) -> None:
