@@ -1,7 +1,7 @@
 """Faults in signals and checkpoints (issue 27, item 10): two SIGTERMs close together, on one process
 and in the Slurm pattern under torchrun, leave a verified checkpoint; a bad ``latest`` falls back to
 the newest checkpoint that verifies; checkpoints and exports without a checksum manifest are refused
-unless the user asks.
+unless the user asks; a resume on rewritten data files is refused, naming the file.
 
 Trainings run in this process on a tiny text-only model (about 1 s each); one test starts torchrun.
 """
@@ -431,6 +431,44 @@ def test_an_export_carries_checksums_and_changed_weights_are_refused_unless_aske
     assert str(err.value).startswith(f"export {export} cannot be verified: {export / 'manifest.json'}: missing")
 
 
+# ---- a resume on other data ---------------------------------------------------------------------------------
+
+
+def test_the_fingerprint_sees_reordered_and_rewritten_bytes(tmp_path):
+    import hashlib
+
+    from omnicore.data.fingerprint import BLOCK_BYTES, BLOCKS, WHOLE_BYTES, compare_fingerprints, file_fingerprint
+
+    lines = [json.dumps({"i": i, "text": "x" * (i % 40)}) + "\n" for i in range(50000)]
+    big = tmp_path / "big.jsonl"
+    big.write_text("".join(lines))
+    data = big.read_bytes()
+    n = len(data)
+    assert n > WHOLE_BYTES
+    blocks = b"".join(data[(n - BLOCK_BYTES) * i // (BLOCKS - 1) :][:BLOCK_BYTES] for i in range(BLOCKS))
+    fp = file_fingerprint(big)
+    assert fp == f"{n}:{hashlib.sha256(blocks).hexdigest()[:16]}"  # the sampled blocks, cut another way
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(lines[:100]))
+    assert file_fingerprint(small) == f"{small.stat().st_size}:{hashlib.sha256(small.read_bytes()).hexdigest()[:16]}"
+
+    big.write_text("".join(reversed(lines)))  # the same samples, the same size
+    assert big.stat().st_size == n and file_fingerprint(big) != fp
+    big.write_bytes(data[:-2] + b"9\n")  # one digit of the last line
+    assert file_fingerprint(big) != fp
+    was, now = {"train": [[str(big), fp]]}, {"train": [[str(big), file_fingerprint(big)]]}
+    assert compare_fingerprints(was, now) == (
+        f"data source 'train': {big} is not the file the checkpoint's run read (the same size, other bytes: rewritten or reordered)"
+    )
+    big.write_bytes(data + lines[0].encode())
+    assert compare_fingerprints(was, {"train": [[str(big), file_fingerprint(big)]]}) == (
+        f"data source 'train': {big} is not the file the checkpoint's run read ({n} bytes then, {n + len(lines[0])} now)"
+    )
+    big.write_bytes(data)
+    assert compare_fingerprints(was, {"train": [[str(big), file_fingerprint(big)]]}) is None
+    assert compare_fingerprints(None, now) is None  # a checkpoint from before fingerprints
+
+
 @pytest.fixture(scope="module")
 def stopped(text_jsonl, tmp_path_factory) -> Path:
     """A 6-step run stopped after step 4 (checkpoints at steps 2 and 4); each test resumes a copy."""
@@ -460,3 +498,29 @@ def test_plain_resume_with_a_deleted_latest_says_what_it_took(text_jsonl, run, c
         f"{run / 'checkpoints' / 'latest'} is missing; resuming from the newest checkpoint that verifies, {run / 'checkpoints' / 'step-00000004'}"
     ]
     assert [r["step"] for r in _rows(run)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_resume_on_a_rewritten_data_file_is_refused_naming_it(text_jsonl, run, caplog):
+    from omnicore.data.state import DataResumeError
+    from omnicore.train.loop import train
+
+    original = text_jsonl.read_bytes()
+    text_jsonl.write_text("".join(reversed(original.decode().splitlines(keepends=True))))  # the samples reversed, same size
+    try:
+        with pytest.raises(DataResumeError) as err:
+            train(_cfg(text_jsonl, run), resume=True)
+        assert str(err.value) == (
+            f"{run / 'checkpoints' / 'step-00000004'}: data source 'train': {text_jsonl} is not the file the checkpoint's run read "
+            "(the same size, other bytes: rewritten or reordered); a resume must read the data its checkpoint was trained on, or "
+            "it trains on other samples than a run without the stop: restore the file, or start a new run from the checkpoint's "
+            "weights (model.init_from), or resume anyway with --no-verify (run.verify: false)"
+        )
+        assert [r["step"] for r in _rows(run)] == [1, 2, 3, 4]  # nothing trained
+        d = _cfg_dict(text_jsonl, run)
+        d["run"]["verify"] = False
+        with caplog.at_level(logging.WARNING, logger="omnicore"):
+            train(Config.model_validate(d), resume=True)  # asked: it resumes, and says what differs
+        assert any(r.getMessage().startswith(f"data: data source 'train': {text_jsonl} is not the file") for r in caplog.records)
+        assert [r["step"] for r in _rows(run)] == [1, 2, 3, 4, 5, 6]
+    finally:
+        text_jsonl.write_bytes(original)

@@ -96,6 +96,7 @@ class DataPipeline:
         self._issued = [0] * len(self.shards)  # chunks asked for, per slot (DemandSampler)
         self._received = [0] * len(self.shards)  # chunks arrived, per slot
         self._before: list[ShardState] | None = None  # the packers' states before the last step
+        self._fingerprint: dict[str, list[list[str]]] | None = None  # what this run reads (fingerprint())
         self._named: list[str] = []  # the bad samples' messages logged so far (NAMED_SKIPS at most)
         _LIVE.add(self)
         self.wait_s = 0.0  # seconds spent waiting for data since the last :meth:`take_wait`
@@ -280,13 +281,25 @@ class DataPipeline:
 
     # ---- checkpoint state ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """This rank's shards' positions (JSON-able): ``{"num_shards", "sources", "shards": {v: ShardState}}``."""
+        """This rank's shards' positions (JSON-able): ``{"num_shards", "sources", "settings",
+        "files", "shards": {v: ShardState}}``, ``files`` being :meth:`fingerprint`."""
         return {
             "num_shards": self.num_shards,
             "sources": self.source_names,
             "settings": self.settings(),
+            "files": self.fingerprint(),
             "shards": {str(v): vars(p.state) for v, p in zip(self.shards, self.packers)},
         }
+
+    def fingerprint(self) -> dict[str, list[list[str]]]:
+        """``{source: [[file, fingerprint], ...]}`` of what this run reads
+        (:mod:`omnicore.data.fingerprint`: size and sampled bytes of each file, at most 1 MiB read
+        per file), computed once per pipeline."""
+        if self._fingerprint is None:
+            from omnicore.data.fingerprint import source_fingerprint
+
+            self._fingerprint = {s.name: source_fingerprint(s) for s in self.sources}
+        return self._fingerprint
 
     def settings(self) -> dict[str, Any]:
         """The settings each shard's order and packing depend on (kept in checkpoints: a resume with
@@ -299,12 +312,19 @@ class DataPipeline:
             out[f"weight of source {s.name}"] = float(s.config.weight)
         return out
 
-    def load_state_dict(self, merged: dict[str, Any]) -> None:
+    def load_state_dict(self, merged: dict[str, Any], *, verify: bool = True) -> None:
         """Continue from a checkpoint's data state (every rank's shards merged, :func:`merge_states`).
 
+        Args:
+            verify: refuse data files that differ from the ones the checkpoint's run read (its
+                ``files`` against :meth:`fingerprint`); False (``run.verify: false``) warns instead.
+
         Raises:
-            DataResumeError: see :func:`check_resume`.
+            DataResumeError: see :func:`check_resume`; a data setting differs; or (``verify``) a
+                data file differs, naming the source and the file.
         """
+        from omnicore.data.fingerprint import compare_fingerprints
+
         check_resume(merged, self.num_shards, self.source_names, self.grad_accum)
         changed = [(k, v, self.settings().get(k)) for k, v in merged.get("settings", {}).items() if self.settings().get(k) != v]
         if changed:
@@ -313,6 +333,15 @@ class DataPipeline:
                 f"the data settings differ from the checkpoint's ({what}); the current packing window would be read differently and "
                 "samples repeated or skipped: resume with the checkpoint's settings, or start a new run"
             )
+        other = compare_fingerprints(merged.get("files"), self.fingerprint())
+        if other and verify:
+            raise DataResumeError(
+                f"{other}; a resume must read the data its checkpoint was trained on, or it trains on other samples than a run "
+                "without the stop: restore the file, or start a new run from the checkpoint's weights (model.init_from), or "
+                "resume anyway with --no-verify (run.verify: false)"
+            )
+        if other:
+            logger.warning("data: %s; resuming anyway (run.verify: false)", other)
         for v, p in zip(self.shards, self.packers):
             st = merged["shards"][str(v)]
             p.state = ShardState(**st)

@@ -127,7 +127,7 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
             # settings changed since the checkpoint: refused before anything is read, else listed and applied
             meta, scheduler = load_for_resume(folder, given, cfg, model, optimizer, state, log, build_schedule)
             use_implementation(optimizer)  # fused or looped AdamW as this run's parameters allow, not as the saved run's
-            _resume_data(data, meta, folder)
+            _resume_data(data, meta, folder, state, verify=cfg.run.verify)
             start, skips = meta["step"], (meta.get("skipped_steps", 0), meta.get("nonfinite_in_row", 0))
             ph.detail = f"resumed from step {start} ({folder})"
 
@@ -299,22 +299,31 @@ def _check_rows(sources: list[Any], num_shards: int, cfg: Config) -> None:
             )
 
 
-def _resume_data(data: DataPipeline, meta: dict[str, Any], folder: Path) -> None:
-    """Continue the data stream where the checkpoint left it.
+def _resume_data(data: DataPipeline, meta: dict[str, Any], folder: Path, state: ParallelState, *, verify: bool = True) -> None:
+    """Continue the data stream where the checkpoint left it (collective: the ranks agree, so that
+    a rank whose copy of the data differs stops every rank).
 
     Raises:
         DataResumeError: the checkpoint has no data position (written before the streaming pipeline),
-            or this run's layout cannot continue it (:func:`omnicore.data.state.check_resume`).
+            this run's layout cannot continue it (:func:`omnicore.data.state.check_resume`), or
+            (``verify``) a data file differs from the one the checkpoint's run read
+            (:mod:`omnicore.data.fingerprint`), on this rank or another.
     """
     if "data" not in meta:
         raise DataResumeError(
             f"{folder}: the checkpoint holds no data position (written by an omnicore before the streaming data pipeline); "
             "start a new run, or load its weights with model options"
         )
+    error: DataResumeError | None = None
     try:
-        data.load_state_dict(meta["data"])
+        data.load_state_dict(meta["data"], verify=verify)
     except DataResumeError as exc:
-        raise DataResumeError(f"{folder}: {exc}") from exc
+        error = exc
+    failed = state.all_reduce_sum(1.0 if error is not None else 0.0)
+    if error is not None:
+        raise DataResumeError(f"{folder}: {error}") from error
+    if failed:
+        raise DataResumeError(f"{folder}: the data of {failed:.0f} other rank(s) does not continue the checkpoint (see their error)")
 
 
 def _parallelize_model(
