@@ -28,6 +28,8 @@ What is here, by topic:
   :func:`load_audio`, :func:`load_image`, :func:`resample`, :class:`Video`, :func:`load_video`,
   :class:`MediaError` (what a processor raises on media it cannot read), :class:`ItemLayout` (an
   item a processor writes itself: interleaved placeholders of several encoders, its own positions).
+* **Audio targets**: :func:`target_waveform` (a decoder's target clip resampled and padded to a
+  fixed length) and :func:`collate_waveforms` (waveforms padded to the longest).
 * **Randomness**: :func:`item_generators` (one generator per item of a training batch, seeded from
   the item's sample: an encoder's augmentation draws from it), :data:`ITEM_SEEDS` (where a batch
   holds them) and :func:`collate_items` (a processor's collate that keeps them, for a strategy
@@ -95,6 +97,8 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.data.seeds import ITEM_SEEDS as ITEM_SEEDS
     from omnicore.data.seeds import collate_items as collate_items
     from omnicore.data.seeds import item_generators as item_generators
+    from omnicore.data.waveforms import collate_waveforms as collate_waveforms
+    from omnicore.data.waveforms import target_waveform as target_waveform
     from omnicore.hookspecs import hookimpl as hookimpl
     from omnicore.kernels.common import cuda_and_package as cuda_and_package
     from omnicore.kernels.common import plain_weight as plain_weight
@@ -172,6 +176,9 @@ _EXPORTS: dict[str, str] = {
     "Video": "omnicore.data.media",
     "load_video": "omnicore.data.media",
     "resample": "omnicore.data.media",
+    # audio targets
+    "target_waveform": "omnicore.data.waveforms",
+    "collate_waveforms": "omnicore.data.waveforms",
     # randomness
     "item_generators": "omnicore.data.seeds",
     "ITEM_SEEDS": "omnicore.data.seeds",

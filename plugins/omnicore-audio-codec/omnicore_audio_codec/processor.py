@@ -19,11 +19,10 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from omnicore.api import Audio, load_extra_weights, resample
+from omnicore.api import Audio, collate_waveforms, load_extra_weights, target_waveform
 
 COMPONENT = "decoder/encodec"
 """The component name recorded with the LM adapter in ``omnicore_extra.safetensors``."""
@@ -251,24 +250,7 @@ class CodecProcessor:
             ValueError: if the samples are not 1-D, the rate is not positive, or the clip is longer
                 than ``max_seconds`` with ``long_audio="refuse"`` (duration and limit named).
         """
-        if not isinstance(media, Audio):
-            raise TypeError(f"encodec decoder preprocess expects an omnicore.api.Audio, got {type(media).__name__}")
-        samples = np.asarray(media.samples, dtype=np.float32)
-        if samples.ndim != 1:
-            raise ValueError(f"encodec decoder expects mono audio of shape [num_samples]; got shape {samples.shape}")
-        if not media.sample_rate or media.sample_rate <= 0:
-            raise ValueError(f"encodec decoder: sample_rate must be a positive number of Hz, got {media.sample_rate}")
-        x = resample(Audio(samples, int(media.sample_rate)), self.sample_rate).samples
-        if len(x) > self.max_samples:
-            if self.long_audio == "refuse":
-                raise ValueError(
-                    f"encodec decoder: target clip of {len(samples) / media.sample_rate:.3f} s is longer than "
-                    f"max_seconds={self.max_seconds:g} s (long_audio: refuse); cut it, raise max_seconds, or set long_audio: crop"
-                )
-            x = x[: self.max_samples]
-        out = np.zeros(self.max_samples, dtype=np.float32)
-        out[: len(x)] = np.clip(x, -1.0, 1.0)
-        return {"input_values": torch.from_numpy(out)}
+        return target_waveform(media, self.sample_rate, self.max_seconds, self.long_audio, "encodec decoder")
 
     def num_tokens(self, features: dict[str, Any]) -> int:
         """LM positions of ``input_values`` ``[num_samples]``: ``ceil(num_samples / hop_length)``
@@ -281,13 +263,7 @@ class CodecProcessor:
         Raises:
             ValueError: on an empty list.
         """
-        if not items:
-            raise ValueError("encodec decoder: collate() needs at least one item")
-        lengths = [int(it["input_values"].shape[-1]) for it in items]
-        batch = torch.zeros(len(items), max(lengths), dtype=torch.float32)
-        for i, it in enumerate(items):
-            batch[i, : lengths[i]] = it["input_values"]
-        return {"input_values": batch, "num_samples": torch.tensor(lengths, dtype=torch.long)}
+        return collate_waveforms(items, "encodec decoder")
 
 
 def read_codec_config(folder: str | Path) -> Any:

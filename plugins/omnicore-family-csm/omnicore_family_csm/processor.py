@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from omnicore.api import Audio, resample
+from omnicore.api import Audio, collate_waveforms, resample
 
 START = "<|end_of_text|>"
 """The token that ends a speaker's text in CSM's chat template and after which its audio starts:
@@ -178,13 +178,7 @@ class CsmSpeechProcessor:
         Raises:
             ValueError: ``items`` is empty.
         """
-        if not items:
-            raise ValueError("csm_audio decoder: collate() needs at least one item")
-        lengths = [int(it["input_values"].shape[-1]) for it in items]
-        batch = torch.zeros(len(items), max(lengths), dtype=torch.float32)
-        for i, it in enumerate(items):
-            batch[i, : lengths[i]] = torch.as_tensor(it["input_values"])
-        return {"input_values": batch, "num_samples": torch.tensor(lengths, dtype=torch.long)}
+        return collate_waveforms(items, "csm_audio decoder")
 
 
 def processor_for(config: Any, max_seconds: float) -> CsmSpeechProcessor:
