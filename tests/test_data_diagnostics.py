@@ -90,7 +90,7 @@ def test_two_ranks_count_the_bad_line_once(tmp_path, chat):
     """Two data groups: the bad line lives in one shard; the run total (both ranks' counts) is 1 once
     every shard's first epoch is consumed."""
     f = _write(tmp_path / "train.jsonl", 20, bad={7})
-    pipes = [_pipeline(f, chat, rank=r, groups=2) for r in range(2)]
+    pipes = [_pipeline(f, chat, rank=r, groups=2, packing_window=64) for r in range(2)]
     for pipe in pipes:
         for _ in range(4):  # 4 rows of 2 samples: 8 of the shard's 9 usable samples, past line 7 or 8
             pipe.step()
@@ -102,7 +102,7 @@ def test_the_first_bad_samples_are_named_once_then_counted(tmp_path, chat, caplo
     two epochs pass them), then one line says later ones are counted only."""
     bad = {2, 4, 6, 8, 10, 12, 14}
     f = _write(tmp_path / "train.jsonl", 20, bad=bad)
-    pipe = _pipeline(f, chat)
+    pipe = _pipeline(f, chat, packing_window=64)
     caplog.set_level(logging.WARNING, logger="omnicore")
     lines = [int(w.rsplit(":", 1)[1]) for _ in range(16) for mb in pipe.step() for w in mb.wheres]  # 32 usable: 2.5 passes of 13
     usable = [n for n in range(1, 21) if n not in bad]
@@ -188,3 +188,56 @@ def test_data_eval_takes_a_list_of_files_folders_and_globs(tmp_path):
     for bad in ([], [""]):
         with pytest.raises(ValueError, match=r"data\.eval: give a file, folder or glob, or a list of them \(no empty entry\)"):
             _eval_cfg(tmp_path, bad)
+
+
+@pytest.fixture
+def tiny_text(tmp_path):
+    """A tiny text-only model (byte tokenizer) and its chat processor."""
+    from omnicore.model.build import build_omni_model
+
+    cfg = _eval_cfg(tmp_path, "x.jsonl")
+    model, tokenizer = build_omni_model(cfg)
+    return model, tokenizer, ChatProcessor.for_model(tokenizer, model, cfg.data)
+
+
+def test_validation_reads_every_file_warns_of_long_answers_and_names_skips(tmp_path, tiny_text, caplog):
+    """Validation on ``data.eval: [glob, file]``: its held-out loss equals that of one file holding the
+    same lines (the reference: ``heldout_loss`` of the concatenation), the bad line of one file is
+    skipped and named (``data.on_error: skip``), and, before step 1, answers longer than
+    ``generate.max_new_tokens`` are warned about as ``omnicore eval`` warns (byte tokenizer: one token
+    per byte)."""
+    import torch
+
+    from omnicore.eval.heldout import heldout_loss
+    from omnicore.eval.validate import Validator
+    from omnicore.parallel.state import ParallelState
+
+    model, tokenizer, processor = tiny_text
+    answers = [["7", "12345", "42"], ["123", "9"], ["31415926", "0"]]
+    files = [_qa(tmp_path / "held" / "p1.jsonl", answers[0]), _qa(tmp_path / "held" / "p2.jsonl", answers[1], bad={2}),
+             _qa(tmp_path / "last.jsonl", answers[2])]  # fmt: skip
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text("".join(f.read_text() for f in files).replace('{"messages": [oops\n', ""))
+    cfg = _eval_cfg(tmp_path, ["held/*.jsonl", "last.jsonl"], every=1, task_samples=4, max_new_tokens=2, on_error="skip")
+    state = ParallelState(0, 1, 0, torch.device("cpu"))
+    caplog.set_level(logging.WARNING, logger="omnicore")
+    rows: list = []
+    validator = Validator(cfg, tokenizer=tokenizer, processor=processor, state=state, data_rank=0, data_size=1, replicas=1,
+                          autocast=__import__("contextlib").nullcontext, log_row=lambda *a: rows.append(a), log=lambda *a: None)  # fmt: skip
+    first4 = ["7", "12345", "42", "123"]  # the task accuracy's first 4 answers (line 2 of p2 skipped)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"eval.task_samples: default: {sum(len(x) > 2 for x in first4)} of 4 expected answers need more than "
+        f"generate.max_new_tokens=2 tokens (up to {max(map(len, first4))}); they are cut short and score 0: raise "
+        f"generate.max_new_tokens to at least {max(map(len, first4))} (--generate.max_new_tokens {max(map(len, first4))}, "
+        "or in the config's generate section)"
+    ]
+    caplog.clear()
+    row = validator.run(model, 1)
+    ref = heldout_loss(model, processor, whole, cfg.data.max_tokens)
+    assert row["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-6) and row["val_samples"] == ref["val_samples"] == 6
+    assert row["val_skipped"] == 1 and row["val_acc_samples"] == 4
+    named = f"validation: skipped a bad held-out sample (data.on_error: skip): {files[1]}:2: not valid JSON (Expecting value at column 15)"
+    assert [r.getMessage() for r in caplog.records] == [named]
+    caplog.clear()
+    validator.run(model, 2)
+    assert caplog.records == []  # named once per run

@@ -57,7 +57,6 @@ from omnicore.data.jsonl import SampleError, iter_jsonl
 from omnicore.data.packing import collate, pack_rows, to_device
 from omnicore.parallel.state import ParallelState
 
-
 Paths = str | Path | Sequence[str | Path]
 """A held-out set: one JSONL file, or several read one after the other (:func:`eval_files`)."""
 
@@ -287,6 +286,7 @@ def heldout_loss(
     by_task: bool = False,
     window: int = 1024,
     method: str = "first_fit",
+    errors: list[str] | None = None,
 ) -> dict[str, Any]:
     """The held-out loss of ``model`` on ``path`` (module docstring), the same on every rank.
 
@@ -301,6 +301,9 @@ def heldout_loss(
             which is wrong for parameters offloaded to the CPU).
         by_task: also the loss of each task (rows packed per task, module docstring).
         window, method: training's packing (``data.packing_window``, ``data.packing``).
+        errors: with ``on_error: skip``, the ``FILE:LINE: why`` of each sample this rank skipped is
+            appended to it (bad lines on data group 0, samples that cannot be encoded on their own
+            group), for the caller to name them; ``val_skipped`` counts every rank's.
 
     Returns:
         ``{"val_loss", "val_loss/text", "val_loss/decoder.<m>"..., "val_targets", "val_samples",
@@ -313,7 +316,8 @@ def heldout_loss(
     """
     state = state or ParallelState(0, 1, 0, torch.device("cpu"))
     path = _files(path)
-    skipped: list[str] = []
+    skipped: list[str] = [] if errors is None else errors
+    already = len(skipped)
     tasks: dict[str, None] = {}
     items = _encoded(path, processor, max_tokens, data_rank, data_size, max_samples, on_error, skipped, tasks)
     tally = _Tally(model.loss_parts())
@@ -326,7 +330,7 @@ def heldout_loss(
     finally:
         for m, training in modes:
             m.training = training
-    return _totals(state, tally, sorted(tasks) if by_task else [], len(skipped), data_size)
+    return _totals(state, tally, sorted(tasks) if by_task else [], len(skipped) - already, data_size)
 
 
 def _forward_rows(

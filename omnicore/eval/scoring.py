@@ -122,7 +122,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"accuracy": correct / max(total, 1), "correct": correct, "total": total, "tasks": tasks}
 
 
-def short_answer_warnings(cfg: Config, processor: ChatProcessor, samples: list[Sample]) -> list[str]:
+def short_answer_warnings(cfg: Config, processor: ChatProcessor, samples: list[Sample], *, flag: str = "--max-new-tokens") -> list[str]:
     """One message per task whose expected text answers need more tokens than
     ``generate.max_new_tokens``: generation stops there, so those answers can never match and
     would silently score 0. A message names the task, how many of its ``samples`` are affected,
@@ -130,7 +130,8 @@ def short_answer_warnings(cfg: Config, processor: ChatProcessor, samples: list[S
 
     An answer's length is that of its text parts in the processor's tokenizer, as training encodes
     them (the end-of-turn token is not needed: an answer cut at ``max_new_tokens`` right after its
-    last token still matches).
+    last token still matches). ``flag``: the command-line option the message offers
+    (``omnicore eval``'s ``--max-new-tokens``; training's ``--generate.max_new_tokens``).
     """
     limit = cfg.generate.max_new_tokens
     totals: dict[str, int] = {}
@@ -145,7 +146,7 @@ def short_answer_warnings(cfg: Config, processor: ChatProcessor, samples: list[S
     return [
         f"{task}: {len(ns)} of {totals[task]} expected answers need more than generate.max_new_tokens={limit} tokens (up to "
         f"{max(ns)}); they are cut short and score 0: raise generate.max_new_tokens to at least {max(ns)} "
-        f"(--max-new-tokens {max(ns)}, or in the config's generate section)"
+        f"({flag} {max(ns)}, or in the config's generate section)"
         for task, ns in over.items()
     ]
 
@@ -170,14 +171,16 @@ def answer_samples(cfg: Config, limit: int | None = None) -> list[Sample]:
 
     Raises:
         ConfigError: ``data.eval`` names no file (:func:`~omnicore.eval.heldout.eval_files`).
-        SampleError: ``data.eval`` holds a bad line (``FILE:LINE: ...``) before the ``limit``-th sample.
+        SampleError: ``data.eval`` holds a bad line (``FILE:LINE: ...``) before the ``limit``-th
+            sample, under ``data.on_error: raise`` (``skip`` leaves it out).
     """
     import itertools
 
     from omnicore.data.jsonl import iter_jsonl
     from omnicore.eval.heldout import eval_files
 
-    samples = (s for f in eval_files(cfg) for s in iter_jsonl(f) if _answer(s) is not None)
+    on_error = cfg.data.on_error  # a bad line is skipped here too under skip (validation's held-out loss names it)
+    samples = (s for f in eval_files(cfg) for s in iter_jsonl(f, on_error=on_error) if _answer(s) is not None)
     return list(itertools.islice(samples, limit or None))
 
 

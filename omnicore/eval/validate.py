@@ -14,9 +14,14 @@ same step; in ``metrics.jsonl`` (the ``jsonl`` logger): ``{"step": N, "split": "
 the first ``K`` samples of ``data.eval`` with a text answer (those of ``omnicore eval --limit K``,
 scored by the same code): ``val_acc``, ``val_acc/<task>`` (per sample ``task`` key, else
 ``default``) and ``val_acc_samples`` (how many were scored); ``val_time_s`` includes it.
+Before step 1 the validator warns, as ``omnicore eval`` does, about tasks whose expected answers
+need more than ``generate.max_new_tokens`` tokens (they are cut short and score 0:
+:func:`omnicore.eval.scoring.short_answer_warnings`).
 
 ``data.eval`` may name several files (a folder, a glob or a list: :func:`omnicore.eval.heldout.eval_files`),
-resolved once when the validator is built, so every validation of a run reads the same files.
+resolved once when the validator is built, so every validation of a run reads the same files. Under
+``data.on_error: skip`` the first held-out samples skipped are named in the log (``FILE:LINE: why``,
+:data:`~omnicore.data.pipeline.NAMED_SKIPS` per rank), once per run; ``val_skipped`` counts them all.
 
 A validation (or sampling) that raises never loses the steps already trained: the loop saves them
 first, then stops with ``EvaluationFailed`` naming the checkpoint and the command that continues
@@ -26,6 +31,7 @@ first, then stops with ``EvaluationFailed`` naming the checkpoint and the comman
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,10 +40,13 @@ import torch
 
 from omnicore.config import Config
 from omnicore.data.chat import ChatProcessor
+from omnicore.data.pipeline import NAMED_SKIPS
 from omnicore.eval.generate import check_no_sequence_parallelism
 from omnicore.eval.heldout import eval_files, heldout_loss
-from omnicore.eval.scoring import task_accuracy
+from omnicore.eval.scoring import answer_samples, short_answer_warnings, task_accuracy
 from omnicore.parallel.state import ParallelState
+
+logger = logging.getLogger(__name__)
 
 
 class Validator:
@@ -59,6 +68,8 @@ class Validator:
     Raises:
         ConfigError: ``eval.task_samples`` under sequence parallelism (generation cannot run), or
             ``data.eval`` names no file (with ``eval.every``).
+        SampleError: a bad line among the held-out samples the task accuracy scores (with
+            ``eval.task_samples``, under ``data.on_error: raise``): found before step 1.
     """
 
     def __init__(
@@ -80,8 +91,14 @@ class Validator:
         self.log_row, self.log = log_row, log
         self.every, self.task_samples = cfg.eval.every, cfg.eval.task_samples
         self.files = eval_files(cfg) if self.every else []  # once: every validation reads the same files
+        self.named: list[str] = []  # held-out samples skipped and named so far (NAMED_SKIPS at most)
         if self.every and self.task_samples:
             check_no_sequence_parallelism(cfg, replicas, "eval.task_samples")
+            # as `omnicore eval` does: answers longer than generate.max_new_tokens can never match
+            short = short_answer_warnings(cfg, processor, answer_samples(cfg, self.task_samples), flag="--generate.max_new_tokens")
+            for message in short:
+                if state.is_main:
+                    logger.warning("eval.task_samples: %s", message)
 
     def due(self, step: int) -> bool:
         """Whether validation runs after step ``step`` (1-based): every ``eval.every`` steps and
@@ -98,12 +115,14 @@ class Validator:
         """
         cfg = self.cfg
         t0 = time.perf_counter()
+        skipped: list[str] = []
         figures = heldout_loss(
             model, self.processor, self.files, cfg.data.max_tokens, state=self.state,
             data_rank=self.data_rank, data_size=self.data_size, max_samples=cfg.eval.max_samples,
             on_error=cfg.data.on_error, autocast=self.autocast, device=self.state.device,
-            window=cfg.data.packing_window, method=cfg.data.packing,
+            window=cfg.data.packing_window, method=cfg.data.packing, errors=skipped,
         )  # fmt: skip
+        self._name_skips(skipped)
         if self.task_samples:
             figures.update(task_accuracy(cfg, model, self.tokenizer, self.processor, self.task_samples))
         row = {"step": step, **figures, "val_time_s": time.perf_counter() - t0}
@@ -111,6 +130,15 @@ class Validator:
             self.log_row(step, row, "val")  # the jsonl logger writes it with "split": "val" after "step"
             self.log(val_line(step, figures))  # logged (above a tqdm bar on a terminal: omnicore.logs)
         return {"step": step, "split": "val", **row}
+
+    def _name_skips(self, skipped: list[str]) -> None:
+        """Log the held-out samples this rank skipped (``data.on_error: skip``) that are not named
+        yet, up to :data:`NAMED_SKIPS` in the run (every validation reads the same ones again)."""
+        for message in skipped:
+            if len(self.named) >= NAMED_SKIPS or message in self.named:
+                continue
+            self.named.append(message)
+            logger.warning("validation: skipped a bad held-out sample (data.on_error: skip): %s", message)
 
 
 def val_line(step: int, figures: dict[str, Any]) -> str:
