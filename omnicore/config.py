@@ -29,7 +29,9 @@ class ConfigError(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # allow_inf_nan=False: a NaN or inf in any float field (train.lr: .inf) is a config error naming
+    # the field; accepted, it would turn every weight into NaN at the first step
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
 
 class NoOptions(_Strict):
@@ -52,6 +54,33 @@ class ComponentConfig(_Strict):
         description="encoders only: the key of another encoder whose module encodes this modality too (as Qwen2-VL's one vision "
         "tower encodes images and video); this entry then builds only its processor, and that module must list this modality",
     )
+
+    @field_validator("options")
+    @classmethod
+    def _finite_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        where = nonfinite_at(options)
+        if where is not None:
+            key, value = where
+            raise PydanticCustomError(
+                "finite_option", "{key}: {value} is not a finite number; give a finite value", {"key": key, "value": value}
+            )
+        return options
+
+
+def nonfinite_at(tree: Any, prefix: str = "") -> tuple[str, float] | None:
+    """The dotted key (``config.rms_norm_eps``, ``sizes[1]``) and value of the first NaN or inf float
+    in ``tree`` (nested dicts and lists, as a component's free-form ``options`` hold them), or None.
+    Typed float fields refuse them through pydantic (``allow_inf_nan=False``); this covers the
+    untyped ones, such as a foundation's ``config`` passed on to transformers."""
+    if isinstance(tree, float) and not math.isfinite(tree):
+        return prefix, tree
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
+    for k, v in items:
+        key = f"{prefix}[{k}]" if isinstance(k, int) else f"{prefix}.{k}" if prefix else str(k)
+        found = nonfinite_at(v, key)
+        if found is not None:
+            return found
+    return None
 
 
 KERNEL_OPS: tuple[str, ...] = ("attention", "rmsnorm", "swiglu", "cross_entropy")
@@ -735,6 +764,12 @@ def format_errors(exc: ValidationError, source: str, overrides: dict[str, Any] |
             msg = "unknown key" + _closest(str(loc[-1]), _model_at(loc))
         elif err["type"] == "missing":
             msg = "required key is missing"
+        elif err["type"] == "finite_number":  # allow_inf_nan=False (_Strict): .inf, .nan
+            msg = f"{err['input']} is not a finite number; give a finite value"
+        elif err["type"] == "finite_option":  # inside a component's options: name the key within them
+            dotted = f"{dotted}.{err['ctx']['key']}"
+            where = _given_where(dotted, given, source)
+            msg = f"{err['ctx']['value']} is not a finite number; give a finite value"
         else:
             msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"{where}: {dotted}: {msg}")

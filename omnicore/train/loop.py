@@ -72,7 +72,17 @@ from omnicore.parallel.state import ParallelState, init_parallel_state
 from omnicore.registry import Registry, registry_for
 from omnicore.train.loggers import check_loggers, start_loggers
 from omnicore.train.metrics import balance_figures, padding_waste, peak_memory_mib, peak_tflops
-from omnicore.train.optim import NonFiniteError, build_optimizer, build_schedule, clip_grad_norm_, nonfinite_message, use_implementation
+from omnicore.train.optim import (
+    NonFiniteError,
+    build_optimizer,
+    build_schedule,
+    clip_grad_norm_,
+    describe_nonfinite,
+    nonfinite_message,
+    nonfinite_save_message,
+    nonfinite_tensors,
+    use_implementation,
+)
 from omnicore.train.run import Run
 from omnicore.train.signals import SIGNALS, GracefulStop, Interrupted, signal_flags, signal_from_flags
 
@@ -577,7 +587,10 @@ def apply_update(run: Run, step: int, loss: float, grad_norm: float, n_global: f
         run.nonfinite_in_row += 1
         t = run.cfg.train
         if t.on_nonfinite == "stop" or run.nonfinite_in_row > t.max_skipped_steps:
-            raise NonFiniteError(nonfinite_message(run.cfg, step + 1, loss, grad_norm, run.nonfinite_in_row))
+            # weights made non-finite by an earlier update (at a finite loss) are not "the last finite step's"
+            bad = nonfinite_tensors(run.model)
+            weights = describe_nonfinite(bad) if run.state.all_reduce_sum(float(len(bad))) else None  # every rank calls it
+            raise NonFiniteError(nonfinite_message(run.cfg, step + 1, loss, grad_norm, run.nonfinite_in_row, weights))
         reason = "nonfinite"
         run.log(f"step {step + 1}: skipped (loss {loss:.6g}, gradient norm {grad_norm:.6g}; train.on_nonfinite=skip)")
     elif n_global == 0:
@@ -659,10 +672,22 @@ def log_step(run: Run, row: dict[str, Any]) -> None:
 
 def save(run: Run, done: int) -> None:
     """Checkpoint the run after ``done`` steps (model, optimizer, LR schedule and the data position
-    of every data shard, gathered from all ranks)."""
+    of every data shard, gathered from all ranks). Collective.
+
+    Raises:
+        NonFiniteError: on every rank, before anything is written, when any rank's weights or
+            optimizer state hold NaN or inf (:func:`~omnicore.train.optim.nonfinite_tensors`): an
+            update at a finite loss made them so, and a checkpoint of them would resume into NaN.
+        CheckpointError: as :func:`~omnicore.checkpoint.dcp.save_checkpoint` (a full disk).
+    """
     from omnicore.checkpoint.dcp import save_checkpoint
 
     cfg = run.cfg
+    bad = nonfinite_tensors(run.model, run.optimizer)
+    if run.state.all_reduce_sum(float(len(bad))):
+        latest = run.ckpt_root / "latest"
+        named = latest.read_text().strip() if latest.is_file() else None
+        raise NonFiniteError(nonfinite_save_message(cfg, done, bad, str(run.ckpt_root / named) if named else None))
     local = run.data.state_dict()
     if run.state.distributed:
         import torch.distributed as dist
@@ -754,7 +779,8 @@ def train(
         CheckpointError: ``resume`` with no usable checkpoint, a fresh run into an output folder
             that already holds one, or (``RunLockError``) a folder another live run holds.
         NonFiniteError: a non-finite loss or gradient norm (``train.on_nonfinite``); nothing of that
-            step is saved or exported.
+            step is saved or exported. Or weights that became NaN or inf at a finite loss, found when
+            saving (:func:`save`): nothing non-finite is written.
         Interrupted: SIGTERM or SIGINT; the step was finished and saved on every rank.
         LoggerError: a ``run.loggers`` entry is unknown, has bad options, or its ``start`` raised
             (before step 1; see :mod:`omnicore.train.loggers`).

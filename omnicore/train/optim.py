@@ -6,7 +6,9 @@
   makes the run's, at step 0 or at a resumed step.
 * :func:`clip_grad_norm_`: global-norm clipping that works across DTensor meshes (expert parallelism).
 * :class:`NonFiniteError` and :func:`nonfinite_message`: a step whose loss or gradient norm is NaN or
-  inf (``train.on_nonfinite``, see :func:`omnicore.train.loop.apply_update`).
+  inf (``train.on_nonfinite``, see :func:`omnicore.train.loop.apply_update`); :func:`nonfinite_tensors`
+  and :func:`nonfinite_save_message`: weights that became NaN or inf at a finite loss, refused at
+  save time (:func:`omnicore.train.loop.save`).
 """
 
 from __future__ import annotations
@@ -141,18 +143,53 @@ class NonFiniteError(ValueError):
     """A training step's loss (summed over ranks) or global gradient norm is NaN or inf, under
     ``train.on_nonfinite: stop`` or after ``train.max_skipped_steps`` skipped steps in a row. Raised
     before the optimizer step on every rank alike, so the model still holds the weights of the last
-    finite step and nothing of the bad step is saved or exported. The CLI reports it as one
-    ``error:`` line (exit 2)."""
+    finite step and nothing of the bad step is saved or exported. Also raised by a save that finds
+    NaN or inf in the weights or optimizer state (an update at a finite loss made them so): nothing
+    non-finite is ever written. The CLI reports it as one ``error:`` line (exit 2)."""
 
 
-def nonfinite_message(cfg: Config, step: int, loss: float, grad_norm: float, in_row: int) -> str:
+def nonfinite_message(cfg: Config, step: int, loss: float, grad_norm: float, in_row: int, bad_weights: str | None = None) -> str:
     """The message of :class:`NonFiniteError` for 1-based ``step``: the values, what the weights are
     now, and what to try, with the run's own settings (``in_row``: non-finite steps in a row,
-    this one included)."""
-    t = cfg.train
+    this one included; ``bad_weights``: :func:`describe_nonfinite` of the tensors that already hold
+    NaN or inf, when an earlier update made them so at a finite loss; None when the weights are finite)."""
     what = f"non-finite training step {step}: loss {loss:.6g}, gradient norm {grad_norm:.6g}"
     if in_row > 1:
-        what += f" ({in_row} non-finite steps in a row; train.max_skipped_steps is {t.max_skipped_steps})"
+        what += f" ({in_row} non-finite steps in a row; train.max_skipped_steps is {cfg.train.max_skipped_steps})"
+    if bad_weights:
+        return (
+            f"{what}; the weights themselves already hold NaN or inf ({bad_weights}): an earlier update made them so at a "
+            "finite loss, and no checkpoint or export holds them (a save refuses non-finite weights). "
+            f"Try {', '.join(_tries(cfg))}; then start again or --resume from the last checkpoint"
+        )
+    return (
+        f"{what}; stopped before the optimizer step, so the weights are those of the last finite step and nothing was saved "
+        f"or exported for this step. Try {', '.join(_tries(cfg))}; or check the data of this step"
+    )
+
+
+def nonfinite_save_message(cfg: Config, step: int, bad: list[str], latest: str | None) -> str:
+    """The message of :class:`NonFiniteError` when the checkpoint of 1-based ``step`` is refused
+    because tensors of the model or the optimizer hold NaN or inf (``bad``: this rank's, from
+    :func:`nonfinite_tensors`; empty when only another rank has them); ``latest``: the checkpoint
+    left as it was, if any."""
+    which = describe_nonfinite(bad)
+    kept = f"the last checkpoint, {latest}, is left as it was" if latest else "no checkpoint was written"
+    return (
+        f"step {step}: not saved: the weights or optimizer state hold NaN or inf ({which}), although every step's loss and "
+        f"gradient norm were finite: an update made them non-finite; {kept}. Try {', '.join(_tries(cfg))}"
+    )
+
+
+def describe_nonfinite(bad: list[str]) -> str:
+    """``3 tensor(s), the first lm.lm_head.weight`` for this rank's :func:`nonfinite_tensors`;
+    ``on another rank`` when this rank has none."""
+    return f"{len(bad)} tensor(s), the first {bad[0]}" if bad else "on another rank"
+
+
+def _tries(cfg: Config) -> list[str]:
+    """What to try after a non-finite step, with the run's own settings."""
+    t = cfg.train
     tries = [f"a lower train.lr (now {t.lr:g})"]
     tries.append("train.grad_clip 1.0" if t.grad_clip == 0 else f"a lower train.grad_clip (now {t.grad_clip:g})")
     tries.append(f"a longer train.warmup_steps (now {t.warmup_steps})")
@@ -160,7 +197,30 @@ def nonfinite_message(cfg: Config, step: int, loss: float, grad_norm: float, in_
         tries.append("run.dtype float32 with train.mixed_precision bf16 (fp32 weights and optimizer state)")
     if t.on_nonfinite == "stop":
         tries.append("train.on_nonfinite skip, to skip rare bad steps")
-    return (
-        f"{what}; stopped before the optimizer step, so the weights are those of the last finite step and nothing was saved "
-        f"or exported for this step. Try {', '.join(tries)}; or check the data of this step"
-    )
+    return tries
+
+
+def nonfinite_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> list[str]:
+    """The names of this rank's floating-point parameters and buffers of ``model`` (their local
+    shards, for DTensors) and, with ``optimizer``, of its state tensors (``<param>: exp_avg``) that
+    hold a NaN or inf; empty when every one is finite. One device synchronisation per device.
+    What a checkpoint or export would write, checked before it is written (the loss and gradient
+    norm are finite at an update that makes the weights non-finite, e.g. an extreme ``train.lr``)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors = [(n, t) for n, t in list(model.named_parameters()) + list(model.named_buffers())]
+    if optimizer is not None:
+        for p, st in optimizer.state.items():
+            tensors += [(f"{names.get(id(p), 'a parameter')}: {k}", v) for k, v in st.items() if torch.is_tensor(v)]
+    local = [(n, t.to_local() if hasattr(t, "to_local") else t) for n, t in tensors]
+    local = [(n, t) for n, t in local if t.is_floating_point() and t.numel() and not t.is_meta]
+    if not local:
+        return []
+    flags = [torch.isfinite(t).all() for _, t in local]
+    finite = [True] * len(flags)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, f in enumerate(flags):
+        by_device.setdefault(f.device, []).append(i)
+    for idx in by_device.values():
+        for i, ok in zip(idx, torch.stack([flags[i] for i in idx]).cpu().tolist()):
+            finite[i] = ok
+    return [n for (n, _), ok in zip(local, finite) if not ok]

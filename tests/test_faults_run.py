@@ -1,0 +1,127 @@
+"""Faults of issue 27 item 10, part B: each injected as the fault tests found it, each asserting the
+message, checkpoint or export it must leave.
+
+* non-finite hyperparameters are config errors naming the field, and nothing non-finite is saved;
+* a full disk during export: one line with the space needed and free, no ``.export.tmp`` left, and
+  ``--resume`` of the finished run exports it;
+* a damaged export (truncated or garbled safetensors, bad ``tokenizer.json`` or ``omnicore.yaml``)
+  is one line naming the file, for ``eval --export`` and ``model.init_from`` alike;
+* a data worker killed with SIGKILL: no error from an arbitrary line, the documented message where
+  data is read, and the data position of the last whole step kept;
+* a huge JSONL line is refused before it is read whole or tokenized (peak memory measured);
+* a logger raising ``SystemExit`` or ``KeyboardInterrupt`` stops the run like a signal, after saving.
+
+Runs go through the CLI in process (``omnicore.cli.main``) on the tiny text model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_config_dict
+
+from omnicore.config import ConfigError, load_config
+
+# ---- helpers ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def text_jsonl(tmp_path_factory) -> Path:
+    lines = []
+    for i in range(24):
+        q = "Say the number " + " ".join(str((i * 7 + k) % 10) for k in range(1 + i % 9))
+        lines.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": str(i % 10) * (1 + i % 5)}]})
+    path = tmp_path_factory.mktemp("text") / "text.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def _config_file(text_jsonl: Path, folder: Path, **train) -> Path:
+    """A config file for the tiny text model writing to ``folder/run``; returns its path."""
+    d = tiny_config_dict(str(text_jsonl), decoders=False, output_dir=str(folder / "run"), **dict({"max_steps": 2}, **train))
+    d["model"]["encoders"] = {}
+    d["data"]["num_workers"] = 0
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "c.yaml").write_text(json.dumps(d))
+    return folder / "c.yaml"
+
+
+# ---- non-finite hyperparameters ---------------------------------------------------------------------
+
+
+def test_nonfinite_hyperparameters_are_config_errors_naming_the_field(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data: {train: t.jsonl}\ntrain: {lr: .inf}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    assert str(info.value) == f"{cfg}: train.lr: inf is not a finite number; give a finite value"
+    cfg.write_text("data: {train: t.jsonl}\nmodel: {foundation: {name: hf_causal_lm}}\n")
+    cases = {
+        ("--train.betas", "[0.9, .nan]"): "command line (--train.betas): train.betas.1: nan is not a finite number; give a finite value",
+        ("--train.weight_decay", "-.inf"): "command line (--train.weight_decay): train.weight_decay: -inf is not a finite number; "
+        "give a finite value",
+        ("--train.warmup_steps", ".inf"): "command line (--train.warmup_steps): train.warmup_steps: inf is not a finite number; "
+        "give a finite value",
+        ("--train.lr_multipliers", "{lm: .nan}"): "command line (--train.lr_multipliers.lm): train.lr_multipliers.lm: nan is not a "
+        "finite number; give a finite value",
+        ("--generate.temperature", ".nan"): "command line (--generate.temperature): generate.temperature: nan is not a finite number; "
+        "give a finite value",
+        # free-form options (the foundation's transformers config: eps, loss weights, ...) too, at any depth
+        ("--model.foundation.options", "{config: {rms_norm_eps: .inf}}"): "command line (--model.foundation.options.config.rms_norm_eps): "
+        "model.foundation.options.config.rms_norm_eps: inf is not a finite number; give a finite value",
+    }
+    for override, want in cases.items():
+        with pytest.raises(ConfigError) as info:
+            load_config(cfg, list(override))
+        assert str(info.value) == want
+    assert load_config(cfg, ["--train.lr", "1e39"]).train.lr == 1e39  # finite, however large: accepted
+
+
+def test_nonfinite_tensors_names_weights_and_optimizer_state():
+    from omnicore.train.optim import nonfinite_tensors
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    assert nonfinite_tensors(model, opt) == []
+    with torch.no_grad():
+        model[1].bias[0] = float("nan")
+    opt.state[model[0].weight]["exp_avg_sq"][0, 0] = float("inf")
+    assert nonfinite_tensors(model, opt) == ["1.bias", "0.weight: exp_avg_sq"]
+    assert nonfinite_tensors(model) == ["1.bias"]
+
+
+@pytest.mark.slow
+def test_weights_made_nonfinite_at_a_finite_loss_are_never_saved(text_jsonl, tmp_path, monkeypatch):
+    """lr 1e39 (finite, so accepted) makes step 1's update overflow: its loss and gradient norm are
+    finite, the weights after it are not. Step 2 says so (not "the last finite step"), and a save
+    of those weights is refused, writing nothing."""
+    from omnicore.train import loop
+    from omnicore.train.optim import NonFiniteError
+
+    runs = []
+    real_setup = loop.setup
+    monkeypatch.setattr(loop, "setup", lambda *a, **k: runs.append(real_setup(*a, **k)) or runs[-1])
+    cfg = load_config(_config_file(text_jsonl, tmp_path, lr=1e39, max_steps=3, save_every=2, export=True))
+    with pytest.raises(NonFiniteError) as info:
+        loop.train(cfg)
+    run = runs[0]
+    bad = [n for n, p in run.model.named_parameters() if not torch.isfinite(p).all()]  # the reference: torch itself
+    assert bad, "lr 1e39 should have made the weights non-finite"
+    msg = str(info.value)
+    assert msg.startswith("non-finite training step 2: loss nan, gradient norm nan; the weights themselves already hold NaN or inf (")
+    first = re.search(r"\((\d+) tensor\(s\), the first ([^)]+)\)", msg)
+    assert int(first.group(1)) == len(bad) and first.group(2) == bad[0], msg
+    assert "the weights are those of the last finite step" not in msg
+    with pytest.raises(NonFiniteError) as info:  # the guard at save time: nothing is written
+        loop.save(run, 1)
+    assert str(info.value).startswith(f"step 1: not saved: the weights or optimizer state hold NaN or inf ({len(bad)} tensor(s), ")
+    assert "no checkpoint was written" in str(info.value)
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert not ckpts.exists() or not any(ckpts.iterdir())
+    assert not (tmp_path / "run" / "export").exists()
