@@ -17,6 +17,7 @@ Runs go through the CLI in process (``omnicore.cli.main``) on the tiny text mode
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -24,7 +25,8 @@ import pytest
 import torch
 from conftest import tiny_config_dict
 
-from omnicore.config import ConfigError, load_config
+from omnicore import cli
+from omnicore.config import Config, ConfigError, load_config
 
 # ---- helpers ----------------------------------------------------------------------------------------
 
@@ -125,3 +127,75 @@ def test_weights_made_nonfinite_at_a_finite_loss_are_never_saved(text_jsonl, tmp
     ckpts = tmp_path / "run" / "checkpoints"
     assert not ckpts.exists() or not any(ckpts.iterdir())
     assert not (tmp_path / "run" / "export").exists()
+
+
+# ---- a logger that raises SystemExit or KeyboardInterrupt ---------------------------------------------
+
+
+def test_a_logger_raising_system_exit_or_keyboard_interrupt_is_a_stop_request():
+    from omnicore.train.loggers import LoggerError, Loggers, LoggerWarning, _Slot, start_loggers
+
+    class Exiting:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def start(self, info):
+            raise self.exc
+
+        def log_metrics(self, step, row, split):
+            raise self.exc
+
+    loggers = Loggers([_Slot("run.loggers[0] (a)", Exiting(KeyboardInterrupt())), _Slot("run.loggers[1] (b)", Exiting(SystemExit(3)))])
+    with pytest.warns(LoggerWarning) as warned:
+        loggers.log_metrics(5, {"loss": 1.0})
+        loggers.log_metrics(6, {"loss": 1.0})  # skipped from now on: no second warning
+    assert [str(w.message) for w in warned] == [
+        "run.loggers[0] (a): log_metrics raised KeyboardInterrupt: the run stops after this step, once it is saved; this logger is "
+        "skipped from now on",
+        "run.loggers[1] (b): log_metrics raised SystemExit(3): the run stops after this step, once it is saved; this logger is "
+        "skipped from now on",
+    ]
+    assert (loggers.stop_request.describe(), loggers.stop_request.exit_code) == (
+        "run.loggers[0] (a): log_metrics raised KeyboardInterrupt",
+        130,
+    )
+    assert loggers.failed == ["run.loggers[0] (a)", "run.loggers[1] (b)"]
+
+    class Registry:  # before step 1, a logger's sys.exit in start is an error naming it
+        def build(self, kind, name, options):
+            return Exiting(SystemExit("no server"))
+
+    cfg = Config.model_validate({"data": {"train": "t.jsonl"}, "run": {"loggers": ["x"]}})
+    with pytest.raises(LoggerError, match=r"^run\.loggers\[0\] \(x\): start failed: SystemExit: no server$"):
+        start_loggers(cfg, Registry(), is_main=True)
+
+
+@pytest.mark.slow
+def test_a_logger_calling_sys_exit_stops_the_run_like_a_signal_and_saves(text_jsonl, tmp_path, monkeypatch, capsys):
+    """The built-in jsonl logger made to call ``sys.exit(3)`` when it logs step 2 of 4: the run
+    saves step 2 and exits with status 3 naming the logger (it used to exit 3 silently, losing the
+    steps since the last save)."""
+    from omnicore.checkpoint.dcp import verify_checkpoint
+    from omnicore.train.loggers import JsonlLogger
+
+    real = JsonlLogger.log_metrics
+
+    def log_metrics(self, step, row, split):
+        real(self, step, row, split)
+        if step == 2:
+            raise SystemExit(3)
+
+    monkeypatch.setattr(JsonlLogger, "log_metrics", log_metrics)
+    cfg = _config_file(text_jsonl, tmp_path, max_steps=4)
+    assert cli.main(["train", str(cfg)]) == 3
+    out = tmp_path / "run"
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        f"stopped after step 2 of 4: run.loggers[0] (jsonl): log_metrics raised SystemExit(3); saved {out / 'checkpoints' / 'step-00000002'}; "
+        f"continue with: omnicore train {cfg} --resume"
+    )
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-00000002"
+    verify_checkpoint(out / "checkpoints" / "step-00000002")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)

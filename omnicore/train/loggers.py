@@ -12,6 +12,12 @@ run on rank 0 only: the other ranks hold an empty :class:`Loggers`. The failure 
   :class:`LoggerWarning` naming it, and is **skipped** for the rest of the run (not retried: a
   logger that failed once, such as a full disk or a lost connection, would otherwise warn every
   step); the run and the other loggers go on.
+* a logger that raises ``SystemExit`` or ``KeyboardInterrupt`` in a hook (a plugin calling
+  ``sys.exit``) asks to end the process: it is skipped from then on, and the run stops as it does
+  on a stop signal (:mod:`omnicore.train.signals`): the step is finished and saved, then
+  :class:`LoggerStopped` says which logger asked and how to continue; the process ends with the
+  status the logger asked for (130 for ``KeyboardInterrupt``). Ending the process inside the hook
+  would lose every step since the last checkpoint.
 
 Nothing here imports torch at import time.
 """
@@ -26,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from omnicore.config import ComponentConfig, Config, ConfigError
+from omnicore.train.signals import Interrupted
 
 METRICS_FILE = "metrics.jsonl"
 """The built-in ``jsonl`` logger's file, in ``run.output_dir``."""
@@ -38,6 +45,48 @@ class LoggerError(ConfigError):
 
 class LoggerWarning(UserWarning):
     """A logger raised while logging; it is skipped from then on (issued once per logger)."""
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """A logger raised ``SystemExit`` or ``KeyboardInterrupt`` in a hook: a request to end the run,
+    honoured like a stop signal (finish the step, save, stop)."""
+
+    where: str
+    """``run.loggers[i] (name)``."""
+    method: str
+    """The hook that raised: ``log_metrics``, ``log_images`` or ``close``."""
+    raised: str
+    """What it raised: ``SystemExit(3)``, ``KeyboardInterrupt``."""
+    exit_code: int
+    """The status the process ends with: the ``SystemExit`` code when it is a non-zero int, 130 for
+    ``KeyboardInterrupt`` (as for SIGINT), else 1 (a run stopped early never exits 0)."""
+
+    def describe(self) -> str:
+        """``run.loggers[0] (jsonl): log_metrics raised SystemExit(3)``."""
+        return f"{self.where}: {self.method} raised {self.raised}"
+
+    @classmethod
+    def of(cls, where: str, method: str, exc: BaseException) -> StopRequest:
+        """The request of ``exc`` (a ``SystemExit`` or ``KeyboardInterrupt``) raised by ``where``'s ``method``."""
+        if isinstance(exc, SystemExit):
+            code = exc.code
+            return cls(where, method, f"SystemExit({code!r})", code if isinstance(code, int) and code else 1)
+        return cls(where, method, type(exc).__name__, 130)
+
+
+class LoggerStopped(Interrupted):
+    """The run stopped, after saving, because a logger raised ``SystemExit`` or ``KeyboardInterrupt``
+    (:class:`StopRequest`); the CLI prints the message and exits with :attr:`exit_code`, the status
+    the logger asked for."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(2, message)  # signum: unused here, exit_code says the status
+        self.code = code
+
+    @property
+    def exit_code(self) -> int:
+        return self.code
 
 
 @dataclass
@@ -57,6 +106,9 @@ class Loggers:
     def __init__(self, slots: list[_Slot] | None = None) -> None:
         self._slots = list(slots or [])
         self._closed = False
+        self.stop_request: StopRequest | None = None
+        """The first logger's request to end the run (it raised ``SystemExit`` or
+        ``KeyboardInterrupt``), which the training loop honours after the step; None when none asked."""
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -84,12 +136,22 @@ class Loggers:
         for slot in self._slots:
             self._call(slot, "close", force=True)
 
-    @staticmethod
-    def _call(slot: _Slot, method: str, *args: Any, force: bool = False) -> None:
+    def _call(self, slot: _Slot, method: str, *args: Any, force: bool = False) -> None:
         if slot.failed and not force:
             return
         try:
             getattr(slot.logger, method)(*args)
+        except (SystemExit, KeyboardInterrupt) as exc:  # a request to end the run: honoured after the step, once saved
+            request = StopRequest.of(slot.where, method, exc)
+            if self.stop_request is None:
+                self.stop_request = request
+            if not slot.failed:
+                warnings.warn(
+                    f"{request.describe()}: the run stops after this step, once it is saved; this logger is skipped from now on",
+                    LoggerWarning,
+                    stacklevel=3,
+                )
+            slot.failed = True
         except Exception as exc:  # a logger's failure must not end the run
             if not slot.failed:
                 reason = " ".join(f"{type(exc).__name__}: {exc}".split())
@@ -153,13 +215,14 @@ def start_loggers(
 
 def _start_one(registry: Any, choice: ComponentConfig, where: str, info: dict[str, Any], started: list[_Slot]) -> str | None:
     """Build and start one logger, appending it to ``started``; the error line, or None."""
+    # SystemExit and KeyboardInterrupt too: before step 1 a logger's sys.exit is an error to name, not a silent exit
     try:
         logger = registry.build("logger", choice.name, choice.options)
-    except Exception as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
         return f"{where}: cannot build it: {_one_line(exc)}"
     try:
         logger.start(dict(info))
-    except Exception as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
         return f"{where}: start failed: {_one_line(exc)}"
     started.append(_Slot(where, logger))
     return None

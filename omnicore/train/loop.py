@@ -70,7 +70,7 @@ from omnicore.model.trainable import apply_freeze
 from omnicore.parallel.parallelize import build_strategies, data_split, parallelize
 from omnicore.parallel.state import ParallelState, init_parallel_state
 from omnicore.registry import Registry, registry_for
-from omnicore.train.loggers import check_loggers, start_loggers
+from omnicore.train.loggers import LoggerStopped, check_loggers, start_loggers
 from omnicore.train.metrics import balance_figures, padding_waste, peak_memory_mib, peak_tflops
 from omnicore.train.optim import (
     NonFiniteError,
@@ -457,6 +457,7 @@ def train_step(run: Run, step: int) -> dict[str, Any] | None:
     keys = run.model.loss_parts()
     sums = state.all_reduce_named(_step_sums(run, totals, keys, wait))
     run.stop_signal = signal_from_flags([sums[f"signal/{s.name}"] for s in SIGNALS])
+    run.logger_stop = sums["stop/logger"] > 0
     check_target_split(run, n_global, sum(sums[f"targets/{k}"] for k in keys))
     grad_norm = clip_grad_norm_(run.model.parameters(), cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf"))
     lr = run.scheduler.get_last_lr()[0] / run.optimizer.param_groups[0].get("factor", 1.0)  # train.lr x schedule this step
@@ -516,7 +517,8 @@ def _step_sums(run: Run, totals: _StepTotals, parts: list[str], wait: float = 0.
     each of ``parts`` (``text``, ``decoder.<m>``), ``data_wait_s`` (seconds waiting for
     micro-batches), ``seen/<source>`` and ``skipped/<source>`` (the data's running counts) and
     ``signal/<SIGNAL>`` (1.0 for a stop signal this rank received:
-    :func:`~omnicore.train.signals.signal_flags`)."""
+    :func:`~omnicore.train.signals.signal_flags`) and ``stop/logger`` (1.0 when a logger of this
+    rank asked to end the run: :class:`~omnicore.train.loggers.StopRequest`)."""
     seen, skipped = run.data.counts()
     names = run.data.source_names
     out = {"loss_sum": float(totals.loss_sum), "tokens": float(totals.tokens)}
@@ -530,6 +532,7 @@ def _step_sums(run: Run, totals: _StepTotals, parts: list[str], wait: float = 0.
     out.update({f"seen/{name}": float(n) for name, n in zip(names, seen)})
     out.update({f"skipped/{name}": float(n) for name, n in zip(names, skipped)})
     out.update({f"signal/{s.name}": flag for s, flag in zip(SIGNALS, signal_flags(run.stop))})
+    out["stop/logger"] = 1.0 if run.loggers.stop_request is not None else 0.0
     return out
 
 
@@ -704,12 +707,16 @@ def save(run: Run, done: int) -> None:
 def _after_step(run: Run, done: int) -> bool:
     """Save when due; False when the run stops here. ``train.stop_after`` ends this process early (a
     time-limited job; --resume goes on); a stop signal on any rank saves and raises
-    :class:`~omnicore.train.signals.Interrupted` on every rank (the same step everywhere)."""
+    :class:`~omnicore.train.signals.Interrupted` on every rank (the same step everywhere); so does
+    a logger that asked to end the run (:class:`~omnicore.train.loggers.LoggerStopped`; at the last
+    step the run finishes first, see :func:`_logger_stop_at_end`)."""
     cfg = run.cfg
     last = done == cfg.train.max_steps
     stop_after = cfg.train.stop_after is not None and done >= cfg.train.stop_after
     signum = run.stop_signal
-    saved = last or stop_after or signum is not None or bool(cfg.train.save_every and done % cfg.train.save_every == 0)
+    # one process acts on a logger's request at once; several agree on it in the next step's all-reduce
+    by_logger = run.logger_stop or (not run.state.distributed and run.loggers.stop_request is not None)
+    saved = last or stop_after or signum is not None or by_logger or bool(cfg.train.save_every and done % cfg.train.save_every == 0)
     if saved:
         save(run, done)
     if signum is not None:
@@ -717,6 +724,14 @@ def _after_step(run: Run, done: int) -> bool:
         where = run.ckpt_root / f"step-{done:08d}"
         cmd = continue_command(cfg)  # the user's overrides and torchrun prefix kept
         raise Interrupted(signum, f"stopped by {name} after step {done} of {cfg.train.max_steps}; saved {where}; continue with: {cmd}")
+    if by_logger and not last:
+        request = run.loggers.stop_request
+        asked = request.describe() if request is not None else "a logger on rank 0 asked to end the run"
+        where = run.ckpt_root / f"step-{done:08d}"
+        raise LoggerStopped(
+            request.exit_code if request is not None else 1,
+            f"stopped after step {done} of {cfg.train.max_steps}: {asked}; saved {where}; continue with: {continue_command(cfg)}",
+        )
     if stop_after and not last:
         run.log(f"stopped after step {done} (train.stop_after); continue with: {continue_command(cfg)}")
         return False
@@ -782,6 +797,9 @@ def train(
             step is saved or exported. Or weights that became NaN or inf at a finite loss, found when
             saving (:func:`save`): nothing non-finite is written.
         Interrupted: SIGTERM or SIGINT; the step was finished and saved on every rank.
+        LoggerStopped: a logger raised ``SystemExit`` or ``KeyboardInterrupt`` in a hook; the step was
+            finished and saved as for a signal (an :class:`Interrupted` whose ``exit_code`` is the
+            status the logger asked for).
         LoggerError: a ``run.loggers`` entry is unknown, has bad options, or its ``start`` raised
             (before step 1; see :mod:`omnicore.train.loggers`).
     """
@@ -897,6 +915,24 @@ def _loop(run: Run) -> None:
         from omnicore.plot import plot_after_training
 
         run.log(plot_after_training(run.out_dir))
+    _logger_stop_at_end(run)
+
+
+def _logger_stop_at_end(run: Run) -> None:
+    """A logger that asked to end the run after the last step's agreement (or at the last step) is
+    still answered: the run is complete (saved, exported), and the process ends with the status the
+    logger asked for, naming it (rank 0, where loggers run).
+
+    Raises:
+        LoggerStopped: ``run.loggers.stop_request`` is set.
+    """
+    request = run.loggers.stop_request
+    if request is None:
+        return
+    done = run.history[-1]["step"] if run.history else run.start
+    raise LoggerStopped(
+        request.exit_code, f"{request.describe()} at step {done}; the run had finished: saved in {run.ckpt_root / f'step-{done:08d}'}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

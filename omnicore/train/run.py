@@ -83,6 +83,9 @@ class Run:
     """The SIGTERM/SIGINT watcher while the loop runs."""
     stop_signal: int | None = None
     """A signal some rank received, agreed in the last step's all-reduce; None when none."""
+    logger_stop: bool = False
+    """A logger on rank 0 asked to end the run (``Loggers.stop_request``), agreed in the last step's
+    all-reduce (one process: as soon as it asked)."""
     saved_at: int = -1
     """The step of the last checkpoint this process wrote (-1: none yet)."""
     loggers: Loggers = field(default_factory=Loggers)
