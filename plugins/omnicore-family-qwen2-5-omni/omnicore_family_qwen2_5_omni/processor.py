@@ -33,8 +33,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from omnicore.api import Audio, ItemLayout, Video, resample
-from omnicore_family_qwen2_5_omni.frames import load_video_processor, video_settings
+from omnicore.api import Audio, ItemLayout, Video, load_image_processor, load_video_processor, resample, video_settings
 
 AUDIO_PAD, IMAGE_PAD, VIDEO_PAD = "<|AUDIO|>", "<|IMAGE|>", "<|VIDEO|>"
 AUDIO_WRAP = ("<|audio_bos|>", "<|audio_eos|>")
@@ -172,20 +171,6 @@ def load_feature_extractor(folder: Path, what: str) -> Any:
     if not any((folder / f).is_file() for f in ("preprocessor_config.json", "processor_config.json")):
         raise ValueError(f"{what}: {str(folder)!r} has no preprocessor_config.json or processor_config.json; {WHAT_TO_PUT}")
     return AutoFeatureExtractor.from_pretrained(str(folder))
-
-
-def load_image_processor(folder: Path, what: str) -> Any:
-    """The checkpoint's own image processor (``AutoImageProcessor.from_pretrained``; transformers
-    picks the PIL backend where torchvision is missing).
-
-    Raises:
-        ValueError: naming ``what`` when the folder has no processor files.
-    """
-    from transformers import AutoImageProcessor
-
-    if not any((folder / f).is_file() for f in ("preprocessor_config.json", "processor_config.json")):
-        raise ValueError(f"{what}: {str(folder)!r} has no preprocessor_config.json or processor_config.json; {WHAT_TO_PUT}")
-    return AutoImageProcessor.from_pretrained(str(folder))
 
 
 def num_tokens_for_frames(valid_frames: int) -> int:
@@ -546,11 +531,11 @@ def build_vision_processor(options: dict[str, Any]) -> Qwen2_5OmniVisionProcesso
     what = f"model.encoders.{opts.modality}.options.checkpoint"
     folder = checkpoint_folder(opts.checkpoint, what)
     if opts.modality == "image":
-        return Qwen2_5OmniImageProcessor(load_image_processor(folder, what))
+        return Qwen2_5OmniImageProcessor(load_image_processor(folder, what, WHAT_TO_PUT))
     thinker = thinker_config(folder)
     audio = Qwen2_5OmniAudioProcessor(load_feature_extractor(folder, what), long_audio=opts.long_audio) if opts.use_audio_in_video else None
     return Qwen2_5OmniVideoProcessor(
-        load_video_processor(folder, what, video_settings(folder, what, WHAT_TO_PUT)),
+        load_video_processor(folder, video_settings(folder, what, WHAT_TO_PUT)),
         audio=audio,
         fps=opts.video_fps,
         position_id_per_seconds=thinker.position_id_per_seconds,

@@ -16,8 +16,8 @@ positions (:meth:`time_interval`), Qwen2-VL by one.
 Images go through the checkpoint's image processor as ``AutoImageProcessor`` loads it (the PIL
 backend where torchvision is missing). Clips go through the checkpoint's video processor as
 ``AutoVideoProcessor`` loads it where transformers can build it (it needs torchvision); elsewhere
-through :class:`FrameVideoProcessor`, which takes the same steps with the same settings (frame
-sampling, each frame resized and normalised by the image processor class, tubelets of
+through :class:`omnicore.api.FrameVideoProcessor`, which takes the same steps with the same settings
+(frame sampling, each frame resized and normalised by the image processor class, tubelets of
 ``temporal_patch_size`` frames in the same patch order).
 """
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +32,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from omnicore.api import Video
+from omnicore.api import Video, load_image_processor, load_video_processor, video_settings
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
@@ -137,239 +136,6 @@ def tokens_per_second(folder: Path) -> float | None:
     return float(config.vision_config.tokens_per_second) if config.model_type == "qwen2_5_vl" else None
 
 
-def video_settings(folder: Path, what: str) -> dict[str, Any]:
-    """The checkpoint's video processor settings, found where transformers looks for them, in its
-    order: ``processor_config.json``'s nested ``video_processor``, then
-    ``video_preprocessor_config.json``, then ``preprocessor_config.json`` (older Hub folders keep
-    one file for images and video).
-
-    Raises:
-        ValueError: naming ``what`` when the folder holds none of them.
-    """
-    nested = folder / "processor_config.json"
-    if nested.is_file():
-        data = json.loads(nested.read_text())
-        if isinstance(data.get("video_processor"), dict):
-            return dict(data["video_processor"])
-    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
-        if (folder / name).is_file():
-            return json.loads((folder / name).read_text())
-    raise ValueError(
-        f"{what}: {str(folder)!r} has no video_preprocessor_config.json, preprocessor_config.json or processor_config.json; {WHAT_TO_PUT}"
-    )
-
-
-def load_image_processor(folder: Path, what: str) -> Any:
-    """The checkpoint's own image processor (``AutoImageProcessor.from_pretrained``; transformers
-    picks the PIL backend where torchvision is missing).
-
-    Raises:
-        ValueError: naming ``what`` when the folder has no image processor files.
-    """
-    from transformers import AutoImageProcessor
-
-    if not any((folder / f).is_file() for f in ("preprocessor_config.json", "processor_config.json")):
-        raise ValueError(f"{what}: {str(folder)!r} has no preprocessor_config.json or processor_config.json; {WHAT_TO_PUT}")
-    return AutoImageProcessor.from_pretrained(str(folder))
-
-
-def load_video_processor(folder: Path, what: str) -> Any:
-    """The checkpoint's own video processor: ``AutoVideoProcessor.from_pretrained`` where
-    torchvision is installed (transformers' ``Qwen2VLVideoProcessor`` needs it), else a
-    :class:`FrameVideoProcessor` of the same settings.
-
-    Raises:
-        ValueError: naming ``what`` when the folder has no processor files.
-    """
-    settings = video_settings(folder, what)
-    if importlib.util.find_spec("torchvision") is not None:
-        from transformers import AutoVideoProcessor
-
-        return AutoVideoProcessor.from_pretrained(str(folder))
-    return FrameVideoProcessor(settings)
-
-
-class FrameVideoProcessor:
-    """transformers' ``Qwen2VLVideoProcessor`` steps for machines where it cannot be built (it
-    needs torchvision): the same settings (read from the checkpoint's video processor file) and
-    the same call signature, so transformers' ``Qwen2VLProcessor`` can hold it too.
-
-    Per clip of ``T`` frames at ``fps`` (uint8 ``[T, H, W, 3]``):
-
-    1. with ``do_sample_frames``, the frames ``Qwen2VLVideoProcessor.sample_frames`` keeps
-       (``num_frames``, or ``fps`` frames per second bounded by ``min_frames`` / ``max_frames``,
-       a multiple of ``temporal_patch_size``, spread evenly), recorded in the metadata's
-       ``frames_indices`` (its ``sampled_fps`` is then ``len(indices) / T * fps``);
-    2. each frame resized (``smart_resize`` to multiples of ``patch_size * merge_size`` within the
-       ``size`` pixel bounds, capped per frame with ``cap_pixels_per_frame``), rescaled and
-       normalised by the PIL image processor class of the family with these settings;
-    3. the last frame repeated up to a multiple of ``temporal_patch_size`` and the frames cut into
-       tubelets: ``pixel_values_videos`` ``[gt * gh * gw, 3 * tp * P * P]`` in the video
-       processor's order (tubelet, then merge block, then patch in the block; each patch as
-       channel, frame, row, column) and ``video_grid_thw`` ``(gt, gh, gw)``.
-
-    Args:
-        settings: the video processor's dict (:func:`video_settings`); keys transformers' class
-            reads, its class defaults for the missing ones.
-    """
-
-    DEFAULTS: dict[str, Any] = {
-        "size": {"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768},
-        "resample": 3,
-        "do_resize": True,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "do_convert_rgb": True,
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-        "patch_size": 14,
-        "temporal_patch_size": 2,
-        "merge_size": 2,
-        "min_frames": 4,
-        "max_frames": 768,
-        "do_sample_frames": False,
-        "fps": None,
-        "num_frames": None,
-        "cap_pixels_per_frame": None,
-        "max_video_tokens": 128000,
-    }
-    """``Qwen2VLVideoProcessor``'s class defaults (transformers 5.24)."""
-
-    def __init__(self, settings: dict[str, Any]) -> None:
-        s = {k: settings[k] if settings.get(k) is not None else v for k, v in self.DEFAULTS.items()}
-        size = dict(settings.get("size") or self.DEFAULTS["size"])
-        if settings.get("min_pixels") is not None:
-            size["shortest_edge"] = int(settings["min_pixels"])
-        if settings.get("max_pixels") is not None:
-            size["longest_edge"] = int(settings["max_pixels"])
-        s["size"] = {"shortest_edge": int(size["shortest_edge"]), "longest_edge": int(size["longest_edge"])}
-        self.settings = s
-        self.patch_size, self.merge_size = int(s["patch_size"]), int(s["merge_size"])
-        self.temporal_patch_size = int(s["temporal_patch_size"])
-        self._image_processor: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"settings": self.settings}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["settings"])  # type: ignore[misc]
-
-    @property
-    def image_processor(self) -> Any:
-        """The PIL image processor that resizes and normalises each frame (built on first use)."""
-        if self._image_processor is None:
-            from transformers import Qwen2VLImageProcessorPil
-
-            s = self.settings
-            keys = ("resample", "do_resize", "do_rescale", "rescale_factor", "do_normalize", "do_convert_rgb", "image_mean", "image_std")
-            self._image_processor = Qwen2VLImageProcessorPil(
-                size=dict(s["size"]),
-                patch_size=self.patch_size,
-                merge_size=self.merge_size,
-                temporal_patch_size=1,
-                **{k: s[k] for k in keys},
-            )
-        return self._image_processor
-
-    def sample_indices(self, total: int, fps: float | None, num_frames: int | None = None, target_fps: float | None = None) -> np.ndarray:
-        """The frames ``Qwen2VLVideoProcessor.sample_frames`` keeps of a clip of ``total`` frames at
-        ``fps`` (``num_frames`` / ``target_fps``: call overrides of the settings).
-
-        Raises:
-            ValueError: ``num_frames`` and ``fps`` both given, fps sampling without the clip's fps,
-                or a clip too short to give one tubelet.
-        """
-        s, tp = self.settings, self.temporal_patch_size
-        num_frames = num_frames if num_frames is not None else s["num_frames"]
-        target_fps = target_fps if target_fps is not None else s["fps"]
-        if num_frames is not None and target_fps is not None:
-            raise ValueError("video processor: num_frames and fps are mutually exclusive; set only one")
-        n: int | None = None
-        if num_frames is not None:
-            n = round(num_frames / tp) * tp
-        elif target_fps is not None:
-            if fps is None:
-                raise ValueError("video processor: sampling at fps frames per second needs the clip's own fps")
-            most = math.floor(min(int(s["max_frames"]), total) / tp) * tp
-            want = min(max(total / fps * target_fps, int(s["min_frames"])), most, total)
-            n = math.floor(want / tp) * tp
-        if n is None:
-            return np.arange(total)
-        if n < 1 or n > total:
-            raise ValueError(f"video of {total} frames cannot be sampled to {n} frames (temporal_patch_size {tp}); give a longer clip")
-        return torch.arange(0, total, total / n).int().numpy()
-
-    def __call__(
-        self,
-        videos: Any,
-        video_metadata: Any = None,
-        return_metadata: bool = False,
-        return_tensors: Any = None,
-        do_sample_frames: bool | None = None,
-        num_frames: int | None = None,
-        fps: float | None = None,
-        **_: Any,
-    ) -> dict[str, Any]:
-        """Clips to ``{"pixel_values_videos": [sum gt*gh*gw, 3*tp*P*P], "video_grid_thw": int64
-        [B, 3]}`` (and ``"video_metadata"`` with ``return_metadata``), as transformers' video
-        processor returns them (float32 torch tensors whatever ``return_tensors`` says).
-
-        Args:
-            videos: one clip or a list of clips, each uint8 ``[T, H, W, 3]``.
-            video_metadata: one dict (or ``VideoMetadata``) per clip: ``total_num_frames``, ``fps``.
-            do_sample_frames, num_frames, fps: call overrides of the settings.
-
-        Raises:
-            ValueError: a clip is not uint8-like ``[T, H, W, 3]`` with ``T >= 1``; see :meth:`sample_indices`.
-        """
-        from transformers.video_utils import VideoMetadata
-
-        clips = [videos] if isinstance(videos, np.ndarray) and videos.ndim == 4 else list(videos)
-        metas = video_metadata if isinstance(video_metadata, (list, tuple)) else [video_metadata] * len(clips)
-        sample = self.settings["do_sample_frames"] if do_sample_frames is None else do_sample_frames
-        pixels, grids, out_meta = [], [], []
-        for clip, meta in zip(clips, metas, strict=True):
-            frames = np.asarray(clip)
-            if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
-                raise ValueError(f"video frames must be [T, H, W, 3] with T >= 1, got {tuple(frames.shape)}")
-            if meta is None:
-                md = VideoMetadata(total_num_frames=len(frames), fps=None, frames_indices=list(range(len(frames))))
-            else:
-                md = meta if isinstance(meta, VideoMetadata) else VideoMetadata(**dict(meta))
-            if sample:
-                idx = self.sample_indices(len(frames), md.fps, num_frames, fps)
-                md.frames_indices = idx.tolist()
-                frames = frames[idx]
-            patches, grid = self.clip_patches(frames)
-            pixels.append(patches)
-            grids.append(grid)
-            out_meta.append(md)
-        out: dict[str, Any] = {"pixel_values_videos": torch.cat(pixels), "video_grid_thw": torch.tensor(grids, dtype=torch.long)}
-        if return_metadata:
-            out["video_metadata"] = out_meta
-        return out
-
-    def clip_patches(self, frames: np.ndarray) -> tuple[torch.Tensor, tuple[int, int, int]]:
-        """Sampled frames uint8 ``[F, H, W, 3]`` to ``(pixel_values_videos [gt*gh*gw, 3*tp*P*P],
-        (gt, gh, gw))`` (steps 2 and 3 of the class docstring)."""
-        s, tp, p = self.settings, self.temporal_patch_size, self.patch_size
-        size = dict(s["size"])
-        if s["cap_pixels_per_frame"]:  # Qwen2VLVideoProcessor.resize: a share of the whole clip's pixel budget per frame
-            factor = p * self.merge_size
-            total_pixels = int(int(s["max_video_tokens"]) * factor * factor * 0.9)
-            size["longest_edge"] = max(min(size["longest_edge"], total_pixels * tp // len(frames)), int(size["shortest_edge"] * 1.05))
-        out = self.image_processor(images=list(frames), size=size, return_tensors="pt")
-        grid = out["image_grid_thw"][0]
-        gh, gw = int(grid[1]), int(grid[2])
-        per_frame = out["pixel_values"].reshape(len(frames), gh * gw, 3, p, p)
-        if pad := -len(frames) % tp:
-            per_frame = torch.cat([per_frame, per_frame[-1:].expand(pad, -1, -1, -1, -1)])
-        gt = per_frame.shape[0] // tp
-        tubelets = per_frame.reshape(gt, tp, gh * gw, 3, p, p).permute(0, 2, 3, 1, 4, 5)
-        return tubelets.reshape(gt * gh * gw, 3 * tp * p * p).contiguous(), (gt, gh, gw)
-
-
 class Qwen2VLMediaProcessor:
     """The :class:`omnicore.api.Processor` of the Qwen2-VL encoder for one modality (picklable,
     no weights).
@@ -379,7 +145,7 @@ class Qwen2VLMediaProcessor:
         placeholder: ``<|image_pad|>`` or ``<|video_pad|>``; ``wrap``: ``(<|vision_start|>,
             <|vision_end|>)``: the checkpoint's own tokens, as its chat template and processor write them.
         image_processor: the checkpoint's image processor; video_processor: its video processor
-            (see :func:`load_video_processor`); only the one of :attr:`modality` is used.
+            (see :func:`omnicore.api.load_video_processor`); only the one of :attr:`modality` is used.
         merge_size: patches merged per side into one token; tokens_per_second: Qwen2.5-VL's
             positions per second of video (None for Qwen2-VL: frame groups are counted).
     """
@@ -519,6 +285,6 @@ def build_processor(options: dict[str, Any]) -> Qwen2VLMediaProcessor:
     what = f"model.encoders.{opts.modality}.options.checkpoint"
     folder = checkpoint_folder(opts.checkpoint, what)
     tps = tokens_per_second(folder)
-    image = load_image_processor(folder, what) if opts.modality == "image" else None
-    video = load_video_processor(folder, what) if opts.modality == "video" else None
+    image = load_image_processor(folder, what, WHAT_TO_PUT) if opts.modality == "image" else None
+    video = load_video_processor(folder, video_settings(folder, what, WHAT_TO_PUT)) if opts.modality == "video" else None
     return Qwen2VLMediaProcessor(opts.modality, image, video, tokens_per_second=tps)

@@ -15,10 +15,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from omnicore.api import LoadError, Video, fill_now
+from omnicore.api import FrameVideoProcessor, LoadError, Video, fill_now, video_settings
 from omnicore_family_qwen2_vl.encoder import build as build_encoder
 from omnicore_family_qwen2_vl.foundation import Qwen2VLFoundation
-from omnicore_family_qwen2_vl.processor import FrameVideoProcessor, build_processor, video_settings
+from omnicore_family_qwen2_vl.processor import build_processor
 
 # (height, width): under min_pixels, around the rounding of 28-pixel multiples, the max_pixels cap,
 # extreme aspect ratios, odd sizes

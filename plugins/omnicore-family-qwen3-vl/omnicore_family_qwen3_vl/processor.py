@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from omnicore.api import Video
+from omnicore.api import FrameVideoProcessor as Qwen2VLFrameVideoProcessor
+from omnicore.api import Video, load_image_processor, load_video_processor, video_settings
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
@@ -52,6 +53,9 @@ OTHER_FAMILIES = {
 }
 """Model types that another first-party family reads: ``model_type -> (foundation, encoder, module,
 distribution)``, for the hint of :func:`checkpoint_folder`."""
+VIDEO_SETTINGS_FILES = ("video_preprocessor_config.json",)
+"""Where the video settings are read after ``processor_config.json``'s nested ``video_processor``
+(:func:`omnicore.api.video_settings`): this family reads no ``preprocessor_config.json`` for them."""
 
 
 class Qwen3VLEncoderOptions(BaseModel):
@@ -122,23 +126,6 @@ def other_family_hint(model_type: Any, what: str) -> str:
     return f"; this is a {model_type} checkpoint: use {use}, from {dist} ({installed})"
 
 
-def video_settings(folder: Path, what: str) -> dict[str, Any]:
-    """The checkpoint's video processor settings, where transformers looks for them, in its order:
-    ``processor_config.json``'s nested ``video_processor``, then ``video_preprocessor_config.json``.
-
-    Raises:
-        ValueError: naming ``what`` when the folder holds neither.
-    """
-    nested = folder / "processor_config.json"
-    if nested.is_file():
-        data = json.loads(nested.read_text())
-        if isinstance(data.get("video_processor"), dict):
-            return dict(data["video_processor"])
-    if (folder / "video_preprocessor_config.json").is_file():
-        return json.loads((folder / "video_preprocessor_config.json").read_text())
-    raise ValueError(f"{what}: {str(folder)!r} has no video_preprocessor_config.json or processor_config.json; {WHAT_TO_PUT}")
-
-
 def smart_resize(frames: int, height: int, width: int, factor: int, temporal: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """A clip's frame size ``(height, width)`` after resizing, in multiples of ``factor`` (patch
     size times merge size), with the whole clip's pixels (frames rounded to a multiple of
@@ -168,10 +155,11 @@ def smart_resize(frames: int, height: int, width: int, factor: int, temporal: in
     return h, w
 
 
-class FrameVideoProcessor:
+class FrameVideoProcessor(Qwen2VLFrameVideoProcessor):
     """transformers' ``Qwen3VLVideoProcessor`` steps for machines where it cannot be built (it needs
     torchvision), with its settings and call signature, so transformers' ``Qwen3VLProcessor`` can
-    hold it too.
+    hold it too. The call and pickling are :class:`omnicore.api.FrameVideoProcessor`'s (the
+    Qwen2-VL steps, whose class transformers' Qwen3-VL one extends); the steps are replaced below.
 
     Per clip of ``T`` frames at ``fps`` (uint8 ``[T, H, W, 3]``):
 
@@ -188,7 +176,7 @@ class FrameVideoProcessor:
     last bits from that class's, never the grid.
 
     Args:
-        settings: the video processor's dict (:func:`video_settings`); its class defaults for missing keys.
+        settings: the video processor's dict (:func:`omnicore.api.video_settings`); its class defaults for missing keys.
     """
 
     DEFAULTS: dict[str, Any] = {
@@ -236,56 +224,13 @@ class FrameVideoProcessor:
             num_frames = min(max(total, int(s["min_frames"])), int(s["max_frames"]))
         return np.linspace(0, total - 1, num_frames).round().astype(int)
 
-    def __call__(
-        self,
-        videos: Any,
-        video_metadata: Any = None,
-        return_metadata: bool = False,
-        return_tensors: Any = None,
-        do_sample_frames: bool | None = None,
-        num_frames: int | None = None,
-        fps: float | None = None,
-        **_: Any,
-    ) -> dict[str, Any]:
-        """Clips to ``{"pixel_values_videos": float32 [sum gt*gh*gw, 3*tp*P*P], "video_grid_thw":
-        int64 [B, 3]}`` (and ``"video_metadata"`` with ``return_metadata``), as transformers' video
-        processor returns them.
-
-        Args:
-            videos: one clip or a list of clips, each uint8 ``[T, H, W, 3]``.
-            video_metadata: one dict (or ``VideoMetadata``) per clip: ``total_num_frames``, ``fps``.
-
-        Raises:
-            ValueError: a clip is not ``[T, H, W, 3]`` with ``T >= 1``; see :func:`smart_resize`.
-        """
-        from transformers.video_utils import VideoMetadata
-
-        clips = [videos] if isinstance(videos, np.ndarray) and videos.ndim == 4 else list(videos)
-        metas = video_metadata if isinstance(video_metadata, (list, tuple)) else [video_metadata] * len(clips)
-        sample = self.settings["do_sample_frames"] if do_sample_frames is None else do_sample_frames
-        pixels, grids, out_meta = [], [], []
-        for clip, meta in zip(clips, metas, strict=True):
-            frames = np.asarray(clip)
-            if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
-                raise ValueError(f"video frames must be [T, H, W, 3] with T >= 1, got {tuple(frames.shape)}")
-            if meta is None:
-                md = VideoMetadata(total_num_frames=len(frames), fps=None, frames_indices=list(range(len(frames))))
-            else:
-                md = meta if isinstance(meta, VideoMetadata) else VideoMetadata(**dict(meta))
-            if sample:
-                idx = self.sample_indices(len(frames), md.fps, num_frames, fps)
-                md.frames_indices = idx.tolist()
-                frames = frames[idx]
-            elif md.frames_indices is None:
-                md.frames_indices = list(range(len(frames)))
-            patches, grid = self.clip_patches(frames)
-            pixels.append(patches)
-            grids.append(grid)
-            out_meta.append(md)
-        out: dict[str, Any] = {"pixel_values_videos": torch.cat(pixels), "video_grid_thw": torch.tensor(grids, dtype=torch.long)}
-        if return_metadata:
-            out["video_metadata"] = out_meta
-        return out
+    def keep_frames(self, frames: np.ndarray, metadata: Any, sample: bool, num_frames: int | None, fps: float | None) -> np.ndarray:
+        """Step 1, as the base class takes it, but every frame's index is recorded where the clip is
+        not sampled and its metadata has none (the processor's timestamps are read from them)."""
+        frames = super().keep_frames(frames, metadata, sample, num_frames, fps)
+        if metadata.frames_indices is None:
+            metadata.frames_indices = list(range(len(frames)))
+        return frames
 
     def clip_patches(self, frames: np.ndarray) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """Sampled frames uint8 ``[F, H, W, 3]`` to ``(pixel_values_videos [gt*gh*gw, 3*tp*P*P],
@@ -309,35 +254,6 @@ class FrameVideoProcessor:
         gt, gh, gw = len(x) // tp, h // p, w // p
         x = x.view(gt, tp, 3, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
         return x.reshape(gt * gh * gw, 3 * tp * p * p).contiguous(), (gt, gh, gw)
-
-
-def load_image_processor(folder: Path, what: str) -> Any:
-    """The checkpoint's own image processor (``AutoImageProcessor.from_pretrained``; the PIL
-    backend where torchvision is missing).
-
-    Raises:
-        ValueError: naming ``what`` when the folder has no image processor files.
-    """
-    from transformers import AutoImageProcessor
-
-    if not any((folder / f).is_file() for f in ("preprocessor_config.json", "processor_config.json")):
-        raise ValueError(f"{what}: {str(folder)!r} has no preprocessor_config.json or processor_config.json; {WHAT_TO_PUT}")
-    return AutoImageProcessor.from_pretrained(str(folder))
-
-
-def load_video_processor(folder: Path, what: str) -> Any:
-    """The checkpoint's own video processor: ``AutoVideoProcessor.from_pretrained`` where
-    torchvision is installed, else a :class:`FrameVideoProcessor` of the same settings.
-
-    Raises:
-        ValueError: naming ``what`` when the folder has no video processor settings.
-    """
-    settings = video_settings(folder, what)
-    if importlib.util.find_spec("torchvision") is not None:
-        from transformers import AutoVideoProcessor
-
-        return AutoVideoProcessor.from_pretrained(str(folder))
-    return FrameVideoProcessor(settings)
 
 
 def frame_group_seconds(indices: list[int], fps: float, temporal: int) -> list[float]:
@@ -491,6 +407,9 @@ def build_processor(options: dict[str, Any]) -> Qwen3VLMediaProcessor:
     opts = Qwen3VLEncoderOptions.model_validate(dict(options or {}))
     what = f"model.encoders.{opts.modality}.options.checkpoint"
     folder = checkpoint_folder(opts.checkpoint, what)
-    image = load_image_processor(folder, what) if opts.modality == "image" else None
-    video = load_video_processor(folder, what) if opts.modality == "video" else None
+    image = load_image_processor(folder, what, WHAT_TO_PUT) if opts.modality == "image" else None
+    video = None
+    if opts.modality == "video":
+        settings = video_settings(folder, what, WHAT_TO_PUT, files=VIDEO_SETTINGS_FILES)
+        video = load_video_processor(folder, settings, fallback=FrameVideoProcessor)
     return Qwen3VLMediaProcessor(opts.modality, image, video)

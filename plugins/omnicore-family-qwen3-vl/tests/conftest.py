@@ -45,7 +45,8 @@ def load_hf_processor(folder: str | Path):
     """transformers' processor of ``folder`` (see the module docstring)."""
     from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLProcessor
 
-    from omnicore_family_qwen3_vl.processor import FrameVideoProcessor, video_settings
+    from omnicore.api import video_settings
+    from omnicore_family_qwen3_vl.processor import FrameVideoProcessor
 
     folder = Path(folder)
     if HAS_TORCHVISION:

@@ -14,10 +14,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from omnicore.api import LoadError, Video, fill_now
+from omnicore.api import LoadError, Video, fill_now, video_settings
 from omnicore_family_qwen3_vl.encoder import build as build_encoder
 from omnicore_family_qwen3_vl.foundation import Qwen3VLFoundation
-from omnicore_family_qwen3_vl.processor import FrameVideoProcessor, build_processor, smart_resize, video_settings
+from omnicore_family_qwen3_vl.processor import FrameVideoProcessor, build_processor, smart_resize
 
 # (height, width): under min_pixels, around the rounding of 32-pixel multiples, the max_pixels cap,
 # extreme aspect ratios, odd sizes
@@ -105,6 +105,15 @@ def test_sampling_and_counts_are_transformers_video_processors(standin, frames):
         assert ours.sample_indices(n, fps).tolist() == kept.tolist(), (n, fps)
         feats = proc.preprocess(Video(frames=frames(n, h, w), fps=fps))
         assert proc.num_tokens(feats) == hf.get_num_of_video_patches(len(kept), h, w) // 4, (n, h, w, fps)
+
+
+def test_a_clip_not_sampled_records_every_frame():
+    """With ``do_sample_frames`` off, the metadata gets every frame's index (the timestamps are read
+    from them), where :class:`omnicore.api.FrameVideoProcessor` leaves it as given (None)."""
+    clip = np.zeros((3, 32, 32, 3), np.uint8)
+    settings = {"do_sample_frames": False, "size": {"shortest_edge": 1024, "longest_edge": 65536}}
+    out = FrameVideoProcessor(settings)(videos=[clip], video_metadata=[{"total_num_frames": 3, "fps": 2.0}], return_metadata=True)
+    assert out["video_metadata"][0].frames_indices == [0, 1, 2] and out["video_grid_thw"].tolist() == [[2, 2, 2]]
 
 
 def test_frame_sampling_follows_the_settings(standin):

@@ -1,12 +1,13 @@
-"""Clips without torchvision: transformers' ``Qwen2VLVideoProcessor`` steps (the video processor
-of Qwen2.5-Omni checkpoints) with the checkpoint's settings.
+"""A checkpoint folder's own image and video processors, and transformers' Qwen2-VL video steps
+for machines without torchvision.
 
-transformers' ``Qwen2VLVideoProcessor`` (and so ``AutoVideoProcessor`` of these checkpoints) needs
-torchvision. Where torchvision is installed :func:`load_video_processor` returns it as
-``AutoVideoProcessor`` loads it; elsewhere :class:`FrameVideoProcessor` takes the same steps with
-the same settings (the frames ``sample_frames`` keeps, each frame resized and normalised by the PIL
-image processor, tubelets in the video processor's patch order). The same class as in
-omnicore-family-qwen2-vl (a plugin imports no other plugin).
+transformers' ``Qwen2VLVideoProcessor`` (the video processor of Qwen2-VL, Qwen2.5-VL and
+Qwen2.5-Omni checkpoints, and the base of Qwen3-VL's) needs torchvision, which cannot be installed
+beside every torch build. :func:`load_video_processor` returns the checkpoint's own processor where
+torchvision is installed and a :class:`FrameVideoProcessor` of the same settings elsewhere, which
+takes the same steps. A family plugin calls these instead of carrying its own copy.
+
+Importing this module is torch-free (torch and transformers are imported where they are used).
 """
 
 from __future__ import annotations
@@ -15,38 +16,78 @@ import importlib.util
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
+
+VIDEO_SETTINGS_FILES = ("video_preprocessor_config.json", "preprocessor_config.json")
+"""The flat files transformers reads a video processor's settings from, in its order, after the
+nested ``video_processor`` of ``processor_config.json`` (older Hub folders keep one file for images
+and video)."""
 
 
-def video_settings(folder: Path, what: str, fix: str) -> dict[str, Any]:
+def _or_fix(fix: str) -> str:
+    return f"; {fix}" if fix else ""
+
+
+def video_settings(folder: Path, what: str, fix: str = "", files: tuple[str, ...] = VIDEO_SETTINGS_FILES) -> dict[str, Any]:
     """The checkpoint's video processor settings, found where transformers looks for them, in its
-    order: ``processor_config.json``'s nested ``video_processor``, then
-    ``video_preprocessor_config.json``, then ``preprocessor_config.json`` (older Hub folders keep
-    one file for images and video).
+    order: ``processor_config.json``'s nested ``video_processor``, then the first of ``files``
+    (:data:`VIDEO_SETTINGS_FILES`) in the folder.
+
+    Args:
+        folder: the checkpoint folder.
+        what: the config field that named it (``model.encoders.video.options.checkpoint``), first
+            in the error message.
+        fix: what to put there, last in the error message (the family's own advice).
+        files: the flat files to try, in order (a family whose processor reads fewer names them).
+
+    Returns:
+        The settings dict as saved (keys of transformers' video processor class).
 
     Raises:
-        ValueError: naming ``what`` and ``fix`` (what to put there) when the folder holds none of them.
+        ValueError: naming ``what``, the folder and the files looked for, then ``fix``, when the
+            folder holds none of them.
     """
     nested = folder / "processor_config.json"
     if nested.is_file():
         data = json.loads(nested.read_text())
         if isinstance(data.get("video_processor"), dict):
             return dict(data["video_processor"])
-    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+    for name in files:
         if (folder / name).is_file():
             return json.loads((folder / name).read_text())
-    raise ValueError(
-        f"{what}: {str(folder)!r} has no video_preprocessor_config.json, preprocessor_config.json or processor_config.json; {fix}"
-    )
+    names = [*files, "processor_config.json"]
+    looked = f"{', '.join(names[:-1])} or {names[-1]}"
+    raise ValueError(f"{what}: {str(folder)!r} has no {looked}{_or_fix(fix)}")
+
+
+def load_image_processor(folder: Path, what: str, fix: str = "") -> Any:
+    """The checkpoint's own image processor (``AutoImageProcessor.from_pretrained``; transformers
+    picks its PIL backend where torchvision is missing).
+
+    Args:
+        folder: the checkpoint folder; what, fix: as for :func:`video_settings`.
+
+    Raises:
+        ValueError: naming ``what``, the folder and ``fix`` when the folder has no
+            ``preprocessor_config.json`` or ``processor_config.json``.
+    """
+    from transformers import AutoImageProcessor
+
+    if not any((folder / f).is_file() for f in ("preprocessor_config.json", "processor_config.json")):
+        raise ValueError(f"{what}: {str(folder)!r} has no preprocessor_config.json or processor_config.json{_or_fix(fix)}")
+    return AutoImageProcessor.from_pretrained(str(folder))
 
 
 class FrameVideoProcessor:
     """transformers' ``Qwen2VLVideoProcessor`` steps for machines where it cannot be built (it
     needs torchvision): the same settings (read from the checkpoint's video processor file) and
-    the same call signature, so transformers' ``Qwen2_5OmniProcessor`` can hold it too.
+    the same call signature, so transformers' processors (``Qwen2VLProcessor``,
+    ``Qwen2_5OmniProcessor``) can hold it too. Picklable (its settings only), for data workers.
 
     Per clip of ``T`` frames at ``fps`` (uint8 ``[T, H, W, 3]``):
 
@@ -56,15 +97,20 @@ class FrameVideoProcessor:
        ``frames_indices`` (its ``sampled_fps`` is then ``len(indices) / T * fps``);
     2. each frame resized (``smart_resize`` to multiples of ``patch_size * merge_size`` within the
        ``size`` pixel bounds, capped per frame with ``cap_pixels_per_frame``), rescaled and
-       normalised by the PIL image processor class of the family with these settings;
+       normalised by transformers' ``Qwen2VLImageProcessorPil`` with these settings;
     3. the last frame repeated up to a multiple of ``temporal_patch_size`` and the frames cut into
        tubelets: ``pixel_values_videos`` ``[gt * gh * gw, 3 * tp * P * P]`` in the video
        processor's order (tubelet, then merge block, then patch in the block; each patch as
        channel, frame, row, column) and ``video_grid_thw`` ``(gt, gh, gw)``.
 
+    A family whose processor differs in its steps subclasses it and replaces :data:`DEFAULTS`,
+    ``__init__``, :meth:`sample_indices` (step 1), :meth:`keep_frames` or :meth:`clip_patches`
+    (steps 2 and 3); :meth:`__call__` is shared.
+
     Args:
         settings: the video processor's dict (:func:`video_settings`); keys transformers' class
-            reads, its class defaults for the missing ones.
+            reads, its class defaults for the missing ones (``min_pixels`` / ``max_pixels`` of
+            older files override ``size``).
     """
 
     DEFAULTS: dict[str, Any] = {
@@ -128,12 +174,14 @@ class FrameVideoProcessor:
 
     def sample_indices(self, total: int, fps: float | None, num_frames: int | None = None, target_fps: float | None = None) -> np.ndarray:
         """The frames ``Qwen2VLVideoProcessor.sample_frames`` keeps of a clip of ``total`` frames at
-        ``fps`` (``num_frames`` / ``target_fps``: call overrides of the settings).
+        ``fps`` (``num_frames`` / ``target_fps``: call overrides of the settings), as int ``[n]``.
 
         Raises:
             ValueError: ``num_frames`` and ``fps`` both given, fps sampling without the clip's fps,
                 or a clip too short to give one tubelet.
         """
+        import torch
+
         s, tp = self.settings, self.temporal_patch_size
         num_frames = num_frames if num_frames is not None else s["num_frames"]
         target_fps = target_fps if target_fps is not None else s["fps"]
@@ -153,6 +201,20 @@ class FrameVideoProcessor:
         if n < 1 or n > total:
             raise ValueError(f"video of {total} frames cannot be sampled to {n} frames (temporal_patch_size {tp}); give a longer clip")
         return torch.arange(0, total, total / n).int().numpy()
+
+    def keep_frames(self, frames: np.ndarray, metadata: Any, sample: bool, num_frames: int | None, fps: float | None) -> np.ndarray:
+        """Step 1 for one clip: with ``sample``, the frames :meth:`sample_indices` keeps, their indices
+        written to ``metadata.frames_indices``; else every frame, the metadata as given.
+
+        Args:
+            frames: uint8 ``[T, H, W, 3]``; metadata: the clip's ``VideoMetadata`` (changed in place).
+            num_frames, fps: call overrides of the settings.
+        """
+        if not sample:
+            return frames
+        idx = self.sample_indices(len(frames), metadata.fps, num_frames, fps)
+        metadata.frames_indices = idx.tolist()
+        return frames[idx]
 
     def __call__(
         self,
@@ -177,6 +239,7 @@ class FrameVideoProcessor:
         Raises:
             ValueError: a clip is not uint8-like ``[T, H, W, 3]`` with ``T >= 1``; see :meth:`sample_indices`.
         """
+        import torch
         from transformers.video_utils import VideoMetadata
 
         clips = [videos] if isinstance(videos, np.ndarray) and videos.ndim == 4 else list(videos)
@@ -191,11 +254,7 @@ class FrameVideoProcessor:
                 md = VideoMetadata(total_num_frames=len(frames), fps=None, frames_indices=list(range(len(frames))))
             else:
                 md = meta if isinstance(meta, VideoMetadata) else VideoMetadata(**dict(meta))
-            if sample:
-                idx = self.sample_indices(len(frames), md.fps, num_frames, fps)
-                md.frames_indices = idx.tolist()
-                frames = frames[idx]
-            patches, grid = self.clip_patches(frames)
+            patches, grid = self.clip_patches(self.keep_frames(frames, md, sample, num_frames, fps))
             pixels.append(patches)
             grids.append(grid)
             out_meta.append(md)
@@ -207,6 +266,8 @@ class FrameVideoProcessor:
     def clip_patches(self, frames: np.ndarray) -> tuple[torch.Tensor, tuple[int, int, int]]:
         """Sampled frames uint8 ``[F, H, W, 3]`` to ``(pixel_values_videos [gt*gh*gw, 3*tp*P*P],
         (gt, gh, gw))`` (steps 2 and 3 of the class docstring)."""
+        import torch
+
         s, tp, p = self.settings, self.temporal_patch_size, self.patch_size
         size = dict(s["size"])
         if s["cap_pixels_per_frame"]:  # Qwen2VLVideoProcessor.resize: a share of the whole clip's pixel budget per frame
@@ -224,12 +285,19 @@ class FrameVideoProcessor:
         return tubelets.reshape(gt * gh * gw, 3 * tp * p * p).contiguous(), (gt, gh, gw)
 
 
-def load_video_processor(folder: Path, what: str, settings: dict[str, Any]) -> Any:
+def load_video_processor(folder: Path, settings: dict[str, Any], fallback: type[FrameVideoProcessor] = FrameVideoProcessor) -> Any:
     """The checkpoint's own video processor: ``AutoVideoProcessor.from_pretrained`` where
-    torchvision is installed (transformers' ``Qwen2VLVideoProcessor`` needs it), else a
-    :class:`FrameVideoProcessor` of ``settings`` (:func:`video_settings`)."""
+    torchvision is installed (transformers' Qwen-VL video processors need it), else
+    ``fallback(settings)``.
+
+    Args:
+        folder: the checkpoint folder.
+        settings: its video processor settings (:func:`video_settings`), for the fallback.
+        fallback: the class that takes the processor's steps without torchvision:
+            :class:`FrameVideoProcessor` (the default) or a subclass of it for another family.
+    """
     if importlib.util.find_spec("torchvision") is not None:
         from transformers import AutoVideoProcessor
 
         return AutoVideoProcessor.from_pretrained(str(folder))
-    return FrameVideoProcessor(settings)
+    return fallback(settings)
