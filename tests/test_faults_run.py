@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -127,6 +130,76 @@ def test_weights_made_nonfinite_at_a_finite_loss_are_never_saved(text_jsonl, tmp
     ckpts = tmp_path / "run" / "checkpoints"
     assert not ckpts.exists() or not any(ckpts.iterdir())
     assert not (tmp_path / "run" / "export").exists()
+
+
+# ---- a data worker killed with SIGKILL ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_killed_data_worker_raises_where_data_is_read_and_keeps_the_position(tmp_path):
+    from omnicore.config import DataConfig, SourceConfig
+    from omnicore.data.chat import ChatProcessor
+    from omnicore.data.loader import DataWorkerError
+    from omnicore.data.pipeline import DataPipeline
+    from omnicore.data.sources import open_source
+    from omnicore.model.build import prepare_tokenizer
+    from omnicore.model.foundation import byte_tokenizer
+
+    rows = [{"messages": [{"role": "user", "content": "q" * (1 + i % 17)}, {"role": "assistant", "content": f"a{i}"}]} for i in range(4000)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    chat = ChatProcessor(prepare_tokenizer(byte_tokenizer(), [], []), {}, {}, max_tokens=64)
+    data = DataConfig(sources=[SourceConfig(path="a.jsonl")], num_workers=2, max_tokens=64, packing_window=32, shuffle_buffer=50)
+    pipe = DataPipeline([open_source(s, tmp_path) for s in data.source_list()], chat, data, 7, data_rank=0, data_size=1, grad_accum=1)
+    try:
+        pipe.step()
+        os.kill(pipe._it._workers[1].pid, signal.SIGKILL)
+        time.sleep(1.0)  # the training process's own work: torch's SIGCHLD handler used to raise in here
+        for _ in range(2000):
+            before = json.dumps(pipe.state_dict(), sort_keys=True)
+            try:
+                pipe.step()
+            except DataWorkerError as exc:
+                assert re.fullmatch(r"a data worker died: DataLoader worker \(pid\(s\) \d+\) exited unexpectedly; data\.num_workers 2 "
+                                    r"\(too little memory for the workers\? try fewer, or 0 to read in the training process and see the error\)",
+                                    str(exc)), str(exc)  # fmt: skip
+                assert json.dumps(pipe.state_dict(), sort_keys=True) == before  # the position of the last whole step
+                break
+        else:
+            pytest.fail("the dead worker was never reported")
+    finally:
+        pipe.close()
+
+
+def test_a_dead_data_worker_saves_the_steps_trained_then_stops(monkeypatch, tmp_path):
+    """The training loop's side: the DataWorkerError of a step is agreed by every rank (one all-reduce),
+    the data position is put back to the last whole step and those steps are saved (unless just saved)
+    before the error names the checkpoint and the command that continues."""
+    from types import SimpleNamespace
+
+    from omnicore.data.loader import DataWorkerError
+    from omnicore.parallel.state import ParallelState
+    from omnicore.train import loop
+
+    calls = []
+
+    class Data:
+        def step(self):
+            raise DataWorkerError("a data worker died: DataLoader worker (pid(s) 7) exited unexpectedly")
+
+        def rewind(self):
+            calls.append("rewind")
+
+    monkeypatch.setattr(loop, "save", lambda run, done: calls.append(("save", done)))
+    cfg = Config.model_validate({"data": {"train": "t.jsonl"}, "run": {"output_dir": str(tmp_path)}})
+    run = SimpleNamespace(data=Data(), state=ParallelState(0, 1, 0, torch.device("cpu")), history=[{"step": 3}], start=0, saved_at=2,
+                          cfg=cfg, ckpt_root=tmp_path / "checkpoints")  # fmt: skip
+    with pytest.raises(DataWorkerError) as info:
+        loop._step_batches(run)
+    assert calls == ["rewind", ("save", 3)]
+    assert str(info.value) == (
+        "a data worker died: DataLoader worker (pid(s) 7) exited unexpectedly; the 3 steps trained are saved in "
+        f"{tmp_path / 'checkpoints' / 'step-00000003'}; continue with: omnicore train CONFIG --run.output_dir {tmp_path} --resume"
+    )
 
 
 # ---- a logger that raises SystemExit or KeyboardInterrupt ---------------------------------------------

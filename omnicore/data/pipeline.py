@@ -17,6 +17,7 @@ the rank's shards), collated into :class:`~omnicore.data.packing.MicroBatch` es.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import functools
 import logging
@@ -121,8 +122,13 @@ class DataPipeline:
             # the packer takes a whole window at once: keep two windows of every shard in flight, so
             # the workers decode the next one while the model trains on this one
             ahead = math.ceil(2 * self.window * self.grad_accum / (self.chunk * d.num_workers))
-            kwargs.update(prefetch_factor=max(d.prefetch_factor, ahead), persistent_workers=False, worker_init_fn=functools.partial(worker_init, nice=d.worker_nice))
-        return iter(DataLoader(ds, **kwargs))
+            kwargs.update(
+                prefetch_factor=max(d.prefetch_factor, ahead),
+                persistent_workers=False,
+                worker_init_fn=functools.partial(worker_init, nice=d.worker_nice),
+            )
+        with _own_sigchld(d.num_workers > 0):
+            return iter(DataLoader(ds, **kwargs))
 
     def _next_entry(self, k: int) -> Entry | None:
         """The next decoded position of shard slot ``k``; None when its stream ended.
@@ -202,7 +208,8 @@ class DataPipeline:
         Raises:
             DataExhausted: a source with ``on_exhausted: stop`` ran out (on this rank).
             SampleError: a bad sample under ``data.on_error: raise``.
-            DataWorkerError: a worker died.
+            DataWorkerError: a worker died; the data position is put back to before this step (as
+                for ``DataExhausted``), so a checkpoint saved now resumes with this step's samples.
         """
         t0 = time.perf_counter()
         before = [copy.deepcopy(p.state) for p in self.packers]
@@ -211,7 +218,7 @@ class DataPipeline:
         for k in range(self.grad_accum):
             try:
                 row = self._row(k)
-            except DataExhausted:
+            except (DataExhausted, DataWorkerError):
                 for p, st in zip(self.packers, before):  # a checkpoint keeps the position after the last whole step
                     p.state = st
                 raise
@@ -347,6 +354,36 @@ class DataPipeline:
             p.state = ShardState(**st)
             p.last_cursor = [list(c) for c in p.state.cursors]
         self._it = None
+
+
+@contextlib.contextmanager
+def _own_sigchld(workers: bool) -> Iterator[None]:
+    """Leave no DataLoader SIGCHLD handler behind once a DataLoader has started its workers.
+
+    torch installs one (``torch.utils.data._utils.signal_handling``, once per process) that raises
+    ``RuntimeError: DataLoader worker (pid N) is killed by signal`` from whatever line the training
+    process is running when a worker dies: inside the forward, the optimizer step or a save, as a
+    traceback (exit status 1), and on one rank only, the others then waiting in a collective. Without
+    it the DataLoader still finds a dead worker where data is read (it checks its workers whenever
+    it has waited ``MP_STATUS_CHECK_INTERVAL``, 5 s), and :meth:`DataPipeline._fetch` raises
+    :class:`DataWorkerError` there, which the training loop agrees on across ranks and saves after.
+    The handler that was there before torch's comes back (the default when it was torch's own)."""
+    import signal
+    import threading
+
+    main = workers and threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGCHLD")
+    before = signal.getsignal(signal.SIGCHLD) if main else None
+    try:
+        yield
+    finally:
+        if main and _torch_sigchld(signal.getsignal(signal.SIGCHLD)):
+            keep = before if before is not None and not _torch_sigchld(before) else signal.SIG_DFL
+            signal.signal(signal.SIGCHLD, keep)
+
+
+def _torch_sigchld(handler: Any) -> bool:
+    """Whether ``handler`` is the SIGCHLD handler torch's DataLoader installs (:func:`_own_sigchld`)."""
+    return callable(handler) and getattr(handler, "__module__", "") == "torch.utils.data._utils.signal_handling"
 
 
 _LIVE: weakref.WeakSet[DataPipeline] = weakref.WeakSet()

@@ -480,11 +480,13 @@ def _step_batches(run: Run) -> tuple[list[Any], float] | None:
     """This rank's micro-batches of the step and the step's global target count (the loss
     denominator), from one all-reduce that also tells whether any rank's data ran out (then None on
     every rank, together, with the data position put back to the last whole step) or failed (then
-    every rank raises, so that none waits for the failed one in a collective).
+    every rank raises, so that none waits for the failed one in a collective). When every failure is
+    a dead data worker (killed, out of memory), the steps trained are saved first, on every rank.
 
     Raises:
         SampleError, DataWorkerError: this rank's data failed (its own message); on the other ranks a
-            SampleError naming the failed rank(s).
+            SampleError naming the failed rank(s), or a DataWorkerError when they lost a data worker.
+            A DataWorkerError says where the steps trained were saved and how to continue.
     """
     error: Exception | None = None
     micro, ended = [], 0.0
@@ -494,9 +496,17 @@ def _step_batches(run: Run) -> tuple[list[Any], float] | None:
         ended = 1.0
     except (SampleError, DataWorkerError) as exc:
         error = exc
-    flags = [float(sum(mb.n_targets for mb in micro)), ended, 0.0 if error is None else 1.0]
-    n_sum, any_ended, failed = run.state.all_reduce_sums(flags)
+    flags = [float(sum(mb.n_targets for mb in micro)), ended, 0.0 if error is None else 1.0, float(isinstance(error, DataWorkerError))]
+    n_sum, any_ended, failed, died = run.state.all_reduce_sums(flags)
     if failed:
+        if died == failed:  # only data workers died: the steps trained are saved on every rank, then it stops
+            run.data.rewind()
+            saved = _save_after_data_failure(run)
+            if error is None:
+                error = DataWorkerError(
+                    f"{died:.0f} rank(s) lost a data worker (see that rank's error); this rank {run.state.rank} stops too"
+                )
+            raise DataWorkerError(f"{error}; {saved}") from error
         if error is not None:
             raise error
         raise echo_of_other_rank(
@@ -506,6 +516,17 @@ def _step_batches(run: Run) -> tuple[list[Any], float] | None:
         run.data.rewind()
         return None
     return micro, n_sum / run.replicas
+
+
+def _save_after_data_failure(run: Run) -> str:
+    """Save the steps trained so far (unless just saved; collective) when a data worker died, and
+    say where and how to go on; the data position was put back to the last whole step."""
+    done = run.history[-1]["step"] if run.history else run.start
+    if done == 0:
+        return "no step was trained, nothing to save"
+    if run.saved_at != done and done > run.start:
+        save(run, done)
+    return f"the {done} steps trained are saved in {run.ckpt_root / f'step-{done:08d}'}; continue with: {continue_command(run.cfg)}"
 
 
 def _step_sums(run: Run, totals: _StepTotals, parts: list[str], wait: float = 0.0) -> dict[str, float]:
