@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,63 @@ def test_a_dead_data_worker_saves_the_steps_trained_then_stops(monkeypatch, tmp_
         "a data worker died: DataLoader worker (pid(s) 7) exited unexpectedly; the 3 steps trained are saved in "
         f"{tmp_path / 'checkpoints' / 'step-00000003'}; continue with: omnicore train CONFIG --run.output_dir {tmp_path} --resume"
     )
+
+
+# ---- a huge line -----------------------------------------------------------------------------------------
+
+
+def test_a_huge_line_is_refused_before_it_is_read_whole_or_tokenized(tmp_path):
+    from omnicore.config import SourceConfig
+    from omnicore.data.chat import ChatProcessor
+    from omnicore.data.jsonl import LINE_SLACK, Message, Part, Sample, SampleError, line_byte_limit
+    from omnicore.data.sources import open_source
+    from omnicore.model.build import prepare_tokenizer
+    from omnicore.model.foundation import byte_tokenizer
+
+    small = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]})
+    huge = json.dumps({"messages": [{"role": "user", "content": "word " * (2 * 2**20)}, {"role": "assistant", "content": "ok"}]})
+    path = tmp_path / "huge.jsonl"
+    path.write_text(f"{small}\n{huge}\n{small}\n")
+    assert len(huge) > 10 * 2**20 and line_byte_limit(64) == 64 * 64 + LINE_SLACK
+    src = open_source(SourceConfig(path="huge.jsonl"), tmp_path, max_tokens=64)
+    tracemalloc.start()
+    try:
+        got = []
+        for rec in src.records(0, 0, 1, 0, False):
+            try:
+                got.append(src.to_sample(rec).messages[0].parts[0].value)
+            except SampleError as exc:
+                got.append(str(exc))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == [
+        "hi",
+        f"{path}:2: line longer than {64 * 64 + 2**20} bytes (1.0 MiB), the most a sample of data.max_tokens=64 tokens can take "
+        "(64 bytes per token and 1 MiB for the rest); refused before it is parsed or tokenized: split it, or raise data.max_tokens "
+        "(data.on_error: skip drops it)",
+        "hi",
+    ]
+    # a few copies of the 1 MiB bound in reading buffers, not the line (reading it whole alone takes 10 MiB)
+    assert peak < len(huge) / 2, f"{peak / 2**20:.1f} MiB traced: the 10 MiB line was read whole"
+
+    # under the byte bound (a table's cell, a large max_tokens): the text is counted in pieces, never tokenized whole
+    chat = ChatProcessor(prepare_tokenizer(byte_tokenizer(), [], []), {}, {}, max_tokens=64)
+    text = "word " * (2**20 // 5 * 2)  # 2 MiB, a token per byte
+    sample = Sample([Message("user", [Part("text", text)]), Message("assistant", [Part("text", "ok")])], "t.jsonl", 3)
+    tracemalloc.start()
+    try:
+        with pytest.raises(SampleError) as info:
+            chat.encode(sample)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    piece = text.rfind(" ", 2**15, 2**16)  # where the first piece is cut, at a space
+    assert str(info.value) == (
+        f"t.jsonl:3: sample has more than data.max_tokens=64 tokens: {piece} in the first {piece} of its {len(text) + 2} characters "
+        "of text (counted in pieces, never tokenized whole); raise data.max_tokens or shorten the sample (data.on_error: skip drops it)"
+    )
+    assert peak < 4 * 2**20, f"{peak / 2**20:.1f} MiB traced: the 2 MiB text was tokenized whole"
 
 
 # ---- a logger that raises SystemExit or KeyboardInterrupt ---------------------------------------------

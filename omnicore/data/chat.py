@@ -309,6 +309,15 @@ CHAT_TEMPLATE_CHOICES = ("auto", "chatml")
 """``data.chat_template``: ``auto`` = the foundation tokenizer's chat template when it has one, else
 ChatML; ``chatml`` = always omnicore's ChatML."""
 
+PROBE_CHARS_PER_TOKEN = 8
+"""A sample whose text has more characters than this many per token of ``data.max_tokens`` is counted
+in pieces before it is tokenized (:meth:`ChatProcessor._check_text_budget`); English text has about
+4 characters per token, so samples within the budget are rarely counted twice."""
+
+PROBE_CHARS = 2**16
+"""Characters of text tokenized at once when a long text is counted in pieces (about 13 MiB of
+memory with a fast tokenizer)."""
+
 
 class ChatProcessor:
     """Turns :class:`~omnicore.data.jsonl.Sample` objects into :class:`Encoded` ones.
@@ -464,6 +473,39 @@ class ChatProcessor:
                 "shorten the sample (data.on_error: skip drops it)"
             )
 
+    def _check_text_budget(self, messages: list[Any], where: str) -> None:
+        """Refuse, before any text is tokenized whole, a sample whose text alone has more than
+        ``max_tokens`` tokens, when its text is long enough to be worth checking (over
+        :data:`PROBE_CHARS_PER_TOKEN` characters per token of the budget): its text parts are counted
+        in pieces of :data:`PROBE_CHARS` characters (cut at a space where one is near), stopping at the
+        first piece that takes the count over the budget. Tokenizing costs about 200 bytes of memory per
+        byte of text, so a 10 MiB text tokenized whole needs gigabytes only to be refused; counted in
+        pieces it needs one piece's worth. Each cut may change the count by a token or two, so the
+        budget is exceeded by two tokens per cut before a sample is refused here (the exact count is
+        checked after tokenizing, :meth:`_check_length`)."""
+        if self.max_tokens is None:
+            return
+        texts = [p.value for m in messages for p in m.parts if p.type == "text" and isinstance(p.value, str)]
+        total = sum(len(t) for t in texts)
+        if total <= PROBE_CHARS_PER_TOKEN * self.max_tokens:
+            return
+        n = seen = cuts = 0
+        for text in texts:
+            pos = 0
+            while pos < len(text):
+                end = min(len(text), pos + PROBE_CHARS)
+                if end < len(text):
+                    space = text.rfind(" ", pos + PROBE_CHARS // 2, end)
+                    end = space if space > pos else end
+                n += len(self.tokenizer.encode(text[pos:end], add_special_tokens=False, split_special_tokens=True))
+                seen, cuts, pos = seen + end - pos, cuts + 1, end
+                if n > self.max_tokens + 2 * cuts:
+                    raise SampleError(
+                        f"{where}: sample has more than data.max_tokens={self.max_tokens} tokens: {n} in the first {seen} of its "
+                        f"{total} characters of text (counted in pieces, never tokenized whole); raise data.max_tokens or shorten "
+                        "the sample (data.on_error: skip drops it)"
+                    )
+
     def encode(self, sample: Sample, *, prompt_only: bool = False) -> Encoded:
         """Token ids, pre-shifted labels and media features for one sample.
 
@@ -478,6 +520,7 @@ class ChatProcessor:
         """
         where = sample.where
         messages = list(sample.messages)
+        self._check_text_budget(messages, where)  # a huge text: refused before it is tokenized (or its media decoded)
         if prompt_only:
             if messages and messages[-1].role == "assistant":
                 messages = messages[:-1]

@@ -155,12 +155,42 @@ def decode_line(raw: bytes, file: str, line: int) -> str:
 
 _BOM = b"\xef\xbb\xbf"
 
+BYTES_PER_TOKEN = 64
+"""The most bytes of a JSONL line taken to make one token (JSON escapes such as ``\\u4e2d``, the long
+runs of spaces or dashes a BPE vocabulary merges), for :func:`line_byte_limit`."""
 
-def jsonl_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+LINE_SLACK = 2**20
+"""Bytes a line may hold beyond its tokens' (JSON syntax, roles, media paths, metadata keys)."""
+
+
+def line_byte_limit(max_tokens: int) -> int:
+    """The longest JSONL line, in bytes, that can hold a sample of ``max_tokens`` tokens (``data.max_tokens``):
+    ``max_tokens * BYTES_PER_TOKEN + LINE_SLACK``. A longer line is a bad sample found before it is read
+    whole, parsed or tokenized: tokenizing costs about 200 times the text's size in memory, so a
+    100 MiB line would need gigabytes only to be refused as too long."""
+    return max_tokens * BYTES_PER_TOKEN + LINE_SLACK
+
+
+def long_line_error(where: str, max_tokens: int) -> SampleError:
+    """The :class:`SampleError` of a line longer than :func:`line_byte_limit` (``where``: ``FILE:LINE``)."""
+    limit = line_byte_limit(max_tokens)
+    return SampleError(
+        f"{where}: line longer than {limit} bytes ({limit / 2**20:.1f} MiB), the most a sample of data.max_tokens={max_tokens} "
+        f"tokens can take ({BYTES_PER_TOKEN} bytes per token and {LINE_SLACK // 2**20} MiB for the rest); refused before it is "
+        "parsed or tokenized: split it, or raise data.max_tokens (data.on_error: skip drops it)"
+    )
+
+
+def jsonl_lines(path: str | Path, max_bytes: int | None = None) -> Iterator[tuple[int, bytes]]:
     """``(line, raw bytes)`` of every non-blank line of a JSONL file, lazily, ``line`` 1-based with
     blank lines counted (so ``FILE:LINE`` is what an editor shows). A line of ASCII whitespace, after
     a byte-order mark on line 1, is blank. Training's JSONL sources
     (:class:`omnicore.data.sources.JsonlSource`) and :func:`iter_jsonl` read files through this.
+
+    Args:
+        max_bytes: a line longer than this is given as its first ``max_bytes + 1`` bytes only (the
+            rest is read past in 1 MiB blocks, never held), so the caller sees ``len(raw) >
+            max_bytes`` and can refuse it (:func:`line_byte_limit`); None: every line whole.
 
     Raises:
         SampleError: the file is missing.
@@ -168,7 +198,14 @@ def jsonl_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
     if not Path(path).is_file():
         raise SampleError(f"{path}: data file not found")
     with open(path, "rb") as fh:
-        for line, raw in enumerate(fh, start=1):
+        line = 0
+        while raw := (fh.readline() if max_bytes is None else fh.readline(max_bytes + 1)):
+            line += 1
+            if max_bytes is not None and len(raw) > max_bytes and not raw.endswith(b"\n"):
+                while (rest := fh.readline(2**20)) and not rest.endswith(b"\n"):  # the rest of the long line
+                    pass
+                yield line, raw
+                continue
             if (raw.removeprefix(_BOM) if line == 1 else raw).strip():
                 yield line, raw
 

@@ -30,7 +30,19 @@ from pathlib import Path
 from typing import Any
 
 from omnicore.config import SourceConfig
-from omnicore.data.jsonl import Message, Part, Sample, SampleError, decode_line, jsonl_lines, media_value, parse_line, parse_messages
+from omnicore.data.jsonl import (
+    Message,
+    Part,
+    Sample,
+    SampleError,
+    decode_line,
+    jsonl_lines,
+    line_byte_limit,
+    long_line_error,
+    media_value,
+    parse_line,
+    parse_messages,
+)
 
 __all__ = ["Record", "Source", "SourceConfig", "open_source"]
 
@@ -114,10 +126,14 @@ def _check_shard(shard: int, num_shards: int) -> None:
 
 class JsonlSource(Source):
     """Chat JSONL shards. A blank line is not a row (it takes no row index and yields no record) but
-    counts as a line, so ``FILE:LINE`` is what an editor shows."""
+    counts as a line, so ``FILE:LINE`` is what an editor shows. With ``max_tokens``
+    (``data.max_tokens``) a line longer than :func:`~omnicore.data.jsonl.line_byte_limit` is read
+    only that far and is a bad sample at :meth:`to_sample`, before it is parsed or tokenized."""
 
-    def __init__(self, name: str, config: SourceConfig, files: list[Path]):
+    def __init__(self, name: str, config: SourceConfig, files: list[Path], max_tokens: int | None = None):
         super().__init__(name, config, [str(f) for f in files])
+        self.max_tokens = max_tokens
+        self.max_bytes = None if max_tokens is None else line_byte_limit(max_tokens)
 
     @property
     def files(self) -> list[str]:
@@ -132,12 +148,14 @@ class JsonlSource(Source):
         i = 0
         for k in order:
             file = self._units[k]
-            for line, raw in jsonl_lines(file):
+            for line, raw in jsonl_lines(file, self.max_bytes):
                 if i % num_shards == shard:
                     yield Record(self.name, f"{file}:{line}", file=file, line=line, raw=raw)
                 i += 1
 
     def to_sample(self, record: Record) -> Sample:
+        if self.max_bytes is not None and len(record.raw) > self.max_bytes:
+            raise long_line_error(record.where, self.max_tokens or 0)
         return parse_line(decode_line(record.raw, record.file, record.line), record.file, record.line)
 
 
@@ -226,7 +244,7 @@ def _text(row: dict[str, Any], col: str, key: str, where: str) -> str:
     return value
 
 
-def open_source(cfg: SourceConfig, base_dir: Path, *, cache_dir: Path | None = None) -> Source:
+def open_source(cfg: SourceConfig, base_dir: Path, *, cache_dir: Path | None = None, max_tokens: int | None = None) -> Source:
     """Open one source: find its files (or its cached dataset) and check that they can be read.
 
     Args:
@@ -235,6 +253,8 @@ def open_source(cfg: SourceConfig, base_dir: Path, *, cache_dir: Path | None = N
         cache_dir: the Hugging Face ``datasets`` cache (Arrow files of map-style tables, and where
             dataset names are looked up); None: ``HF_DATASETS_CACHE`` (by default
             ``~/.cache/huggingface/datasets``).
+        max_tokens: ``data.max_tokens``: a JSONL line too long to hold that many tokens is a bad
+            sample found before it is read whole (:class:`JsonlSource`); None: no limit.
 
     Raises:
         ValueError: naming the path or dataset and what to do: no file matches a glob, a folder
@@ -245,7 +265,7 @@ def open_source(cfg: SourceConfig, base_dir: Path, *, cache_dir: Path | None = N
     base_dir = Path(base_dir)
     if cfg.path is not None:
         files = _match(cfg.path, base_dir, (".jsonl",), "path")
-        return JsonlSource(cfg.name or _default_name(cfg.path, base_dir), cfg, files)
+        return JsonlSource(cfg.name or _default_name(cfg.path, base_dir), cfg, files, max_tokens)
     from omnicore.data import hf_tables
 
     assert cfg.dataset is not None  # the config's validator: exactly one of path / dataset

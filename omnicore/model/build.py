@@ -369,7 +369,7 @@ def open_data(cfg: Config, registry: Registry, tokenizer: Any, rope: Any = None)
     sources = []
     for i, sc in enumerate(d.source_list()):
         try:
-            sources.append(open_source(sc, base))
+            sources.append(open_source(sc, base, max_tokens=d.max_tokens))  # a line too long for max_tokens: refused unread
         except ValueError as exc:
             raise SampleError(f"{'data.train' if d.train is not None else f'data.sources[{i}]'}: {exc}") from exc
     names = [s.name for s in sources]
