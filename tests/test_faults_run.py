@@ -16,6 +16,9 @@ Runs go through the CLI in process (``omnicore.cli.main``) on the tiny text mode
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import json
 import math
 import os
@@ -131,6 +134,80 @@ def test_weights_made_nonfinite_at_a_finite_loss_are_never_saved(text_jsonl, tmp
     ckpts = tmp_path / "run" / "checkpoints"
     assert not ckpts.exists() or not any(ckpts.iterdir())
     assert not (tmp_path / "run" / "export").exists()
+
+
+# ---- a full disk during export, then --resume exports ------------------------------------------------
+
+
+def _fail_with(exc: BaseException):
+    """A stand-in for write_export that writes part of the export, then fails with ``exc``."""
+
+    def write_export(model, tokenizer, cfg, out):
+        (out / "foundation").mkdir(parents=True)
+        (out / "foundation" / "model.safetensors").write_bytes(b"\0" * 1000)
+        raise exc
+
+    return write_export
+
+
+@pytest.fixture(scope="module")
+def full_disk_run(text_jsonl, tmp_path_factory):
+    """A 2-step run whose export hits a full disk (OSError ENOSPC), then a --resume that hits it
+    again (safetensors' own error text), then a --resume with room: returns the folder, the return
+    codes and the error lines of each."""
+    from safetensors import SafetensorError
+
+    from omnicore.checkpoint import export
+
+    folder = tmp_path_factory.mktemp("fulldisk")
+    cfg = _config_file(text_jsonl, folder, export=True)
+    out = folder / "run"
+    rust = SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
+    results = []
+    real = export.write_export
+    for failure, args in [
+        (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / ".export.tmp" / "foundation" / "model.safetensors")), []),
+        (rust, ["--resume"]),
+        (None, ["--resume"]),
+    ]:
+        export.write_export = real if failure is None else _fail_with(failure)
+        err = io.StringIO()  # capsys is function-scoped: the module's runs capture stderr by hand
+        try:
+            with contextlib.redirect_stderr(err):
+                rc = cli.main(["train", str(cfg), *args])
+        finally:
+            export.write_export = real
+        results.append((rc, [x for x in err.getvalue().splitlines() if x.startswith("error:")], err.getvalue()))
+    return folder, results
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_export_is_one_line_and_resume_exports(full_disk_run):
+    from safetensors import safe_open
+
+    folder, results = full_disk_run
+    out = folder / "run"
+    (rc1, errors1, _), (rc2, errors2, _), (rc3, errors3, log3) = results
+    export_dir = out / "export"
+    # what the weights take, read back from the export written at last (another way than the message's sum)
+    need = 0
+    for f in export_dir.rglob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            need += sum(st.get_tensor(k).numel() * st.get_tensor(k).element_size() for k in st.keys())
+    size = f"{need / 1e3:.1f} kB"
+    assert rc1 == 2 and len(errors1) == 1, errors1
+    again = f"omnicore train {folder / 'c.yaml'} --resume"
+    assert re.fullmatch(
+        rf"error: cannot write the export {re.escape(str(export_dir))}: the disk is full at {re.escape(str(out / '.export.tmp'))}"
+        rf"/foundation/model\.safetensors \(the export needs about {re.escape(size)} for the weights, [\d.]+ [kMG]B are free there\); "
+        rf"the partial export was removed; free space, then export the finished run with: {re.escape(again)}",
+        errors1[0],
+    ), errors1[0]
+    # safetensors' Rust error (no OSError) is read for its errno: the same line
+    assert rc2 == 2 and len(errors2) == 1 and f"the disk is full at {out} (the export needs about {size}" in errors2[0], errors2
+    assert rc3 == 0 and errors3 == [] and "the run finished at this step (train.max_steps); nothing is left to train" in log3
+    assert (export_dir / "omnicore.yaml").is_file() and not (out / ".export.tmp").exists()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step-")) == ["step-00000002"]
 
 
 # ---- a data worker killed with SIGKILL ----------------------------------------------------------------

@@ -19,7 +19,10 @@ and sorts each difference:
   ``run.output_dir`` is where the checkpoint was found and ``run.verify`` how this command reads
   files: neither is compared.
 
-``train.max_steps`` at or below the checkpoint's step is an error (nothing left to train).
+``train.max_steps`` at or below the checkpoint's step is an error (nothing left to train), except
+for the checkpoint of a finished run (its step is the ``max_steps`` it was given, and still is) with
+``train.export`` on: that resume trains nothing and exports the run again (:func:`finished_run`), so
+an export that failed (a full disk) is made once the cause is fixed.
 """
 
 from __future__ import annotations
@@ -127,7 +130,8 @@ def check_resume_changes(changes: list[Change], cfg: Config, step: int, folder: 
 
     Raises:
         ResumeError: some change is refused; one line names each with both values and why.
-        ConfigError: ``train.max_steps`` is at or below ``step``.
+        ConfigError: ``train.max_steps`` is at or below ``step``, unless the run finished there and
+            is only exported again (:func:`finished_run`).
     """
     refused = [c for c in changes if c.refused]
     if refused:
@@ -137,11 +141,18 @@ def check_resume_changes(changes: list[Change], cfg: Config, step: int, folder: 
             f"run: {what}; resume with the checkpoint's values, or start a new run (another run.output_dir) from its weights "
             f"with --model.init_from {folder}"
         )
-    if cfg.train.max_steps <= step:
+    if cfg.train.max_steps <= step and not finished_run(changes, cfg, step):
         raise ConfigError(
             f"{cfg.source or 'config'}: train.max_steps {cfg.train.max_steps} is at or below the checkpoint's step {step} ({folder}): "
             f"nothing is left to train; give a larger one (--train.max_steps N with N > {step}), or start a new run"
         )
+
+
+def finished_run(changes: list[Change], cfg: Config, step: int) -> bool:
+    """Whether a resume at ``step`` is of a finished run that is only to be exported again: ``step``
+    is this run's ``train.max_steps``, unchanged from the checkpoint's config, and ``train.export``
+    is on."""
+    return cfg.train.export and cfg.train.max_steps == step and not any(c.key == "train.max_steps" for c in changes)
 
 
 def describe_changes(changes: list[Change], step: int, lr_before: float, lr_now: float) -> str:
@@ -217,6 +228,10 @@ def load_for_resume(
         log(f"resume from step {meta['step']}: {folder} keeps no config (an older omnicore wrote it): settings are not compared")
     else:
         log(describe_changes(changes, int(meta["step"]), before, optimizer.param_groups[0]["lr"] / factor))
+    if finished_run(changes, cfg, int(meta["step"])):
+        log(
+            f"resume from step {meta['step']}: the run finished at this step (train.max_steps); nothing is left to train, so it is only exported"
+        )
     return meta, scheduler
 
 

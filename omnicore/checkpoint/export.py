@@ -39,17 +39,24 @@ relative to it, :mod:`omnicore.checkpoint.manifest`); ``omnicore eval``/``genera
 ``run.verify`` is false.
 
 The export is written to a temporary folder and renamed into place, so a crash leaves the previous
-export intact.
+export intact. A failed write (a full disk) removes that folder and says how much space the weights
+need and how much is free; ``--resume`` of the finished run then exports it again
+(:mod:`omnicore.checkpoint.changes`).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from omnicore.checkpoint.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -60,21 +67,111 @@ def export_model(model: Any, tokenizer: Any, cfg: Any, out_dir: str | Path, stat
     Rank 0 builds a second model with its parameters on the meta device (with the LoRA layers of
     ``model.lora``), then takes the gathered tensors by assignment: no weights are read from disk or
     initialised a second time. Buffers outside the state dict (rotary ``inv_freq``) are copied from
-    the trained model."""
+    the trained model. Collective again at the end: every rank learns whether rank 0 succeeded.
+
+    Raises:
+        CheckpointError: on every rank, when rank 0 cannot write the export: a full disk (one line
+            naming the folder, the space the weights need and the space free there, and the command
+            that exports the finished run once there is room), a folder that is not writable, or
+            weights holding NaN or inf (nothing non-finite is exported). The temporary folder is
+            removed and a previous export is left as it was. Any other failure is raised on rank 0
+            as it is (after the same clean-up), and as a CheckpointError on the other ranks.
+    """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from omnicore.checkpoint.dcp import _gather_errors
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     out = Path(out_dir)
-    if not state.is_main:
-        return None
-    from omnicore.checkpoint.dcp import replace_folder
+    failure: Exception | None = None
+    described: str | None = None
+    if state.is_main:
+        tmp = out.with_name(f".{out.name}.tmp")
+        try:
+            _refuse_nonfinite(full, out)
+            from omnicore.checkpoint.dcp import replace_folder
 
-    plain = unsharded_copy(model, cfg, full)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    write_export(plain, tokenizer, cfg, tmp)
-    replace_folder(tmp, out)
-    return out
+            plain = unsharded_copy(model, cfg, full)
+            shutil.rmtree(tmp, ignore_errors=True)
+            write_export(plain, tokenizer, cfg, tmp)
+            replace_folder(tmp, out)
+        except Exception as exc:  # a half-written export is never left behind, whatever failed
+            shutil.rmtree(tmp, ignore_errors=True)
+            failure, described = exc, export_failure(out, exc, full, cfg)
+    error = described or (f"rank 0 could not write the export {out} ({type(failure).__name__}; see its error)" if failure else None)
+    errors = _gather_errors(state, error)
+    if failure is not None and described is None:
+        raise failure
+    if errors:
+        raise CheckpointError(errors[0]) from failure
+    return out if state.is_main else None
+
+
+def _refuse_nonfinite(full: dict[str, Any], out: Path) -> None:
+    """Refuse to export weights (``full``: the gathered state dict) holding NaN or inf.
+
+    Raises:
+        CheckpointError: naming how many tensors and the first.
+    """
+    import torch
+
+    bad = [k for k, t in full.items() if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise CheckpointError(
+            f"cannot write the export {out}: the weights hold NaN or inf ({len(bad)} tensor(s), the first {bad[0]}); nothing "
+            "non-finite is exported: train again from the last good checkpoint with a lower train.lr"
+        )
+
+
+_OS_ERROR_IN_TEXT = re.compile(r"(?:code: |os error )(\d+)")
+"""An errno in the text of an error from Rust code (safetensors: ``IoError(Os { code: 28, kind:
+StorageFull, ...})``; tokenizers: ``No space left on device (os error 28)``)."""
+
+
+def export_failure(out: Path, exc: BaseException, full: dict[str, Any], cfg: Any) -> str | None:
+    """One line for a failed export to ``out``, or None for a failure that is not the file system's
+    (a bug, to be raised as it is). A full disk names the space the weights need (``full``: the
+    gathered state dict) and the space free, and how to export the finished run once fixed: the
+    run's ``--resume`` command (:func:`omnicore.checkpoint.changes.continue_command`), which for a
+    finished run only exports."""
+    from omnicore.checkpoint.changes import continue_command
+    from omnicore.checkpoint.dcp import _os_error_of
+
+    if isinstance(exc, CheckpointError):
+        return str(exc)
+    os_error = _os_error_of(exc)
+    code = os_error.errno if os_error is not None else None
+    if code is None and (m := _OS_ERROR_IN_TEXT.search(str(exc))):
+        code = int(m.group(1))
+    if code is None:
+        return None
+    where = (os_error.filename if os_error is not None else None) or out.parent
+    kept = "; the previous export is left as it was" if out.is_dir() else ""
+    then = f"then export the finished run with: {continue_command(cfg)}"
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        need = sum(t.numel() * t.element_size() for t in full.values() if hasattr(t, "element_size"))
+        free = _free_bytes(out)
+        space = f"the export needs about {_size(need)} for the weights" + (f", {_size(free)} are free there" if free is not None else "")
+        return f"cannot write the export {out}: the disk is full at {where} ({space}); the partial export was removed{kept}; free space, {then}"
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"cannot write the export {out}: {where} is not writable ({os.strerror(code)}); fix its permissions{kept}, {then}"
+    return f"cannot write the export {out}: {os.strerror(code)} at {where}; the partial export was removed{kept}; fix the cause, {then}"
+
+
+def _size(n: int) -> str:
+    """``n`` bytes for a message: ``12.3 GB``, ``45.6 MB`` or ``78.9 kB`` (powers of 1000)."""
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Free bytes on the file system of ``path`` (or of its nearest existing parent), None if unknown."""
+    for p in [path, *path.parents]:
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free
+            except OSError:
+                return None
+    return None
 
 
 def unsharded_copy(model: Any, cfg: Any, full: dict[str, Any]) -> Any:

@@ -928,7 +928,8 @@ def _loop(run: Run) -> None:
     cache = getattr(run.model, "code_cache", None)
     if cache is not None and cache.hits + cache.misses:  # train.code_cache_mb: how much encoding it saved
         run.log(cache.describe())
-    finished = out_of_data or (bool(run.history) and run.history[-1]["step"] == cfg.train.max_steps)
+    # a resume of a finished run (its export failed, say) trains no step and exports it again
+    finished = out_of_data or (run.history[-1]["step"] if run.history else run.start) == cfg.train.max_steps
     if cfg.train.export and finished:
         path = export_model(run.model, run.tokenizer, cfg, run.out_dir / "export", run.state)
         run.log(f"exported to {path}")
