@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import time
 import tracemalloc
@@ -33,6 +34,7 @@ import torch
 from conftest import tiny_config_dict
 
 from omnicore import cli
+from omnicore.checkpoint.errors import CheckpointError
 from omnicore.config import Config, ConfigError, load_config
 
 # ---- helpers ----------------------------------------------------------------------------------------
@@ -208,6 +210,64 @@ def test_a_full_disk_during_export_is_one_line_and_resume_exports(full_disk_run)
     assert rc3 == 0 and errors3 == [] and "the run finished at this step (train.max_steps); nothing is left to train" in log3
     assert (export_dir / "omnicore.yaml").is_file() and not (out / ".export.tmp").exists()
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step-")) == ["step-00000002"]
+
+
+# ---- a damaged export: one line naming the file ----------------------------------------------------
+
+
+def _damaged(export: Path, tmp_path: Path, name: str, damage) -> Path:
+    copy = tmp_path / name / "export"
+    shutil.copytree(export, copy)
+    damage(copy)
+    return copy
+
+
+def _truncate(path: Path, n: int = 100) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:-n])
+
+
+def _garble_header(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[8:24] = b"\xff" * 16
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+def test_a_damaged_export_is_one_line_naming_the_file(full_disk_run, tmp_path, text_jsonl):
+    from omnicore.checkpoint.export_files import EXPORT_DAMAGED
+    from omnicore.checkpoint.init_from import apply_export
+    from omnicore.eval.loading import model_config_from_export
+
+    export = full_disk_run[0] / "run" / "export"
+    weights = export / "foundation" / "model.safetensors"
+    size = weights.stat().st_size
+    header = 8 + int.from_bytes(weights.read_bytes()[:8], "little")
+    cases = {
+        "truncated": (lambda e: _truncate(e / "foundation" / "model.safetensors"), "foundation/model.safetensors",
+                      f"truncated: {size - 100} bytes, its header describes {size}"),
+        "cut_in_header": (lambda e: _truncate(e / "foundation" / "model.safetensors", size - header + 10), "foundation/model.safetensors",
+                          f"truncated or not a safetensors file: its header length {header - 8} does not fit its {header - 10} bytes"),
+        "garbled": (lambda e: _garble_header(e / "foundation" / "model.safetensors"), "foundation/model.safetensors",
+                    "not a safetensors file: its header is not valid JSON ("),
+        "tokenizer_not_json": (lambda e: (e / "foundation" / "tokenizer.json").write_text("{not json"), "foundation/tokenizer.json",
+                               "not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+        "tokenizer_wrong": (lambda e: (e / "foundation" / "tokenizer.json").write_text('{"version": "1.0"}'), "foundation/tokenizer.json",
+                            "not a tokenizer the tokenizers library can load ("),
+        "yaml_broken": (lambda e: (e / "omnicore.yaml").write_text("model: [unclosed\n"), "omnicore.yaml:2",
+                        "not valid YAML (while parsing a flow sequence, expected ',' or ']', but got '<stream end>')"),
+        "yaml_empty": (lambda e: (e / "omnicore.yaml").write_text("model: 3\n"), "omnicore.yaml", "no model.foundation section"),
+    }  # fmt: skip
+    cfg = Config.model_validate(json.loads(_config_file(text_jsonl, tmp_path / "cfg").read_text()))
+    for name, (damage, file, what) in cases.items():
+        bad = _damaged(export, tmp_path, name, damage)
+        for load, prefix in [(model_config_from_export, ""), (lambda e: apply_export(cfg, e), "model.init_from: ")]:
+            with pytest.raises(CheckpointError) as info:
+                load(bad)
+            msg = str(info.value)
+            assert msg.startswith(f"{prefix}{bad / file}: {what}") and msg.endswith(f"; {EXPORT_DAMAGED}"), (name, msg)
+            assert "\n" not in msg
+    assert model_config_from_export(export).foundation.options["checkpoint"] == str((export / "foundation").resolve())  # intact: loads
 
 
 # ---- a data worker killed with SIGKILL ----------------------------------------------------------------

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from omnicore.checkpoint.errors import CheckpointError
+from omnicore.checkpoint.export_files import check_export_files
 from omnicore.config import Config
 
 __all__ = ["InitFrom", "apply_export", "load_model_weights", "peft_base_key", "resolve_init_from", "start_from"]
@@ -88,24 +89,6 @@ def resolve_init_from(cfg: Config, state: Any | None = None) -> InitFrom:
     )
 
 
-def _export_section(export: Path) -> dict[str, Any]:
-    """The ``model:`` section of ``<export>/omnicore.yaml``.
-
-    Raises:
-        CheckpointError: the file is unreadable or has no ``model`` mapping.
-    """
-    import yaml
-
-    path = export / "omnicore.yaml"
-    try:
-        section = yaml.safe_load(path.read_text()).get("model")
-    except (OSError, yaml.YAMLError, AttributeError) as exc:
-        raise CheckpointError(f"model.init_from: {path}: unreadable ({' '.join(str(exc).split())})") from exc
-    if not isinstance(section, dict) or not isinstance(section.get("foundation"), dict):
-        raise CheckpointError(f"model.init_from: {path}: no model.foundation section; is this an omnicore export?")
-    return section
-
-
 def _verified_export(folder: Path, verify: bool) -> InitFrom:
     """The export ``folder`` to start from, its files checked against its checksum manifest first
     (:func:`~omnicore.checkpoint.manifest.verify_export`) unless ``verify`` is False.
@@ -153,7 +136,9 @@ def apply_export(cfg: Config, export: Path) -> Config:
 
     Raises:
         CheckpointError: the set of encoders or decoders differs from the export's (naming the
-            keys), a component has another registry name there, ``omnicore.yaml`` is unreadable, or
+            keys), a component has another registry name there, a file of the export is damaged
+            (:func:`~omnicore.checkpoint.export_files.check_export_files`: ``omnicore.yaml``, a
+            truncated safetensors file, a bad ``tokenizer.json``), or
             the export holds a LoRA adapter apart from its foundation (``foundation_lora/``, from
             ``model.lora.export: adapter``), whose weights the folders alone would leave out.
     """
@@ -163,7 +148,8 @@ def apply_export(cfg: Config, export: Path) -> Config:
             "a stage started from foundation/ alone would lose the adapter's training. Start from that run's checkpoint instead "
             "(model.init_from: RUN/checkpoints/step-NNNNNNNN), or export it with model.lora.export: merged"
         )
-    section = _export_section(export)
+    # the export's files checked before the build reads them: a damaged one is named, not a traceback
+    section = check_export_files(export, "model.init_from: ")
     m = cfg.model
     updates: dict[str, Any] = {"init_from": None}
     updates["foundation"] = _pointed(m.foundation, section["foundation"], "model.foundation", export)

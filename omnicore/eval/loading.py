@@ -17,23 +17,34 @@ logger = logging.getLogger(__name__)
 
 
 def model_config_from_export(export_dir: str | Path) -> ModelConfig:
-    """The ``model:`` section written by an export, with its relative checkpoint paths made absolute."""
-    import yaml
+    """The ``model:`` section written by an export, with its relative checkpoint paths made absolute.
+
+    Raises:
+        CheckpointError: ``export_dir`` is no export, or a file of it is damaged (one line naming the
+            file: :func:`~omnicore.checkpoint.export_files.check_export_files`), or its section is
+            not a valid ``model:`` section.
+    """
+    from pydantic import ValidationError
+
+    from omnicore.checkpoint.errors import CheckpointError
+    from omnicore.checkpoint.export_files import EXPORT_DAMAGED, check_export_files
+    from omnicore.config import format_errors
 
     export_dir = Path(export_dir).resolve()  # absolute: component paths must not depend on the config's folder
-    path = export_dir / "omnicore.yaml"
-    if not path.is_file():
-        from omnicore.checkpoint.dcp import CheckpointError
-
-        raise CheckpointError(f"{export_dir} is not an omnicore export (no omnicore.yaml)")
-    section = yaml.safe_load(path.read_text())["model"]
+    if not export_dir.is_dir():
+        raise CheckpointError(f"--export {export_dir}: no such folder; give a run's export/ folder")
+    section = check_export_files(export_dir)  # every file checked before transformers reads one
     section["foundation"]["options"]["checkpoint"] = str(export_dir / section["foundation"]["options"]["checkpoint"])
     for kind in ("encoders", "decoders"):
-        for comp in section.get(kind, {}).values():
+        for comp in (section.get(kind) or {}).values():
             if comp.get("share"):  # no module of its own (model.encoders.<m>.share): nothing was saved for it
                 continue
             comp["options"]["checkpoint"] = str(export_dir / comp["options"]["checkpoint"])
-    return ModelConfig.model_validate(section)
+    try:
+        return ModelConfig.model_validate(section)
+    except ValidationError as exc:
+        lines = format_errors(exc, str(export_dir / "omnicore.yaml")).replace(": ", ": model.", 1).splitlines()
+        raise CheckpointError(f"{lines[0]}; {EXPORT_DAMAGED}") from exc
 
 
 def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None = None) -> tuple[Any, Any, ChatProcessor]:
@@ -55,7 +66,7 @@ def load_trained(cfg: Config, checkpoint: str | None = None, export: str | None 
     if export is not None:
         _verify_export(cfg, Path(export))
         cfg = cfg.model_copy(update={"model": model_config_from_export(export)})
-        model, tokenizer = build_omni_model(cfg)
+        model, tokenizer = _build_from_export(cfg, export)
         if (Path(export) / "foundation_lora").is_dir():  # model.lora.export: adapter
             # a published family's export is its class's folder; its adapter is keyed by that class
             family = (Path(export) / "config.json").is_file()
@@ -89,6 +100,30 @@ def _verify_export(cfg: Config, export: Path) -> None:
         verify_export(export.resolve())
     else:
         logger.warning("run.verify is false: the export %s is loaded without checking its checksums", export)
+
+
+def _build_from_export(cfg: Config, export: str) -> tuple[Any, Any]:
+    """:func:`~omnicore.model.build.build_omni_model` of an export's section (files already checked).
+
+    Raises:
+        CheckpointError: the build failed on what the file checks cannot see (a config that
+            transformers refuses, a tensor of another shape), naming the export and the cause;
+            a config or registry error (a plugin not installed) is raised as it is.
+    """
+    from omnicore.checkpoint.errors import CheckpointError
+    from omnicore.checkpoint.export_files import EXPORT_DAMAGED
+    from omnicore.config import ConfigError
+    from omnicore.model.build import build_omni_model
+    from omnicore.registry import RegistryError
+
+    try:
+        return build_omni_model(cfg)
+    except (ConfigError, RegistryError, CheckpointError):
+        raise
+    except Exception as exc:
+        raise CheckpointError(
+            f"cannot load the export {export}: {type(exc).__name__}: {' '.join(str(exc).split())}; {EXPORT_DAMAGED}"
+        ) from exc
 
 
 def load_on_device(cfg: Config, checkpoint: str | None, export: str | None) -> tuple[Any, Any, ChatProcessor]:
