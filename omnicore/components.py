@@ -579,6 +579,10 @@ class ParallelStrategy(Protocol):
     ``plan(model, state, prior)`` (optional)
         A :class:`StrategyPlan` for ``omnicore plan``'s per-rank memory; ``prior`` maps a parameter
         name to the splits earlier strategies made, as ``[(dim, ways), ...]``.
+    ``plan_encoder_costs(modality, module, processor, batches, flops)`` (optional)
+        For a strategy that moves encoder work between data-parallel ranks (an encoder hook):
+        each rank's encoder FLOPs of one encoder call as it would distribute them, which
+        ``omnicore plan`` prints beside the ranks' own.
 
     A strategy that splits each micro-batch over several ranks (sequence parallelism) also
     implements :class:`SequenceParallel`.
@@ -607,6 +611,18 @@ class ParallelStrategyOptional(Protocol):
     def plan(self, model: Any, state: Any, prior: dict[str, list[tuple[str, int]]]) -> StrategyPlan:
         """What it would wrap and split (for ``omnicore plan``), given the splits of earlier
         strategies (``prior``: parameter name -> ``[(dim, ways), ...]``)."""
+
+    def plan_encoder_costs(self, modality: str, module: Any, processor: Any, batches: list[Any], flops: Any) -> list[float] | None:
+        """Each data rank's encoder FLOPs (forward + backward) of one encoder call of ``modality``
+        as this strategy's encoder hook would distribute the work at run time, for ``omnicore
+        plan``; None when it leaves that modality's items where they are (the plan then shows the
+        ranks' own FLOPs only). ``omnicore plan`` calls it once per micro-step of step 1 and
+        encoder modality, without processes: ``batches[r]`` is data rank ``r``'s collated items
+        of the modality (None: none), on the CPU, what :attr:`EncoderCall.batch` holds on rank
+        ``r``; ``module`` and ``processor`` are the call's (the module on the meta device);
+        ``flops(batch) -> float`` counts the module's FLOPs of a collated batch (0.0 for None;
+        it raises when the module cannot run on meta tensors). Returns one value per entry of
+        ``batches``. The first strategy in the order applied that answers is shown."""
 
 
 @runtime_checkable

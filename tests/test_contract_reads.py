@@ -96,7 +96,7 @@ def test_contract_lists_are_the_protocols():
         "dummy_codes",
         "save_pretrained",
     }
-    assert contract_members("parallel") == {"mesh_dims", "apply", "phase", "validate", "plan", "data_split"}
+    assert contract_members("parallel") == {"mesh_dims", "apply", "phase", "validate", "plan", "plan_encoder_costs", "data_split"}
     assert contract_members("kernel") == {"op", "available", "activate", "linear_cross_entropy_sum"}
 
 

@@ -5,13 +5,16 @@ pure-Python :class:`~omnicore.parallel.mesh.MeshLayout`, and each strategy answe
 and ``plan`` (see :mod:`omnicore.parallel.parallelize`). The report lists the mesh and its groups,
 which strategy wraps which modules, trainable and frozen parameters (``train.freeze``), per-rank
 parameter memory and the gradient and AdamW memory of the trainable parameters, the model FLOPs of
-a step per part (:func:`add_flops`), and every violated constraint with the config field to change.
+a step per part (:func:`add_flops`), each data rank's encoder FLOPs of step 1 as the data puts them
+and as a balancing strategy would assign them (:func:`add_encoder_costs`), and every violated
+constraint with the config field to change.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +32,35 @@ packs ``data.packing_window``): enough to fill rows, cheap to read."""
 
 MAX_GROUP_LISTING = 16
 """Print which ranks form which groups only up to this world size."""
+
+MAX_COST_RANKS = 16
+"""``omnicore plan`` reads step 1 of at most this many data ranks (the first ones) for the per-rank
+encoder FLOPs (:func:`add_encoder_costs`): each is a read of its own shards."""
+
+
+@dataclass
+class EncoderCosts:
+    """One encoder modality's FLOPs (forward + backward) of step 1 per data rank (:func:`add_encoder_costs`).
+
+    Attributes:
+        own: per data rank read, the FLOPs of encoding the items its own micro-batches hold (as the
+            data puts them); None: the encoder cannot be counted on the meta device.
+        balanced: per data rank, the FLOPs as ``by`` (a strategy with ``plan_encoder_costs``)
+            would assign the items; None when no configured strategy moves this modality's items.
+        by: the strategy behind ``balanced``.
+        note: why ``own`` or ``balanced`` is missing, when one is.
+    """
+
+    own: list[float] | None
+    balanced: list[float] | None = None
+    by: str = ""
+    note: str = ""
+
+
+def spread(loads: list[float]) -> float:
+    """``max / mean`` of per-rank loads; 1.0 when they are all zero (or there are none)."""
+    mean = sum(loads) / len(loads) if loads else 0.0
+    return max(loads) / mean if mean > 0 else 1.0
 
 
 @dataclass
@@ -73,6 +105,14 @@ class PlanReport:
     parameters, gradients and AdamW states): a published family's part names
     (``Foundation.part_names``; a parameter goes to its longest matching prefix) or else ``lm``,
     ``encoders.<m>`` and ``decoders.<m>``."""
+    encoder_costs: dict[str, EncoderCosts] = field(default_factory=dict)
+    """Encoder modality -> its FLOPs of step 1 per data rank, own and balanced
+    (:func:`add_encoder_costs`); empty with one data rank, without encoders, or when the data
+    cannot be read (then :attr:`encoder_costs_basis` says why)."""
+    encoder_costs_basis: str = ""
+    """Which data ranks :attr:`encoder_costs` are of, or why there are none."""
+    data_ranks: int = 1
+    """Data ranks (groups that read different micro-batches) of the planned layout."""
 
     @property
     def ok(self) -> bool:
@@ -101,6 +141,22 @@ class PlanReport:
                 "basis": self.flops_basis,
                 "from_data": self.flops_from_data,
                 "foundation": self.flops_note,
+            },
+            "encoder_costs": {
+                "basis": self.encoder_costs_basis,
+                "data_ranks": self.data_ranks,
+                "ranks_read": len(next((c.own for c in self.encoder_costs.values() if c.own is not None), [])),
+                "per_modality": {
+                    m: {
+                        "own": c.own,
+                        "own_spread": spread(c.own) if c.own is not None else None,
+                        "balanced": c.balanced,
+                        "balanced_spread": spread(c.balanced) if c.balanced is not None else None,
+                        "balanced_by": c.by or None,
+                        "note": c.note,
+                    }
+                    for m, c in self.encoder_costs.items()
+                },
             },
             "ok": self.ok,
         }
@@ -131,6 +187,8 @@ class PlanReport:
             out.extend(self._memory_lines())
         if self.flops:
             out.extend(self._flops_lines())
+        if self.encoder_costs or self.encoder_costs_basis:
+            out.extend(self._encoder_cost_lines())
         if self.violations:
             out.append(f"{len(self.violations)} violated constraint(s):")
             out.extend(f"  {v}" for v in self.violations)
@@ -166,6 +224,26 @@ class PlanReport:
         for part, v in self.flops.items():
             share = f" ({100 * v / known:.1f}%)" if v is not None and known > 0 else ""
             out.append(f"  {part}: " + (f"{v:.3g}{share}" if v is not None else "not countable on the meta device; measured in training"))
+        return out
+
+    def _encoder_cost_lines(self) -> list[str]:
+        if not self.encoder_costs:
+            return [f"encoder FLOPs of step 1 per data rank: {self.encoder_costs_basis}"]
+        out = [f"encoder FLOPs of step 1 per data rank, forward + backward ({self.encoder_costs_basis})"]
+        for m, c in self.encoder_costs.items():
+            if c.own is None or not any(c.own):
+                out.append(f"  encoder.{m}: {c.note or 'no items in step 1'}")
+                continue
+            cols = [("own", c.own)] + ([("balanced", c.balanced)] if c.balanced is not None else [])
+            head = f"  {'encoder.' + m:<16}" + "".join(f"{name:>11}" for name, _ in cols)
+            if c.balanced is not None:
+                head += f"   (balanced: as {c.by} would assign the items, micro-step by micro-step)"
+            elif c.note:
+                head += f"   ({c.note})"
+            out.append(head)
+            for r in range(len(c.own)):
+                out.append(f"    {'rank ' + str(r):<14}" + "".join(f"{v[r]:>11.3g}" for _, v in cols))
+            out.append(f"    {'max / mean':<14}" + "".join(f"{spread(v):>11.2f}" for _, v in cols))
         return out
 
 
@@ -239,7 +317,7 @@ def make_plan(cfg: Any, world_size: int, registry: Any = None) -> PlanReport:
         for pname, split in p.shards.items() if p else ():
             prior.setdefault(pname, []).append(split)
     _add_memory(report, model, prior)
-    add_flops(report, cfg, model, tokenizer, registry, data_split(strategies, state)[1] if not errors else 1)
+    add_flops(report, cfg, model, tokenizer, registry, data_split(strategies, state)[1] if not errors else 1, strategies)
     return report
 
 
@@ -281,27 +359,37 @@ def _add_memory(report: PlanReport, model: Any, prior: dict[str, list[tuple[str,
             report.frozen_param_bytes_per_rank += n_rank * param.element_size()
 
 
-def add_flops(report: PlanReport, cfg: Any, model: Any, tokenizer: Any, registry: Any, data_size: int) -> None:
+def add_flops(
+    report: PlanReport, cfg: Any, model: Any, tokenizer: Any, registry: Any, data_size: int, strategies: Sequence[tuple[str, Any]] = ()
+) -> None:
     """Fill ``report.flops``: each part's model FLOPs (:mod:`omnicore.model.flops`) for one step of
     one data group. The batch is a step of data group 0 of the configured data, read here in this
     process (no workers, a short packing window: :data:`PLAN_WINDOW`): the foundation by formula over its samples, each encoder
     and decoder counted on the meta device on its real collated inputs. When the data cannot be
     read (the file is elsewhere), the foundation is counted on the token budget (``train.grad_accum``
     rows of ``data.max_tokens``, one sample each: attention's upper bound) and each encoder and
-    decoder on one dummy item."""
+    decoder on one dummy item. With several data groups (``data_size``) step 1 of each of the
+    first :data:`MAX_COST_RANKS` is read too, for :func:`add_encoder_costs` (``strategies``: the
+    built ``(name, strategy)`` pairs, asked for their ``plan_encoder_costs``)."""
     from omnicore.model.flops import FOUNDATION, model_flops
 
     fm = model_flops(model)
+    count = MetaFlops(model)
     report.flops_note = fm.foundation.describe()
-    micro, why = _first_step(cfg, model, tokenizer, registry, data_size)
-    if micro is None:
+    report.data_ranks = data_size
+    ranks = min(data_size, MAX_COST_RANKS) if data_size > 1 and model.token_ids["encoder"] else 1
+    steps, why = _first_steps(cfg, model, tokenizer, registry, data_size, ranks)
+    if not steps:
         budget = cfg.data.max_tokens
         report.flops_basis = (
             f"data not read ({why}): {cfg.train.grad_accum} row(s) of {budget} tokens, one dummy item per encoder and decoder"
         )
         report.flops[FOUNDATION] = cfg.train.grad_accum * fm.foundation.step_flops([budget])
         report.flops.update({p: _meta_or_none(model, p, None) for p in fm.parts()[1:]})
+        if ranks > 1:
+            report.encoder_costs_basis = "not counted: the data was not read (above)"
         return
+    micro = steps[0]
     report.flops_from_data = True
     report.flops_basis = (
         f"one step of data group 0 packed from the first {min(cfg.data.packing_window, PLAN_WINDOW)} samples of each shard: "
@@ -311,8 +399,133 @@ def add_flops(report: PlanReport, cfg: Any, model: Any, tokenizer: Any, registry
     for part in fm.parts()[1:]:
         kind, modality = part.split(".", 1)
         batches = [(mb.encoder_inputs if kind == "encoder" else mb.decoder_inputs).get(modality) for mb in micro]
-        counted = [_meta_or_none(model, part, b) for b in batches if b is not None]
-        report.flops[part] = None if None in counted else float(sum(counted))  # type: ignore[arg-type]
+        try:
+            report.flops[part] = float(sum(count(part, b) for b in batches))
+        except Exception:  # noqa: BLE001 - a component whose code needs values (not shapes); training measures it
+            report.flops[part] = None
+    if ranks > 1:
+        if len(steps) < ranks:
+            report.encoder_costs_basis = f"not counted: data rank {len(steps)} could not be read ({why})"
+        else:
+            add_encoder_costs(report, model, steps, strategies, count)
+
+
+class MetaFlops:
+    """:func:`omnicore.model.flops.meta_part_flops` with a memo: ``count(part, batch)`` is the
+    FLOPs (forward + backward) of one encoder or decoder part on a collated batch, 0.0 for None.
+    On the meta device only shapes count, so batches whose tensors have the same shapes and dtypes
+    (and equal other values) share one count; a component with its own ``flops`` is asked each
+    time (it may read values).
+
+    Raises:
+        Exception: what the component raises on meta tensors (see ``meta_part_flops``).
+    """
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.memo: dict[tuple[str, Any], float] = {}
+
+    def __call__(self, part: str, batch: Any) -> float:
+        from omnicore.model.flops import meta_part_flops
+
+        if batch is None:
+            return 0.0
+        kind, modality = part.split(".", 1)
+        m = self.model
+        module = m.decoders[modality] if kind == "decoder" else m.encoders[m.shared[modality][0] if modality in m.shared else modality]
+        if getattr(module, "flops", None) is not None:
+            return float(meta_part_flops(m, part, batch))
+        key = (part, _shapes(batch))
+        if key not in self.memo:
+            self.memo[key] = float(meta_part_flops(m, part, batch))
+        return self.memo[key]
+
+
+def _shapes(x: Any) -> Any:
+    """A hashable key of ``x`` for :class:`MetaFlops`: tensors (torch or numpy) by type, shape and
+    dtype, containers by structure, anything else by ``repr``."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return (type(x).__name__, tuple(x.shape), str(x.dtype))
+    if isinstance(x, dict):
+        return ("dict", tuple((repr(k), _shapes(v)) for k, v in x.items()))
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, tuple(_shapes(v) for v in x))
+    return repr(x)
+
+
+def add_encoder_costs(
+    report: PlanReport, model: Any, steps: list[list[Any]], strategies: Sequence[tuple[str, Any]], count: MetaFlops | None = None
+) -> None:
+    """Fill ``report.encoder_costs``: per encoder modality, each data rank's encoder FLOPs (forward
+    + backward) of step 1 (``steps[r]``: data rank ``r``'s micro-batches), counted on the meta
+    device as :func:`add_flops` counts rank 0's (:class:`MetaFlops`; ``count``: one to share).
+
+    ``own``: each rank's own items, micro-batch by micro-batch. ``balanced``: what the first
+    strategy (in the order applied) with an answering ``plan_encoder_costs``
+    (:class:`omnicore.components.ParallelStrategyOptional`) gives, asked once per micro-step with
+    every rank's batch of that micro-step, as its encoder hook sees them at run time; the sum over
+    the micro-steps. A strategy that raises, or answers with another number of values than ranks,
+    is reported in the modality's note, not raised: the rest of the plan stands."""
+    count = count or MetaFlops(model)
+    ranks, data_size = len(steps), report.data_ranks
+    report.encoder_costs_basis = (
+        f"the {data_size} data ranks"
+        if ranks == data_size
+        else (f"the first {ranks} of {data_size} data ranks: the plan reads at most {MAX_COST_RANKS}; balanced over these {ranks} only")
+    )
+    report.encoder_costs_basis += f", {len(steps[0])} micro-batch(es) each; own: each rank's items, as the data puts them"
+    members = [(name, getattr(s, "plan_encoder_costs", None)) for name, s in strategies]
+    members = [(name, fn) for name, fn in members if callable(fn)]
+    processors = model.encoder_processors()
+    for m in model.token_ids["encoder"]:
+        part = f"encoder.{m}"
+        module = model.encoders[model.shared[m][0] if m in model.shared else m]
+
+        def flops(batch: Any, part: str = part) -> float:
+            return count(part, batch)
+
+        micro_steps = [[mbs[k].encoder_inputs.get(m) if k < len(mbs) else None for mbs in steps] for k in range(max(map(len, steps)))]
+        try:
+            own_steps = [[flops(b) for b in batches] for batches in micro_steps]
+        except Exception as exc:  # noqa: BLE001 - a component whose code needs values (not shapes)
+            report.encoder_costs[m] = EncoderCosts(None, note=f"not countable on the meta device ({type(exc).__name__})")
+            continue
+        costs = EncoderCosts([sum(step[r] for step in own_steps) for r in range(ranks)])
+        if not any(b is not None for batches in micro_steps for b in batches):
+            costs.note = "no items in step 1"
+            report.encoder_costs[m] = costs
+            continue
+        balanced: list[float] = [0.0] * ranks
+        for batches, own in zip(micro_steps, own_steps):
+            got, by, problem = _balanced(members, m, module, processors[m], batches, flops, ranks)
+            if problem:
+                costs.note, costs.by = problem, ""
+                break
+            if got is not None:
+                costs.by = by
+            balanced = [x + y for x, y in zip(balanced, got if got is not None else own)]
+        else:
+            costs.balanced = balanced if costs.by else None
+        report.encoder_costs[m] = costs
+
+
+def _balanced(
+    members: list[tuple[str, Any]], modality: str, module: Any, processor: Any, batches: list[Any], flops: Any, ranks: int
+) -> tuple[list[float] | None, str, str]:
+    """``(per-rank FLOPs, strategy, "")`` from the first member that answers for one micro-step,
+    ``(None, "", "")`` when none does, or ``(None, strategy, what went wrong)``."""
+    for name, fn in members:
+        try:
+            got = fn(modality, module, processor, batches, flops)
+        except Exception as exc:  # noqa: BLE001 - a strategy's plan must not stop the plan
+            first = str(exc).splitlines()[0][:100] if str(exc) else ""
+            return None, name, f"{name}: plan_encoder_costs raised {type(exc).__name__}: {first}"
+        if got is None:
+            continue
+        if len(got) != ranks:
+            return None, name, f"{name}: plan_encoder_costs gave {len(got)} values for {ranks} data ranks; ignored"
+        return [float(v) for v in got], name, ""
+    return None, "", ""
 
 
 def _meta_or_none(model: Any, part: str, batch: Any) -> float | None:
@@ -324,22 +537,25 @@ def _meta_or_none(model: Any, part: str, batch: Any) -> float | None:
         return None
 
 
-def _first_step(cfg: Any, model: Any, tokenizer: Any, registry: Any, data_size: int) -> tuple[list[Any] | None, str]:
-    """Rank 0's micro-batches of step 1 (read in this process), or None and why not."""
+def _first_steps(cfg: Any, model: Any, tokenizer: Any, registry: Any, data_size: int, ranks: int) -> tuple[list[list[Any]], str]:
+    """The micro-batches of step 1 of data ranks ``0 .. ranks - 1`` of ``data_size`` (read in this
+    process, one after another), and why the list ends early (``""`` when it holds every rank)."""
     from omnicore.data.pipeline import DataPipeline
     from omnicore.model.build import open_data
 
     if not cfg.data.source_list():
-        return None, "no data.train"
-    data = None
+        return [], "no data.train"
+    steps: list[list[Any]] = []
     try:
         processor, sources = open_data(cfg, registry, tokenizer, rope=model.rope)
         d = cfg.data.model_copy(update={"num_workers": 0, "packing_window": min(cfg.data.packing_window, PLAN_WINDOW)})
-        data = DataPipeline(sources, processor, d, cfg.run.seed, data_rank=0, data_size=data_size, grad_accum=cfg.train.grad_accum)
-        return data.step(), ""
+        for r in range(ranks):
+            data = DataPipeline(sources, processor, d, cfg.run.seed, data_rank=r, data_size=data_size, grad_accum=cfg.train.grad_accum)
+            try:
+                steps.append(data.step())
+            finally:
+                data.close(now=True)
+        return steps, ""
     except Exception as exc:  # noqa: BLE001 - the plan stands without the data (a path on another machine)
         first = str(exc).splitlines()[0] if str(exc) else ""
-        return None, f"{type(exc).__name__}: {first[:100]}{'...' if len(first) > 100 else ''}"
-    finally:
-        if data is not None:
-            data.close(now=True)
+        return steps, f"{type(exc).__name__}: {first[:100]}{'...' if len(first) > 100 else ''}"
