@@ -29,6 +29,7 @@ creates them in the same order.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +101,35 @@ def item_cost(mode: str, module: Any, processor: Any, features: dict[str, torch.
     if callable(own):
         return float(own(collate_items(processor, [features])))
     return float(input_units(features))
+
+
+def planned_flops(
+    cost: str, min_spread: float, module: Any, processor: Any, batches: list[Any], flops: Callable[[Any], float]
+) -> list[float]:
+    """Each rank's encoder FLOPs of one encoder call as :class:`BalanceHook` would distribute it,
+    computed in one process (``omnicore plan``; the strategy's ``plan_encoder_costs``).
+
+    ``batches[r]``: rank ``r``'s collated items of the call (None: none); ``flops(batch)``: the
+    FLOPs of encoding a collated batch. The decisions are the hook's, made the same way: the
+    batches cut by :func:`split_items` (a batch that cannot be cut keeps every rank's items where
+    they are), each item costed by :func:`item_cost` in the ``cost`` unit, the items assigned by
+    :func:`~omnicore_parallel_encoder_balance.assign.assign` with ``min_spread``, and each rank's
+    assigned items collated in source-rank, then item order; a rank's figure is ``flops`` of
+    that batch (0.0 with none), or of its own batch when nothing moves.
+    """
+    own = [flops(b) if b is not None else 0.0 for b in batches]
+    items = [split_items(processor, b) if b is not None else [] for b in batches]
+    if any(row is None for row in items):
+        return own
+    cut: list[list[dict[str, torch.Tensor]]] = [row or [] for row in items]
+    plan = assign([[item_cost(cost, module, processor, it) for it in row] for row in cut], min_spread)
+    if plan.moved == 0:
+        return own
+    assigned: list[list[dict[str, torch.Tensor]]] = [[] for _ in batches]
+    for p, row in enumerate(cut):
+        for i, it in enumerate(row):
+            assigned[plan.dest[p][i]].append(it)
+    return [flops(collate_items(processor, got)) if got else 0.0 for got in assigned]
 
 
 # ---- moving features as bytes ------------------------------------------------------------------

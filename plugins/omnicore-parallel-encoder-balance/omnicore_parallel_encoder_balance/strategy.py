@@ -88,6 +88,17 @@ class EncoderBalance:
             if m not in known
         ]
 
+    def plan_encoder_costs(self, modality: str, module: Any, processor: Any, batches: list[Any], flops: Any) -> list[float] | None:
+        """Each data rank's encoder FLOPs of one encoder call as the hook would assign the items
+        (:func:`~omnicore_parallel_encoder_balance.exchange.planned_flops`, with this strategy's
+        ``cost`` and ``min_spread``), for ``omnicore plan``; None for a modality it does not
+        balance, or with one rank (nothing moves)."""
+        if len(batches) <= 1 or (self.options.modalities is not None and modality not in self.options.modalities):
+            return None
+        from omnicore_parallel_encoder_balance.exchange import planned_flops
+
+        return planned_flops(self.options.cost, self.options.min_spread, module, processor, batches, flops)
+
     def plan(self, model: Any, state: Any, prior: dict[str, list[tuple[str, int]]]) -> StrategyPlan:
         """No module wrapped and nothing split; the note says over how many ranks it balances."""
         dp = state.size("dp") if state is not None else 1
