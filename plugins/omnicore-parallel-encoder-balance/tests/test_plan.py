@@ -1,13 +1,14 @@
 """``omnicore plan`` with ``encoder_balance``: each data rank's encoder FLOPs of step 1, as the
-data puts them ("own") and as the strategy would assign them ("balanced"); one process, no
-process group.
+data puts them ("own") and as the strategy would assign them ("balanced"); in process, no process
+group.
 
-The data is skewed by construction: a source's row ``i`` goes to virtual shard ``i % V`` (``V`` =
-data ranks x ``train.grad_accum``), and the rows of the first shards hold one image each, those
-of the last shard one clip, the rest text only. The reference reads each rank's micro-batches
-itself, counts the encoder FLOPs on real tensors with ``FlopCounterMode`` (own), and runs
-:func:`~omnicore_parallel_encoder_balance.assign.assign` per micro-step on one item's count times
-each rank's items (balanced).
+The data is skewed by construction. A source's row ``i`` goes to virtual shard ``i % V`` (``V`` =
+data ranks x ``train.grad_accum``; micro-step ``k`` of data rank ``r`` reads shard ``r *
+grad_accum + k``); the rows of the image shards hold one image each, those of the last shard one
+clip, the rest text only. With a packing window of :data:`WINDOW` samples that always fit in one
+row, each micro-batch holds exactly :data:`WINDOW` samples of its shard. So the reference is
+arithmetic: own = items x one item's FLOPs (``FlopCounterMode`` on real tensors), balanced =
+:func:`~omnicore_parallel_encoder_balance.assign.assign` per micro-step on those items.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -25,12 +27,12 @@ import balance_cases as cases  # noqa: E402
 from omnicore_parallel_encoder_balance.assign import assign, spread  # noqa: E402
 
 ROWS = 24
+WINDOW = 3
+"""``data.packing_window``: 3 samples per micro-batch (under the plan's window, which then takes it)."""
 
 
-def _write(folder: Path, shards: int, image_shards: set[int], strategies: list, grad_accum: int) -> object:
-    """A skewed JSONL (module docstring) and its config: images in ``image_shards``, a 2 s clip in
-    the last shard. A packing window of 8 samples (under the plan's, which it then takes: the
-    reference reads what the plan reads), for speed."""
+def _write(folder: Path, shards: int, image_shards: set[int], strategies: list, grad_accum: int) -> str:
+    """The skewed JSONL (module docstring) and its config in ``folder``; the config's path."""
     import soundfile as sf
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -49,125 +51,104 @@ def _write(folder: Path, shards: int, image_shards: set[int], strategies: list, 
     return _config(folder, strategies, grad_accum)
 
 
-def _config(folder: Path, strategies: list, grad_accum: int) -> object:
-    from omnicore.testing import Config
-
-    cfg = Config.model_validate({
+def _config(folder: Path, strategies: list, grad_accum: int, name: str = "config.yaml") -> str:
+    cfg = {
         "run": {"seed": 0},
         "model": cases.model_dict(),
-        "data": {"train": str(folder / "skewed.jsonl"), "max_tokens": 160, "packing_window": 8, "num_workers": 0},
+        "data": {"train": "skewed.jsonl", "max_tokens": 512, "packing_window": WINDOW, "num_workers": 0},
         "train": {"grad_accum": grad_accum},
         "parallel": {"strategies": strategies},
-    })  # fmt: skip
-    cfg.source = str(folder / "config.yaml")
-    return cfg
+    }
+    (folder / name).write_text(yaml.safe_dump(cfg))
+    return str(folder / name)
 
 
-def _steps(cfg, ranks: int) -> tuple[object, list[list]]:
-    """The model (real tensors) and each data rank's micro-batches of step 1, read here (as
-    training reads them)."""
-    from omnicore.api import Registry
-    from omnicore.data.pipeline import DataPipeline
-    from omnicore.model.build import open_data
-    from omnicore.testing import build_omni_model
+def _plan(capsys, path: str, ranks: int) -> tuple[dict, str]:
+    """``omnicore plan PATH --world-size RANKS``: its ``encoder_costs`` (``--json``) and its text."""
+    from omnicore.testing import cli_main
 
-    reg = Registry.discover()
-    model, tok = build_omni_model(cfg, reg)
-    chat, sources = open_data(cfg, reg, tok, rope=model.rope)
-    out = []
-    for r in range(ranks):
-        data = DataPipeline(sources, chat, cfg.data, cfg.run.seed, data_rank=r, data_size=ranks, grad_accum=cfg.train.grad_accum)
-        out.append(data.step())
-        data.close()
-    return model, out
+    assert cli_main(["plan", path, "--world-size", str(ranks), "--json"]) == 0
+    costs = json.loads(capsys.readouterr().out)["encoder_costs"]
+    assert cli_main(["plan", path, "--world-size", str(ranks)]) == 0
+    return costs, capsys.readouterr().out
 
 
-def _real_flops(encoder, batch) -> float:
-    """Model FLOPs of a forward and backward of ``encoder`` on real tensors (``FlopCounterMode``;
-    a fused attention backward counted without its recomputed scores, as the plan and training do)."""
-    from omnicore.api import EncoderOutput
-    from omnicore.model.flops import flop_counter
+def _one_item_flops() -> dict[str, float]:
+    """Model FLOPs of a forward and backward of each encoder on one item, on real tensors
+    (``FlopCounterMode``; a fused attention backward without its recomputed scores, as the plan
+    and training count it)."""
+    from omnicore.api import EncoderOutput, flop_counter
 
-    with flop_counter(model_flops=True) as counter:
-        out = encoder(batch)
-        rows = [out.embeds, *out.layer_embeds] if isinstance(out, EncoderOutput) else [out]
-        sum(r.float().sum() for r in rows).backward()
-    return float(counter.get_total_flops())
-
-
-def _reference(cfg, ranks: int) -> dict[str, tuple[list[float], list[float], list[float]]]:
-    """Per modality: (own, balanced by assign per micro-step, balanced by assign over the whole step)."""
-    model, steps = _steps(cfg, ranks)
+    model = cases.build_model()
+    procs = model.encoder_processors()
+    items = {"image": procs["image"].preprocess(cases._image(0)), "audio": procs["audio"].preprocess(cases._clip(2.0, 0))}
     out = {}
-    for m, key in (("image", "pixel_values"), ("audio", "input_features")):
-        batches = [[mb.encoder_inputs.get(m) for mb in step] for step in steps]
-        one = next(b for row in batches for b in row if b is not None)
-        item = _real_flops(model.encoders[m], {k: v[:1] for k, v in one.items()})
-        counts = [[0 if b is None else int(b[key].shape[0]) for b in row] for row in batches]
-        own = [sum(_real_flops(model.encoders[m], b) for b in row if b is not None) for row in batches]
-        balanced = [0.0] * ranks
-        for k in range(cfg.train.grad_accum):
-            after = assign([[item] * counts[r][k] for r in range(ranks)], min_spread=1.05).after
-            balanced = [x + y for x, y in zip(balanced, after)]
-        whole = assign([[item] * sum(counts[r]) for r in range(ranks)], min_spread=1.05).after
-        out[m] = (own, balanced, whole)
-        assert [sum(c) for c in counts] == [round(x / item) for x in own], "the encoder's FLOPs are n items x one item's"
+    for m, features in items.items():
+        with flop_counter(model_flops=True) as counter:
+            rows = model.encoders[m](procs[m].collate([features]))
+            rows = [rows.embeds, *rows.layer_embeds] if isinstance(rows, EncoderOutput) else [rows]
+            sum(r.float().sum() for r in rows).backward()
+        out[m] = float(counter.get_total_flops())
     return out
 
 
-def _check(report, ref, ranks: int) -> None:
-    text = report.render()
-    as_json = report.as_dict()["encoder_costs"]
-    assert as_json["data_ranks"] == as_json["ranks_read"] == ranks
-    for m, (own, balanced, _) in ref.items():
-        got = report.encoder_costs[m]
+def _expected(items: list[list[int]], one: float) -> tuple[list[float], list[float], list[float]]:
+    """``items[r][k]``: rank ``r``'s items at micro-step ``k``. (own, balanced per micro-step as the
+    hook runs, balanced over the whole step)."""
+    ranks, steps = len(items), len(items[0])
+    own = [one * sum(row) for row in items]
+    balanced = [0.0] * ranks
+    for k in range(steps):
+        after = assign([[one] * items[r][k] for r in range(ranks)], min_spread=1.05).after
+        balanced = [x + y for x, y in zip(balanced, after)]
+    whole = assign([[one] * sum(row) for row in items], min_spread=1.05).after
+    return own, balanced, whole
+
+
+def _check(costs: dict, text: str, want: dict[str, tuple[list[float], list[float]]], ranks: int) -> None:
+    assert costs["data_ranks"] == costs["ranks_read"] == ranks
+    for m, (own, balanced) in want.items():
+        got = costs["per_modality"][m]
         # Whisper on the meta device takes every frame as valid (its mask as all true): within 1%
         rel = 1e-9 if m == "image" else 0.01
-        assert got.own == pytest.approx(own, rel=rel), m
-        assert got.balanced == pytest.approx(balanced, rel=rel) and got.by == "encoder_balance", m
-        assert as_json["per_modality"][m]["own"] == got.own and as_json["per_modality"][m]["balanced"] == got.balanced
-        assert as_json["per_modality"][m]["balanced_spread"] == spread(got.balanced)
+        assert got["own"] == pytest.approx(own, rel=rel), m
+        assert got["balanced"] == pytest.approx(balanced, rel=rel) and got["balanced_by"] == "encoder_balance", m
+        assert got["own_spread"] == spread(got["own"]) and got["balanced_spread"] == spread(got["balanced"])
         rows = text.split(f"  encoder.{m} ")[1].split("\n")
         assert rows[0].split()[:2] == ["own", "balanced"] and "as encoder_balance would assign the items" in rows[0]
         for r in range(ranks):
-            assert rows[1 + r].split() == ["rank", str(r), f"{got.own[r]:.3g}", f"{got.balanced[r]:.3g}"]
-        assert rows[1 + ranks].split() == ["max", "/", "mean", f"{spread(got.own):.2f}", f"{spread(got.balanced):.2f}"]
+            assert rows[1 + r].split() == ["rank", str(r), f"{got['own'][r]:.3g}", f"{got['balanced'][r]:.3g}"]
+        assert rows[1 + ranks].split() == ["max", "/", "mean", f"{spread(got['own']):.2f}", f"{spread(got['balanced']):.2f}"]
 
 
 @pytest.mark.slow
-def test_plan_on_two_ranks_shows_own_and_balanced_encoder_flops(tmp_path):
-    """2 data ranks, one micro-step: rank 0 reads every image, rank 1 every clip. With
-    ``options.modalities: [image]`` the clips stay where they are, and the plan shows their own
-    FLOPs only."""
-    from omnicore.parallel.plan import make_plan
-
-    cfg = _write(tmp_path, 2, {0}, ["encoder_balance", "fsdp2"], grad_accum=1)
-    ref = _reference(cfg, 2)
-    assert ref["image"][0][1] == 0 and ref["audio"][0][0] == 0 and ref["image"][0][0] > 0 and ref["audio"][0][1] > 0
-    report = make_plan(cfg, 2)
-    assert report.ok, report.violations
-    _check(report, ref, 2)
-    assert spread(report.encoder_costs["image"].own) == 2.0 and spread(report.encoder_costs["image"].balanced) < 1.5
+def test_plan_on_two_ranks_shows_own_and_balanced_encoder_flops(tmp_path, capsys):
+    """2 data ranks, one micro-step: rank 0 reads 3 images, rank 1 3 clips; each balanced to 2
+    and 1. With ``options.modalities: [image]`` the clips stay where they are, and the plan shows
+    their own FLOPs only."""
+    one = _one_item_flops()
+    path = _write(tmp_path, 2, {0}, ["encoder_balance", "fsdp2"], grad_accum=1)
+    costs, text = _plan(capsys, path, 2)
+    image, audio = _expected([[3], [0]], one["image"]), _expected([[0], [3]], one["audio"])
+    assert image[1] == [2 * one["image"], one["image"]] and audio[1] == [one["audio"], 2 * one["audio"]]
+    _check(costs, text, {"image": image[:2], "audio": audio[:2]}, 2)
 
     only = {"name": "encoder_balance", "options": {"modalities": ["image"]}}
-    report = make_plan(_config(tmp_path, [only, "fsdp2"], grad_accum=1), 2)
-    image, audio = report.encoder_costs["image"], report.encoder_costs["audio"]
-    assert image.balanced == pytest.approx(ref["image"][1]) and audio.balanced is None
-    assert audio.own == pytest.approx(ref["audio"][0], rel=0.01)
-    assert report.as_dict()["encoder_costs"]["per_modality"]["audio"]["balanced"] is None
-    assert report.render().split("  encoder.audio ")[1].split("\n")[0].split() == ["own"]
+    costs, text = _plan(capsys, _config(tmp_path, [only, "fsdp2"], 1, "only_image.yaml"), 2)
+    assert costs["per_modality"]["image"]["balanced"] == pytest.approx(image[1], rel=1e-9)
+    assert costs["per_modality"]["audio"]["own"] == pytest.approx(audio[0], rel=0.01)
+    assert costs["per_modality"]["audio"]["balanced"] is None and costs["per_modality"]["audio"]["balanced_by"] is None
+    assert text.split("  encoder.audio ")[1].split("\n")[0].split() == ["own"]
 
 
 @pytest.mark.slow
-def test_plan_on_four_ranks_balances_each_micro_step(tmp_path):
-    """4 data ranks, 2 micro-steps: rank 0 reads the images on both, rank 3 the clips on its
-    second. Balanced per micro-step (as the hook runs) differs from balancing the whole step."""
-    from omnicore.parallel.plan import make_plan
-
-    cfg = _write(tmp_path, 8, {0, 1}, [{"name": "encoder_balance", "options": {"min_spread": 1.05}}, "fsdp2"], grad_accum=2)
-    ref = _reference(cfg, 4)
-    report = make_plan(cfg, 4)
-    assert report.ok, report.violations
-    _check(report, ref, 4)
-    own, balanced, whole = ref["image"]
-    assert own[1:] == [0.0, 0.0, 0.0] and balanced != pytest.approx(whole), "the data should tell per-step from whole-step"
+def test_plan_on_four_ranks_balances_each_micro_step(tmp_path, capsys):
+    """4 data ranks, 2 micro-steps: rank 0 reads 3 images on each, rank 3 3 clips on its second.
+    Balanced per micro-step (as the hook runs) differs from balancing the whole step."""
+    one = _one_item_flops()
+    path = _write(tmp_path, 8, {0, 1}, [{"name": "encoder_balance", "options": {"min_spread": 1.05}}, "fsdp2"], grad_accum=2)
+    costs, text = _plan(capsys, path, 4)
+    image = _expected([[3, 3], [0, 0], [0, 0], [0, 0]], one["image"])
+    audio = _expected([[0, 0], [0, 0], [0, 0], [0, 3]], one["audio"])
+    assert image[1] == [2 * one["image"]] * 3 + [0.0] and image[1] != image[2], "the data should tell per-step from whole-step"
+    _check(costs, text, {"image": image[:2], "audio": audio[:2]}, 4)
