@@ -161,6 +161,7 @@ def _model_to_train(
     built (a foundation checkpoint still on meta), LoRA adapters added, ``train.freeze`` applied.
     Returns ``(cfg, init_from, (model, tokenizer, processor, sources, FLOP model))``, the FLOPs
     counted before sharding."""
+    from omnicore.checkpoint.export import check_lora_export
     from omnicore.checkpoint.init_from import start_from
     from omnicore.model.lora import apply_lora
 
@@ -168,6 +169,7 @@ def _model_to_train(
     model, tokenizer, processor, sources = _build_model_and_data(cfg, registry)
     flops = model_flops(model)  # the foundation counted before sharding turns parameters into shards
     apply_lora(model, cfg.model.lora, seed=cfg.run.seed)  # model.lora: adapters before freeze and the strategies
+    check_lora_export(model, cfg, registry)  # a merged export that could not be exact is refused now, not after training
     log(apply_freeze(model, cfg.train.freeze).describe())  # train.freeze, after LoRA, before the strategies
     if cfg.train.code_cache_mb > 0:  # after the freeze: a decoder's fixed_codes may depend on it
         from omnicore.model.code_cache import CodeCache
