@@ -102,7 +102,7 @@ def test_unmatched_pattern_and_freezing_everything_are_config_errors():
     [
         ({"lr_multipliers": {"lm": 0}}, "train.lr_multipliers.lm: factor 0 would keep gradients.*list lm in train.freeze instead"),
         ({"lr_multipliers": {"lm": -0.5}}, r"train.lr_multipliers.lm: factor -0.5 must be a finite number > 0"),
-        ({"lr_multipliers": {"lm": ".nan"}}, r"train.lr_multipliers.lm: factor nan must be a finite number > 0"),
+        ({"lr_multipliers": {"lm": ".nan"}}, r"train.lr_multipliers.lm: nan is not a finite number; give a finite value"),
         ({"freeze": ["lm", "encoders..image"]}, r"train.freeze\[1\]: 'encoders..image' is not a dotted module prefix"),
         ({"lr_multipliers": {"lm.": 2.0}}, r"train.lr_multipliers.lm.: 'lm.' is not a dotted module prefix"),
     ],
