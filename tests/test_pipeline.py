@@ -249,6 +249,27 @@ def test_workers_run_at_the_configured_niceness(tmp_path, chat):
 
 
 @pytest.mark.slow
+def test_a_dropped_pipeline_ends_its_workers_at_once(tmp_path, chat, monkeypatch):
+    """A pipeline garbage-collected without close() terminates its workers itself (close(now=True)),
+    rather than leaving them to the DataLoader iterator's shutdown, which waits 5 s for each worker
+    blocked on a full result queue; afterwards no worker is alive."""
+    import gc
+
+    calls = []
+    close = DataPipeline.close
+    monkeypatch.setattr(DataPipeline, "close", lambda self, now=False: (calls.append(now), close(self, now=now))[1])
+    src = [SourceConfig(path=str(_write(tmp_path / "a.jsonl", 400, "a")))]
+    pipe = _pipeline(tmp_path, chat, src, workers=2)
+    pipe.step()
+    workers = list(pipe._it._workers)
+    assert all(w.is_alive() for w in workers)
+    del pipe
+    gc.collect()
+    assert calls == [True]
+    assert not any(w.is_alive() for w in workers)
+
+
+@pytest.mark.slow
 def test_a_dead_worker_ends_the_run_with_a_message(tmp_path, chat):
     """A worker killed (out of memory, say) stops the next steps with DataWorkerError naming the
     setting to change; never a hang."""

@@ -273,6 +273,16 @@ class DataPipeline:
                 w.kill()
                 w.join(timeout=5)
 
+    def __del__(self) -> None:
+        # A pipeline dropped without close() (a script, a test, an error path) would otherwise leave
+        # its workers to the DataLoader iterator's own shutdown, which waits 5 s for each worker
+        # blocked on a full result queue: ended here at once instead.
+        try:
+            if getattr(self, "_it", None) is not None and getattr(self._it, "_workers", None):
+                self.close(now=True)
+        except Exception:  # noqa: BLE001 - never raise from a finalizer (interpreter exit included)
+            pass
+
     def take_wait(self) -> float:
         """Seconds spent in :meth:`step` since the last call."""
         w, self.wait_s = self.wait_s, 0.0
