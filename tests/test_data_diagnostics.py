@@ -139,7 +139,8 @@ def test_a_run_on_twenty_lines_with_one_bad_reports_skipped_1(tmp_path, caplog):
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         f"data: skipped a bad sample (data.on_error: skip): {f}:7: not valid JSON (Expecting value at column 15)",
-        "data: 1 bad sample skipped in all (train 1; data.on_error: skip); the first are named above",
+        "data: bad samples skipped once in all (train 1; data.on_error: skip; a bad line counts again at each pass over its "
+        "source); the first are named above",
     ]
 
 

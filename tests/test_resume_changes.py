@@ -175,3 +175,18 @@ def test_a_checkpoint_without_a_config_still_says_what_a_missing_key_means(text_
     model, _ = build_omni_model(cfg)
     with pytest.raises(CheckpointError, match=r"Missing key.*; this run's model \(its shape, model.lora\) or its trained parameters"):
         load_checkpoint(stopped / "checkpoints" / "step-00000003", model, None, None, ParallelState(0, 1, 0, torch.device("cpu")))
+
+
+def test_changes_to_a_finished_run_say_no_step_trains_with_them():
+    """A resume of a run that ended at its max_steps (only exported again) lists a new lr as applied
+    but names no learning rate of a step that will not run; it says how to train on instead. An
+    unfinished run names the next step's rate under both schedules."""
+    from omnicore.checkpoint.changes import Change, describe_changes
+
+    changes = [Change("train.lr", 0.001, 0.0005)]
+    done = describe_changes(changes, 20, 1e-4, 5e-5, finished=True)
+    assert done == (
+        "resume from step 20: 1 setting(s) differ from the checkpoint's: train.lr 0.001 -> 0.0005 (applied); the run finished "
+        "at step 20 (train.max_steps), so no step trains with them: to train on, give --train.max_steps N with N > 20"
+    )
+    assert describe_changes(changes, 20, 1e-4, 5e-5).endswith("the learning rate of step 21 is 5e-05 (the checkpoint's schedule: 0.0001)")

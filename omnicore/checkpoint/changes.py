@@ -155,13 +155,20 @@ def finished_run(changes: list[Change], cfg: Config, step: int) -> bool:
     return cfg.train.export and cfg.train.max_steps == step and not any(c.key == "train.max_steps" for c in changes)
 
 
-def describe_changes(changes: list[Change], step: int, lr_before: float, lr_now: float) -> str:
+def describe_changes(changes: list[Change], step: int, lr_before: float, lr_now: float, finished: bool = False) -> str:
     """The resume's log line: every difference and what was done with it, and the learning rate of
-    the next step under the checkpoint's schedule and under this run's."""
+    the next step under the checkpoint's schedule and under this run's. ``finished``: the run ended
+    at ``step`` (:func:`finished_run`), so no step trains with the changes, and the line says so and
+    how to train on instead of naming a learning rate no step will use."""
     if not changes:
         return f"resume from step {step}: the settings are the checkpoint's"
     line = f"resume from step {step}: {len(changes)} setting(s) differ from the checkpoint's: " + "; ".join(c.describe() for c in changes)
-    if any(c.key in SCHEDULE for c in changes):
+    if finished:
+        line += (
+            f"; the run finished at step {step} (train.max_steps), so no step trains with them: to train on, give "
+            f"--train.max_steps N with N > {step}"
+        )
+    elif any(c.key in SCHEDULE for c in changes):
         line += f"; the learning rate of step {step + 1} is {lr_now:.4g} (the checkpoint's schedule: {lr_before:.4g})"
     return line
 
@@ -227,7 +234,11 @@ def load_for_resume(
     if "config" not in saved:
         log(f"resume from step {meta['step']}: {folder} keeps no config (an older omnicore wrote it): settings are not compared")
     else:
-        log(describe_changes(changes, int(meta["step"]), before, optimizer.param_groups[0]["lr"] / factor))
+        log(
+            describe_changes(
+                changes, int(meta["step"]), before, optimizer.param_groups[0]["lr"] / factor, finished_run(changes, cfg, int(meta["step"]))
+            )
+        )
     if finished_run(changes, cfg, int(meta["step"])):
         log(
             f"resume from step {meta['step']}: the run finished at this step (train.max_steps); nothing is left to train, so it is only exported"

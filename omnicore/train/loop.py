@@ -966,14 +966,20 @@ def _logger_stop_at_end(run: Run) -> None:
 
 def skipped_summary(row: dict[str, Any], sources: list[str]) -> str | None:
     """The count of bad samples a run skipped (``data.on_error: skip``), from its last metrics row's
-    ``skipped/<source>`` (run totals, every rank's shards): ``data: 3 bad samples skipped in all
-    (train 2, captions 1; data.on_error: skip); the first are named above``; None when there were none."""
+    ``skipped/<source>`` (run totals, every rank's shards): ``data: bad samples skipped 3 times in
+    all (train 2, captions 1; data.on_error: skip; ...); the first are named above``; None when there
+    were none. A bad line is skipped again at each pass over its source (as ``samples/<source>``
+    counts a sample at each pass), so the line says that the count is of skips, not of bad lines."""
     counts = {name: int(row.get(f"skipped/{name}", 0)) for name in sources}
     total = sum(counts.values())
     if not total:
         return None
     per = ", ".join(f"{name} {n}" for name, n in counts.items() if n)
-    return f"data: {total} bad sample{'s' if total != 1 else ''} skipped in all ({per}; data.on_error: skip); the first are named above"
+    times = "once" if total == 1 else f"{total} times"
+    return (
+        f"data: bad samples skipped {times} in all ({per}; data.on_error: skip; a bad line counts again at each pass over its "
+        "source); the first are named above"
+    )
 
 
 def summarize(history: list[dict[str, Any]]) -> str:
