@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omnicore.registry.options import is_model, type_name  # one spelling of types with `omnicore plugins --options`
+
 ROOT = Path(__file__).resolve().parents[1]
 REGIONS = ("hooks", "spec", "contracts", "api")
 BEGIN = "<!-- BEGIN GENERATED: {} -->"
@@ -718,36 +720,11 @@ def _load_config(path: Path) -> types.ModuleType:
     return module
 
 
-def _is_model(tp: Any) -> bool:
-    from pydantic import BaseModel
-
-    return isinstance(tp, type) and issubclass(tp, BaseModel)
-
-
-def _type_name(tp: Any) -> str:
-    """A field type as config readers know it: ``int``, ``str | null``, ``list[str]``, a model's name."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is type(None):
-        return "null"
-    if origin is typing.Literal:
-        return " | ".join(f'"{a}"' if isinstance(a, str) else repr(a) for a in args)
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in args)
-    if origin is not None:
-        name = getattr(origin, "__name__", str(origin))
-        return f"{name}[{', '.join(_type_name(a) for a in args)}]"
-    if _is_model(tp):
-        return tp.__name__
-    if tp is Any:
-        return "any"
-    return getattr(tp, "__name__", str(tp))
-
-
 def _nested_models(tp: Any) -> list[tuple[str, type]]:
     """The pydantic models inside a field type, each with the key suffix that reaches it
     (``""`` itself, ``[i]`` in a list, ``.<key>`` in a dict)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if _is_model(tp):
+    if is_model(tp):
         return [("", tp)]
     if origin in (typing.Union, types.UnionType):
         return [x for a in args for x in _nested_models(a)]
@@ -774,7 +751,7 @@ def _bounds(field: Any) -> str:
 
 def _yaml(value: Any) -> str:
     """A default value written as YAML flow style."""
-    if _is_model(type(value)):
+    if is_model(type(value)):
         value = value.model_dump(exclude_defaults=True)
     if value is None:
         return "null"
@@ -796,7 +773,7 @@ def _default(field: Any) -> str:
 
     if field.default_factory is not None:
         value = field.default_factory()
-        if _is_model(type(value)) and not value.model_fields_set:
+        if is_model(type(value)) and not value.model_fields_set:
             return "(the defaults below)"
         return f"`{_yaml(value)}`"
     if field.default is PydanticUndefined:
@@ -872,7 +849,7 @@ class _ConfigPage:
 
     def row(self, model: type, name: str, field: Any, dotted: str) -> str:
         """One table row: key, type (nested models linked) with bounds, default, description."""
-        tp = _cell(_type_name(field.annotation))
+        tp = _cell(type_name(field.annotation))
         for m, link in self.links.items():
             tp = re.sub(rf"\b{m.__name__}\b", f"[{m.__name__}]({link})", tp)
         bounds = _bounds(field)

@@ -96,7 +96,7 @@ def _fields(model: Any, prefix: str) -> list[OptionInfo]:
         out.append(
             OptionInfo(
                 prefix + name,
-                _type_name(field.annotation) + (f", {bounds}" if bounds else ""),
+                type_name(field.annotation) + (f", {bounds}" if bounds else ""),
                 _default(field),
                 " ".join((field.description or "").split()),
             )
@@ -106,7 +106,8 @@ def _fields(model: Any, prefix: str) -> list[OptionInfo]:
     return out
 
 
-def _is_model(tp: Any) -> bool:
+def is_model(tp: Any) -> bool:
+    """Whether ``tp`` is a pydantic model class (also used by ``scripts/gen_reference.py``)."""
     from pydantic import BaseModel
 
     return isinstance(tp, type) and issubclass(tp, BaseModel)
@@ -114,26 +115,27 @@ def _is_model(tp: Any) -> bool:
 
 def _models_in(tp: Any) -> list[type]:
     """The pydantic models a field holds directly or as one branch of a union (``DepthOptions | None``)."""
-    if _is_model(tp):
+    if is_model(tp):
         return [tp]
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return [a for a in typing.get_args(tp) if _is_model(a)]
+        return [a for a in typing.get_args(tp) if is_model(a)]
     return []
 
 
-def _type_name(tp: Any) -> str:
-    """A field type as config readers know it: ``int``, ``str | null``, ``list[str]``, a model's name."""
+def type_name(tp: Any) -> str:
+    """A field type as config readers know it: ``int``, ``str | null``, ``list[str]``, a model's name
+    (the one spelling of types for ``omnicore plugins --options`` and the generated config reference)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is type(None):
         return "null"
     if origin is typing.Literal:
         return " | ".join(f'"{a}"' if isinstance(a, str) else repr(a) for a in args)
     if origin in (typing.Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in args)
+        return " | ".join(type_name(a) for a in args)
     if origin is typing.Annotated:
-        return _type_name(args[0])
+        return type_name(args[0])
     if origin is not None:
-        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(_type_name(a) for a in args)}]"
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(type_name(a) for a in args)}]"
     if tp is Any:
         return "any"
     return getattr(tp, "__name__", str(tp))
@@ -159,7 +161,7 @@ def _default(field: Any) -> str:
 
 
 def _yaml(value: Any) -> str:
-    if _is_model(type(value)):
+    if is_model(type(value)):
         value = value.model_dump()
     if value is None:
         return "null"
