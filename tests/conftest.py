@@ -51,6 +51,21 @@ def tiny_config_dict(train: str, *, eval: str | None = None, output_dir: str = "
 
 
 @pytest.fixture(scope="session")
+def text_jsonl(tmp_path_factory) -> Path:
+    """24 text-only chats ("Say the number 3 0 7" -> "33"), for the tiny text model's run tests; a
+    test module may define its own ``text_jsonl`` instead."""
+    import json
+
+    lines = []
+    for i in range(24):
+        q = "Say the number " + " ".join(str((i * 7 + k) % 10) for k in range(1 + i % 9))
+        lines.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": str(i % 10) * (1 + i % 5)}]})
+    path = tmp_path_factory.mktemp("text") / "text.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+@pytest.fixture(scope="session")
 def digits_jsonl(tmp_path_factory) -> Path:
     """A small real-data set (train.jsonl, eval.jsonl, images/) built from examples/digits/raw."""
     out = tmp_path_factory.mktemp("digits")

@@ -21,17 +21,6 @@ from omnicore.train import loop
 from omnicore.train.loggers import LoggerError, Loggers, LoggerWarning, start_loggers
 
 
-@pytest.fixture(scope="module")
-def text_jsonl(tmp_path_factory) -> Path:
-    lines = []
-    for i in range(24):
-        q = "Say the number " + " ".join(str((i * 7 + k) % 10) for k in range(1 + i % 9))
-        lines.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": str(i % 10) * (1 + i % 5)}]})
-    path = tmp_path_factory.mktemp("text") / "text.jsonl"
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path
-
-
 def _cfg(text_jsonl: Path, out: Path, loggers: list | None = None, **train) -> Config:
     d = tiny_config_dict(str(text_jsonl), decoders=False, output_dir=str(out), max_steps=3, **train)
     d["model"]["encoders"] = {}

@@ -20,17 +20,6 @@ from omnicore.config import Config, ConfigError
 STEPS = 6
 
 
-@pytest.fixture(scope="module")
-def text_jsonl(tmp_path_factory) -> Path:
-    lines = []
-    for i in range(24):
-        q = "Say the number " + " ".join(str((i * 7 + k) % 10) for k in range(1 + i % 9))
-        lines.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": str(i % 10) * (1 + i % 5)}]})
-    path = tmp_path_factory.mktemp("text") / "text.jsonl"
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path
-
-
 def _cfg(text_jsonl: Path, out: Path, **train) -> Config:
     d = tiny_config_dict(str(text_jsonl), decoders=False, output_dir=str(out), **dict({"max_steps": STEPS, "warmup_steps": 1}, **train))
     d["model"]["encoders"] = {}
