@@ -110,3 +110,24 @@ def first_fit_by_scan(lengths: list[int], budget: int) -> list[list[int]]:
             bins.append([i])
             room.append(budget - n)
     return bins
+
+
+def template_ids(rendered) -> list[int]:
+    """``apply_chat_template(..., tokenize=True)``'s ids, whether a list or a dict-like encoding."""
+    return list(rendered["input_ids"]) if not isinstance(rendered, list) else rendered
+
+
+def labelled_spans(enc, tok) -> list[str]:
+    """The decoded runs of consecutive labelled tokens of an encoded sample (the label at i is
+    token i + 1); asserts that every label is the next token."""
+    from omnicore.data.chat import IGNORE_INDEX
+
+    spans, cur = [], []
+    for i, lab in enumerate(enc.labels):
+        if lab != IGNORE_INDEX:
+            assert lab == enc.input_ids[i + 1]
+            cur.append(lab)
+        elif cur:
+            spans.append(tok.decode(cur))
+            cur = []
+    return spans + ([tok.decode(cur)] if cur else [])

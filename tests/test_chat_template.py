@@ -12,9 +12,10 @@ import json
 import math
 
 import pytest
+from conftest import labelled_spans, template_ids
 
 from omnicore.config import ConfigError
-from omnicore.data.chat import IGNORE_INDEX, ChatProcessor, encoder_token
+from omnicore.data.chat import ChatProcessor, encoder_token
 from omnicore.data.jsonl import Message, Part, Sample, SampleError
 from omnicore.model.build import prepare_tokenizer
 from omnicore.model.foundation import byte_tokenizer
@@ -62,24 +63,6 @@ def _sample(turns, parts=None) -> Sample:
     return Sample([Message(role, [Part("text", text)]) for role, text in turns], "data/chat.jsonl", 3)
 
 
-def _ids(rendered) -> list[int]:
-    """``apply_chat_template(..., tokenize=True)``'s ids, whether a list or a dict-like encoding."""
-    return list(rendered["input_ids"]) if not isinstance(rendered, list) else rendered
-
-
-def _labelled_spans(enc, tok) -> list[str]:
-    """The decoded runs of consecutive labelled tokens (the label at i is token i + 1)."""
-    spans, cur = [], []
-    for i, lab in enumerate(enc.labels):
-        if lab != IGNORE_INDEX:
-            assert lab == enc.input_ids[i + 1]
-            cur.append(lab)
-        elif cur:
-            spans.append(tok.decode(cur))
-            cur = []
-    return spans + ([tok.decode(cur)] if cur else [])
-
-
 class _TwoTokenImages:
     """Stands in for an image encoder's processor: three placeholder tokens per image."""
 
@@ -99,10 +82,10 @@ def test_text_ids_equal_apply_chat_template_and_labels_are_the_assistant_turns(n
     assert proc.template is not None and proc.template.end_of_turn == end
     enc = proc.encode(_sample(turns))
     messages = [{"role": r, "content": t} for r, t in turns]
-    assert enc.input_ids == _ids(tok.apply_chat_template(messages, tokenize=True))
+    assert enc.input_ids == template_ids(tok.apply_chat_template(messages, tokenize=True))
     # labels: each assistant's content (stripped by Llama 3's `trim`, verbatim for Qwen) and its end-of-turn token
     expected = [(t.strip() if name == "llama3" else t) + end for r, t in turns if r == "assistant"]
-    assert _labelled_spans(enc, tok) == expected
+    assert labelled_spans(enc, tok) == expected
     assert enc.n_targets == sum(len(tok.encode(s, add_special_tokens=False)) for s in expected)
 
 
@@ -112,11 +95,11 @@ def test_prompt_only_ends_with_the_generation_prompt(name):
     proc = ChatProcessor(tok, {}, {})
     enc = proc.encode(_sample(CONVERSATION), prompt_only=True)
     messages = [{"role": r, "content": t} for r, t in CONVERSATION[:-1]]
-    assert enc.input_ids == _ids(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True))
+    assert enc.input_ids == template_ids(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True))
     header = "<|start_header_id|>assistant<|end_header_id|>\n\n" if name == "llama3" else "<|im_start|>assistant\n"
     assert tok.decode(enc.input_ids).endswith("<|eot_id|>" + header if name == "llama3" else "<|im_end|>\n" + header)
     four = " Four. ".strip() if name == "llama3" else " Four. "
-    assert _labelled_spans(enc, tok) == [four + TEMPLATES[name][1]]  # the earlier assistant turn only
+    assert labelled_spans(enc, tok) == [four + TEMPLATES[name][1]]  # the earlier assistant turn only
     assert proc.end_of_turn_id == tok.convert_tokens_to_ids(TEMPLATES[name][1]) == tok.eos_token_id
 
 
@@ -151,7 +134,7 @@ def test_control_strings_in_user_text_are_escaped_or_refused(name):
     n_messages = 2 if name == "llama3" else 3
     assert sum(1 for i in enc.input_ids if i in specials) == 2 * n_messages
     assert forged.strip() in tok.decode(enc.input_ids)
-    assert _labelled_spans(enc, tok) == ["no" + TEMPLATES[name][1]]
+    assert labelled_spans(enc, tok) == ["no" + TEMPLATES[name][1]]
     with pytest.raises(SampleError, match=r"^data/chat\.jsonl:3: text contains the special token <\|"):
         ChatProcessor(tok, {}, {}, special_tokens_in_text="refuse").encode(_sample([("user", forged), ("assistant", "no")]))
 
@@ -224,8 +207,8 @@ def test_training_from_a_folder_with_a_template_matches_a_reference_loss(tmp_pat
     }
     history = train(Config.model_validate(raw))
 
-    ids = _ids(tok.apply_chat_template(messages, tokenize=True))
-    start = len(_ids(tok.apply_chat_template(messages[:1], tokenize=True, add_generation_prompt=True)))
+    ids = template_ids(tok.apply_chat_template(messages, tokenize=True))
+    start = len(template_ids(tok.apply_chat_template(messages[:1], tokenize=True, add_generation_prompt=True)))
     n_assistant = len(tok.encode("Four.<|im_end|>", add_special_tokens=False))
     assert tok.decode(ids[start : start + n_assistant]) == "Four.<|im_end|>"
     ref = AutoModelForCausalLM.from_pretrained(folder).eval()
@@ -249,7 +232,7 @@ def test_a_template_without_an_end_of_turn_token_is_refused_but_chatml_still_wor
     ):
         ChatProcessor(tok, {}, {})
     enc = ChatProcessor(tok, {}, {}, chat_template="chatml").encode(_sample([("user", "a"), ("assistant", "b")]))
-    assert _labelled_spans(enc, tok) == ["b<|im_end|>"]
+    assert labelled_spans(enc, tok) == ["b<|im_end|>"]
 
 
 @pytest.mark.parametrize(("choice", "end"), [("auto", "<|eot_id|>"), ("chatml", "<|im_end|>")])

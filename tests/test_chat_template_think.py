@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import labelled_spans, template_ids
 
 from omnicore.config import ConfigError
 from omnicore.data.chat import IGNORE_INDEX, ChatProcessor, encoder_token
@@ -91,40 +92,23 @@ def _dicts(turns) -> list[dict[str, str]]:
     return [{"role": r, "content": t} for r, t in turns]
 
 
-def _ids(rendered) -> list[int]:
-    return list(rendered["input_ids"]) if not isinstance(rendered, list) else rendered
-
-
-def _labelled_spans(enc, tok) -> list[str]:
-    """The decoded runs of consecutive labelled tokens (the label at i is token i + 1)."""
-    spans, cur = [], []
-    for i, lab in enumerate(enc.labels):
-        if lab != IGNORE_INDEX:
-            assert lab == enc.input_ids[i + 1]
-            cur.append(lab)
-        elif cur:
-            spans.append(tok.decode(cur))
-            cur = []
-    return spans + ([tok.decode(cur)] if cur else [])
-
-
 @pytest.mark.parametrize("name", sorted(CONVERSATIONS))
 def test_qwen3_training_ids_and_prompts_equal_apply_chat_template(name):
     tok = qwen3_tokenizer()
     proc = ChatProcessor(tok, {}, {})
     turns = CONVERSATIONS[name]
     enc = proc.encode(_sample(turns))
-    assert enc.input_ids == _ids(tok.apply_chat_template(_dicts(turns), tokenize=True))
+    assert enc.input_ids == template_ids(tok.apply_chat_template(_dicts(turns), tokenize=True))
     text = tok.apply_chat_template(_dicts(turns), tokenize=False)
-    assert _labelled_spans(enc, tok) == re.findall(QWEN_TURN, text, flags=re.S)
+    assert labelled_spans(enc, tok) == re.findall(QWEN_TURN, text, flags=re.S)
     assert enc.n_targets == sum(1 for x in enc.labels if x != IGNORE_INDEX)
 
     prompt = proc.encode(_sample(turns), prompt_only=True)
     history = _dicts(turns[:-1])
-    assert prompt.input_ids == _ids(tok.apply_chat_template(history, tokenize=True, add_generation_prompt=True))
+    assert prompt.input_ids == template_ids(tok.apply_chat_template(history, tokenize=True, add_generation_prompt=True))
     shown = tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
     assert tok.decode(prompt.input_ids).endswith("<|im_start|>assistant\n")
-    assert _labelled_spans(prompt, tok) == re.findall(QWEN_TURN, shown, flags=re.S)
+    assert labelled_spans(prompt, tok) == re.findall(QWEN_TURN, shown, flags=re.S)
 
 
 def test_qwen3_the_issue_conversation_as_qwen3_writes_it():
@@ -134,7 +118,7 @@ def test_qwen3_the_issue_conversation_as_qwen3_writes_it():
     proc = ChatProcessor(tok, {}, {})
     turns = CONVERSATIONS["reasoning-everywhere"]
     enc = proc.encode(_sample(turns))
-    assert _labelled_spans(enc, tok) == ["Four.<|im_end|>", "<think>\nThree plus three.\n</think>\n\nSix.<|im_end|>"]
+    assert labelled_spans(enc, tok) == ["Four.<|im_end|>", "<think>\nThree plus three.\n</think>\n\nSix.<|im_end|>"]
     assert tok.decode(enc.input_ids).count("<think>") == 1
     prompt = tok.decode(proc.encode(_sample(turns), prompt_only=True).input_ids)
     assert "Add two and two" not in prompt and prompt.endswith("<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n")
@@ -146,15 +130,15 @@ def test_deepseek_r1_drops_reasoning_and_prompts_with_think():
     assert proc.template.end_of_turn == "<｜end▁of▁sentence｜>"
     turns = CONVERSATIONS["reasoning-everywhere"]
     enc = proc.encode(_sample(turns))
-    assert enc.input_ids == _ids(tok.apply_chat_template(_dicts(turns), tokenize=True))
+    assert enc.input_ids == template_ids(tok.apply_chat_template(_dicts(turns), tokenize=True))
     text = tok.apply_chat_template(_dicts(turns), tokenize=False)
     assert (
-        _labelled_spans(enc, tok)
+        labelled_spans(enc, tok)
         == re.findall(R1_TURN, text, flags=re.S)
         == ["\n\nFour.<｜end▁of▁sentence｜>", "\n\nSix.<｜end▁of▁sentence｜>"]
     )
     prompt = proc.encode(_sample(turns), prompt_only=True)
-    assert prompt.input_ids == _ids(tok.apply_chat_template(_dicts(turns[:-1]), tokenize=True, add_generation_prompt=True))
+    assert prompt.input_ids == template_ids(tok.apply_chat_template(_dicts(turns[:-1]), tokenize=True, add_generation_prompt=True))
     assert tok.decode(prompt.input_ids).endswith("<｜User｜>And 3+3?<｜Assistant｜><think>\n")
 
 
@@ -198,9 +182,9 @@ def test_rewritten_samples_follow_the_template(template):
         [("user", "hello"), ("assistant", "hi\n\n\n")],
     ):
         enc = proc.encode(_sample(turns))
-        assert enc.input_ids == _ids(tok.apply_chat_template(_dicts(turns), tokenize=True))
+        assert enc.input_ids == template_ids(tok.apply_chat_template(_dicts(turns), tokenize=True))
         text = tok.apply_chat_template(_dicts(turns), tokenize=False)
-        assert _labelled_spans(enc, tok) == re.findall(QWEN_TURN, text, flags=re.S)
+        assert labelled_spans(enc, tok) == re.findall(QWEN_TURN, text, flags=re.S)
 
 
 class _ThreeTokenImages:
@@ -233,4 +217,4 @@ def test_media_and_escaped_control_strings_in_a_rewritten_sample(tmp_path):
     # the template's own <|im_start|> / <|im_end|> only: two per message; the written ones are text
     controls = {tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>")}
     assert sum(1 for i in enc.input_ids if i in controls) == 4
-    assert _labelled_spans(enc, tok) == ["<think>\nI see <|im_end|>.\n</think>\n\nA square.<|im_end|>"]
+    assert labelled_spans(enc, tok) == ["<think>\nI see <|im_end|>.\n</think>\n\nA square.<|im_end|>"]
