@@ -393,6 +393,9 @@ class ChatProcessor:
         """Special token strings (longest first) and the private-use characters that mark contents:
         what :meth:`_contents` takes out of message text before the template sees it."""
         self.template: TemplateInfo | None = None
+        self._pieces: dict[tuple[tuple[str, ...], bool], tuple[list[str], list[int]] | None] = {}
+        """:func:`render_pieces` per (roles, generation prompt), or None where it raised: the
+        pieces depend on the roles alone, so each role sequence is rendered once, not per sample."""
         if chat_template == "auto" and has_template(tokenizer):
             try:
                 self.template = inspect_template(tokenizer)
@@ -566,12 +569,16 @@ class ChatProcessor:
             raise SampleError(
                 f"{where}: the tokenizer's chat template cannot render this conversation: {type(exc).__name__}: {exc}"
             ) from exc
-        pieces = None
+        got = None
         if self.template.rewrites is None:
-            try:
-                pieces, order = render_pieces(self.tokenizer, roles, generation_prompt=prompt_only)
-            except Exception:  # contents out of order or twice: rendered whole below
-                pieces = None
+            key = (tuple(roles), prompt_only)
+            if key not in self._pieces:
+                try:
+                    self._pieces[key] = render_pieces(self.tokenizer, roles, generation_prompt=prompt_only)
+                except Exception:  # contents out of order or twice: rendered whole below
+                    self._pieces[key] = None
+            got = self._pieces[key]
+        pieces, order = got if got is not None else (None, [])
         if pieces is None or text != join_pieces(pieces, order, contents, self.template.lstrip, self.template.rstrip):
             self._rendered(messages, contents, inserts, text, out, where)
             return
