@@ -25,7 +25,7 @@ TORCH=2.13.0
 TORCH_CUDA_INDEX=https://download.pytorch.org/whl
 GPU_EXTRAS=(plugins/omnicore-kernels-liger)         # installed with their `gpu` extra on cuda
 FLASH_ATTN_PLUGIN=plugins/omnicore-kernels-flash-attn  # its `gpu` extra goes last, on its own
-PLUGINS=(plugins/omnicore-audio-whisper plugins/omnicore-image-siglip plugins/omnicore-image-movqgan plugins/omnicore-audio-codec plugins/omnicore-audio-mel plugins/omnicore-video-frames contrib/omnicore-parallel-offload plugins/omnicore-parallel-ulysses plugins/omnicore-parallel-comet plugins/omnicore-parallel-encoder-balance plugins/omnicore-kernels-flash-attn plugins/omnicore-kernels-liger plugins/omnicore-logger-tensorboard plugins/omnicore-logger-wandb plugins/omnicore-logger-mlflow plugins/omnicore-family-qwen2-audio plugins/omnicore-family-llava plugins/omnicore-family-qwen2-vl plugins/omnicore-family-qwen3-vl plugins/omnicore-family-qwen2-5-omni plugins/omnicore-family-csm)
+PLUGINS=(plugins/omnicore-family-kit plugins/omnicore-audio-whisper plugins/omnicore-image-siglip plugins/omnicore-image-movqgan plugins/omnicore-audio-codec plugins/omnicore-audio-mel plugins/omnicore-video-frames contrib/omnicore-parallel-offload plugins/omnicore-parallel-ulysses plugins/omnicore-parallel-comet plugins/omnicore-parallel-encoder-balance plugins/omnicore-kernels-flash-attn plugins/omnicore-kernels-liger plugins/omnicore-logger-tensorboard plugins/omnicore-logger-wandb plugins/omnicore-logger-mlflow plugins/omnicore-family-qwen2-audio plugins/omnicore-family-llava plugins/omnicore-family-qwen2-vl plugins/omnicore-family-qwen3-vl plugins/omnicore-family-qwen2-5-omni plugins/omnicore-family-csm)
 
 say() { echo "setup: $*"; }
 die() { echo "setup: error: $*" >&2; exit 2; }

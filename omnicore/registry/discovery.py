@@ -228,6 +228,18 @@ class Registry:
         """
         return find_component(self.rows, kind, name)
 
+    def foundation_for(self, model_type: str) -> str:
+        """The name of the installed foundation that serves checkpoints of ``model_type`` (a family
+        naming it in ``ComponentSpec.extra["model_types"]``, else the generic family); see
+        :mod:`omnicore.registry.model_types`.
+
+        Raises:
+            RegistryError: several serve it, or none does.
+        """
+        from omnicore.registry.model_types import foundation_for
+
+        return foundation_for(self.rows, model_type)
+
     def build(self, kind: str, name: str, options: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         """Resolve ``kind/name``, validate ``options`` with its options model, and call its factory.
 

@@ -1,0 +1,18 @@
+"""omnicore-family-kit: what every published model family shares, written once.
+
+A family plugin (``omnicore-family-*``) imports this library instead of copying from the nearest
+family. The kit holds:
+
+* :mod:`omnicore_family_kit.checkpoint`: a checkpoint folder (or a Hub id in the local cache) and
+  its ``model_type``; which installed family serves a model type, answered by the registry from the
+  foundations' specs (``ComponentSpec.extra["model_types"]``), never by hand tables.
+* :mod:`omnicore_family_kit.keymap`: one key map read both ways, checkpoint names to omnicore's
+  module names (loading) and back (export).
+* :mod:`omnicore_family_kit.export`: export through the transformers class's own
+  ``save_pretrained`` (sharded, read back strictly).
+* :mod:`omnicore_family_kit.foundation`: the base of a family's foundation.
+
+It also registers the generic family (``foundation/auto``; see its hook module
+:mod:`omnicore_family_kit.plugin`). Importing this package is torch-free; each module imports
+torch and transformers only where it builds something.
+"""

@@ -1,0 +1,211 @@
+"""``foundation/generic``: the generic family, and ``auto``, the name that picks a family for a checkpoint.
+
+``model.foundation: {name: auto, options: {checkpoint: ...}}`` is resolved by the core before
+anything is built: the installed family whose foundation spec names the checkpoint's model type,
+else this generic family (``ComponentSpec.extra["model_types"] == ("*",)``). This foundation then
+serves the checkpoint through transformers' multimodal interface:
+
+* the language model is the composite class's text decoder under its LM head (the decoder's own
+  causal-LM class where transformers has one for the text config, else the decoder under a
+  linear head), read from the checkpoint's decoder tensors in either layout;
+* :meth:`GenericFoundation.encoders` brings one ``encoder/generic_encoder`` entry per modality the
+  class has a feature method and the config a placeholder for (a video entry shares the image
+  module);
+* the export is the class's own ``save_pretrained`` (:func:`omnicore_family_kit.export.save_through_class`).
+
+What the generic path cannot reproduce exactly is refused when the foundation is built, with the
+reason and what would serve it (:func:`refusal`): never trained approximately.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from omnicore_family_kit.generic.options import AutoFoundationOptions
+from omnicore_family_kit.generic.processor import FEATURES_BY_MODALITY, placeholder_id, read_config_json
+from omnicore_family_kit.keymap import KeyMap
+
+WHAT = "model.foundation.options.checkpoint"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Files one of which a checkpoint's tokenizer needs (``AutoTokenizer`` reads them)."""
+
+logger = logging.getLogger(__name__)
+
+
+def refusal(config: dict[str, Any], composite: Any = None) -> str | None:
+    """Why the generic family cannot serve a checkpoint of this ``config.json`` exactly, or None.
+
+    Checked: positions that are not 1-D (mRoPE: ``get_rope_index``), attention that is not causal
+    over text and media alike (Gemma 3's and PaliGemma's bidirectional image spans), a final logit
+    soft cap (omnicore's loss takes the head's plain logits).
+    """
+    text = config.get("text_config") or {}
+    model_type = config.get("model_type")
+    if composite is not None and callable(getattr(getattr(composite, "model", composite), "get_rope_index", None)):
+        return (
+            f"model type {model_type!r} rotates by multi-axis positions (its get_rope_index), which the generic family does not "
+            "compute yet; a family plugin that does (for example omnicore-family-qwen2-vl for qwen2_vl) serves it"
+        )
+    if text.get("final_logit_softcapping") or config.get("final_logit_softcapping"):
+        return f"model type {model_type!r} soft-caps its final logits, which omnicore's text loss does not apply"
+    if composite is not None and _bidirectional_media(composite):
+        return (
+            f"model type {model_type!r} attends bidirectionally inside each image (token_type_ids), which the generic "
+            "family's causal, packed attention does not reproduce; it is refused rather than trained approximately"
+        )
+    return None
+
+
+def _bidirectional_media(composite: Any) -> bool:
+    """Whether the class builds its mask from ``token_type_ids`` (Gemma 3, PaliGemma)."""
+    import inspect
+
+    base = getattr(composite, "model", composite)
+    try:
+        return "token_type_ids" in inspect.signature(base.forward).parameters and "gemma" in type(base).__name__.lower()
+    except (TypeError, ValueError):
+        return False
+
+
+class GenericFoundation:
+    """The :class:`omnicore.api.Foundation` of a checkpoint served through transformers'
+    multimodal interface (reads no weights until :meth:`build_model`'s plan is filled).
+
+    Args:
+        options: :class:`~omnicore_family_kit.generic.options.AutoFoundationOptions`.
+
+    Raises:
+        ValueError: the folder lacks ``config.json`` or tokenizer files, or the model type cannot be
+            served exactly (:func:`refusal`), naming the field and the reason.
+    """
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = AutoFoundationOptions.model_validate(dict(options or {}))
+        self.folder = Path(self.options.checkpoint).expanduser()
+        if not (self.folder / "config.json").is_file():
+            raise ValueError(f"{WHAT}: {str(self.folder)!r} has no config.json; point it at a folder written by save_pretrained")
+        if not any((self.folder / f).is_file() for f in TOKENIZER_FILES):
+            raise ValueError(
+                f"{WHAT}: {self.folder} has no tokenizer (looked for {', '.join(TOKENIZER_FILES)}); save the checkpoint's tokenizer there"
+            )
+        self.raw = read_config_json(self.folder)
+        from omnicore_family_kit.generic.model import build_composite, fresh_config, layout_of
+
+        self._composite = build_composite(fresh_config(self.folder))
+        why = refusal(self.raw, self._composite)
+        if why:
+            raise ValueError(f"{WHAT}: {self.folder}: the generic family cannot serve it exactly: {why}")
+        self.layout = layout_of(self._composite)
+
+    def config(self) -> Any:
+        """A copy of the checkpoint's config."""
+        from omnicore_family_kit.generic.model import fresh_config
+
+        return fresh_config(self.folder)
+
+    def build_tokenizer(self) -> Any:
+        """The checkpoint's tokenizer with its chat template."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
+
+    def lm_keymap(self) -> KeyMap:
+        """The language model's key map: its ``model.`` is the class's text decoder, ``lm_head.`` its head."""
+        from omnicore_family_kit.keymap import saved_renames
+
+        legacy = saved_renames(self._composite)
+        parts = {"model.": self.layout.decoder + ".", "lm_head.": self.layout.head + "."}
+        return KeyMap(parts=parts, legacy=legacy, others=self.layout.towers)
+
+    def build_model(self, vocab_size: int, dtype: Any = None) -> Any:
+        """The text decoder under its LM head, on the meta device, with the plan that reads the
+        checkpoint's decoder tensors after sharding.
+
+        Args:
+            vocab_size: input embeddings needed (the model has at least the checkpoint's rows).
+            dtype: floating-point dtype of the parameters (default float32).
+
+        Raises:
+            LoadError: (``ValueError``) the checkpoint's decoder tensors do not fit.
+        """
+        from omnicore.api import embedding_names, plan_checkpoint
+        from omnicore_family_kit.generic.text_lm import build_text_lm
+
+        model = build_text_lm(self.config(), self._composite.get_submodule(self.layout.decoder), vocab_size, dtype)
+        model.tie_weights()
+        keys = self.lm_keymap()
+        model.omnicore_pending_load = plan_checkpoint(
+            model, self.folder, renames=keys.renames(), other_parts=keys.other_parts(), what=WHAT, grow=embedding_names(model)
+        )
+        return model
+
+    def modalities(self) -> list[str]:
+        """The modalities the class has a feature method for and the config a placeholder id."""
+        return [
+            m
+            for m, method in FEATURES_BY_MODALITY.items()
+            if callable(getattr(self._composite, method, None)) and placeholder_id(self.raw, m) is not None
+        ]
+
+    def encoders(self) -> dict[str, dict[str, Any]]:
+        """One ``encoder/generic_encoder`` entry per modality of :meth:`modalities`; video shares the
+        image module when both are served."""
+        folder = str(self.folder)
+        out: dict[str, dict[str, Any]] = {}
+        for m in self.modalities():
+            entry: dict[str, Any] = {"name": "generic_encoder", "options": {"checkpoint": folder, "modality": m}}
+            if m == "video" and "image" in out:
+                entry["share"] = "image"
+            out[m] = entry
+        return out
+
+    def part_names(self) -> dict[str, list[str]]:
+        """Part names for ``train.freeze`` / ``train.lr_multipliers``: each tower part by its name
+        in the class (``vision_tower``, ``multi_modal_projector``), under the first encoder key,
+        and ``language_model``."""
+        mods = self.modalities()
+        out: dict[str, list[str]] = {"language_model": ["lm."]}
+        if mods:
+            for path in self.layout.towers:
+                out[path.rpartition(".")[2]] = [f"encoders.{mods[0]}.model.{path}."]
+        return out
+
+    def export_pretrained(self, model: Any, tokenizer: Any, folder: Path) -> None:
+        """Write ``folder`` as the class's ``save_pretrained`` writes it, from the trained tensors of
+        the encoder module and the language model, with the trained vocabulary size; then the
+        tokenizer, the source's processor files and its ``generation_config.json``.
+
+        Raises:
+            ValueError: the model has not exactly one generic encoder module of this checkpoint;
+                RuntimeError: the tensors do not fill the class (see ``save_through_class``).
+        """
+        from omnicore_family_kit.export import PROCESSOR_FILES, class_state, copy_extra_files, save_through_class
+        from omnicore_family_kit.generic.encoder import GenericTower
+        from omnicore_family_kit.generic.model import composite_class
+
+        towers = {id(m): m for m in model.encoders.values() if isinstance(m, GenericTower)}
+        if len(towers) != 1:
+            raise ValueError(f"auto export: the model needs exactly one encoder/generic_encoder module, found {len(towers)}")
+        tower = next(iter(towers.values()))
+        folder = Path(folder)
+        config = self.config()
+        lm = model.lm
+        rows = int(lm.get_input_embeddings().weight.shape[0])
+        config.get_text_config().vocab_size = rows
+        if hasattr(config, "vocab_size") and config is not config.get_text_config():
+            config.vocab_size = rows
+        state = class_state([(tower, tower.keymap), (lm, self.lm_keymap())])
+        dtype = lm.get_input_embeddings().weight.dtype
+        save_through_class(composite_class(config), config, state, folder, dtype=dtype)
+        tokenizer.save_pretrained(folder)
+        copy_extra_files(self.folder, folder, PROCESSOR_FILES)
+        if (self.folder / "generation_config.json").is_file() and self.folder.resolve() != folder.resolve():
+            shutil.copyfile(self.folder / "generation_config.json", folder / "generation_config.json")
+
+
+def build(options: dict[str, Any]) -> GenericFoundation:
+    """The foundation factory of the generic family (``ComponentSpec.target`` of ``foundation/generic``)."""
+    return GenericFoundation(options)
