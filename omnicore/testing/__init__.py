@@ -14,6 +14,10 @@ What is here:
     * :func:`isolated_registry`: a :class:`~omnicore.registry.Registry` built only from the given
       plugin objects (and optionally the built-ins), nothing from the installed entry points;
     * the contract suites, one per component kind (see :mod:`omnicore.testing.contracts`);
+    * :class:`FamilyParitySuite`: the parity tests a published family's ``test_model.py``
+      subclasses (ids, logits, packed row, loss, export and mRoPE positions against its
+      transformers class, and 2 FSDP2 processes against one; loaded on first use; see
+      :mod:`omnicore.testing.family`);
     * the core's run path, for a plugin's integration tests (loaded on first use, like the
       suites): :class:`Config` and :func:`train` (a run from a config, as ``omnicore train``
       does), :func:`cli_main` (``omnicore ...`` in process), :func:`build_omni_model`,
@@ -58,8 +62,10 @@ _RUN_PATH: dict[str, tuple[str, str]] = {
     "MicroBatch": ("omnicore.data.packing", "MicroBatch"),
     "mrope_positions": ("omnicore.data.positions", "mrope_positions"),
     "sdpa_varlen_attention_forward": ("omnicore.kernels.attention_varlen", "sdpa_varlen_attention_forward"),
+    "FamilyParitySuite": ("omnicore.testing.family", "FamilyParitySuite"),
 }
-"""The core's run path for integration tests: public name -> (home module, attribute)."""
+"""The core's run path for integration tests, and the family parity suite that runs a family through
+it: public name -> (home module, attribute)."""
 
 _CONTRACTS: tuple[str, ...] = (
     "EncoderContract",
