@@ -13,7 +13,10 @@ its config (text model, tower, token ids), and its processor's parts and argumen
 transformers builds some processors' video processors on torchvision (``Qwen2VLVideoProcessor``,
 ``Glm4vVideoProcessor``, ...). Where torchvision is missing, :func:`load_processor` gives the
 processor class a stand-in video processor holding the saved settings (images work, videos raise);
-elsewhere it is ``AutoProcessor.from_pretrained``.
+elsewhere it is ``AutoProcessor.from_pretrained``. Three types cannot be built at all without
+torchvision and are left out: ``mistral3`` (``PixtralProcessor`` is marked as needing it, and its
+module imports the torchvision image processor), ``lfm2_vl`` and ``cohere2_vision`` (their image
+processors have no PIL backend).
 """
 
 from __future__ import annotations
@@ -114,7 +117,9 @@ WIDTH = 32
 """Width of every text model and tower (mRoPE text models: 64, for a head dim of 16)."""
 
 
-def _text(model_type: str, vocab: int, ids: dict[str, int | None], **over: Any) -> dict[str, Any]:
+def _text(model_type: str, vocab: int, ids: dict[str, int], **over: Any) -> dict[str, Any]:
+    """A 2-layer text model config of ``vocab`` rows, width :data:`WIDTH`, 4 heads and 2 KV heads
+    (head dim 8), with the token ``ids`` (``bos_token_id``, ...) and ``over`` on top."""
     base = {
         "model_type": model_type,
         "vocab_size": vocab,
@@ -125,10 +130,12 @@ def _text(model_type: str, vocab: int, ids: dict[str, int | None], **over: Any) 
         "num_key_value_heads": 2,
         "max_position_embeddings": 4096,
     }
-    return {**base, **{k: v for k, v in ids.items() if v is not None}, **over}
+    return {**base, **ids, **over}
 
 
 def _tower(model_type: str, image: int, patch: int, **over: Any) -> dict[str, Any]:
+    """A 2-layer ViT config of width :data:`WIDTH` and 2 heads for ``image``-pixel images cut into
+    ``patch``-pixel patches, with ``over`` on top."""
     base = {
         "model_type": model_type,
         "hidden_size": WIDTH,
@@ -141,14 +148,18 @@ def _tower(model_type: str, image: int, patch: int, **over: Any) -> dict[str, An
     return {**base, **over}
 
 
-def _mrope(hidden: int = 64, heads: int = 4) -> dict[str, Any]:
-    half = hidden // heads // 2
-    section = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]  # [16, 24, 24] at head dim 128
-    return {
-        "hidden_size": hidden,
-        "intermediate_size": 2 * hidden,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": section},
-    }
+def _mrope(section: list[int] | None = None, **rope: Any) -> dict[str, Any]:
+    """Width 64 with 4 heads (head dim 16) and the 3-D rotary sections ``section`` (T, H, W) over
+    the rotary frequencies (8; 4 with GLM-4V's ``partial_rotary_factor`` 0.5 in ``rope``, the other
+    ``rope_parameters``). None: Qwen2-VL's split (published ``[16, 24, 24]`` of 64), ``[2, 3, 3]``."""
+    half = 8
+    section = section or [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
+    parameters = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": section, **rope}
+    return {"hidden_size": 64, "intermediate_size": 128, "rope_parameters": parameters}
+
+
+SLIDING = {"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]}
+"""One sliding-window layer and one global layer (Gemma3's and Cohere2's pattern, in 2 layers)."""
 
 
 # -- the table --------------------------------------------------------------------------------------
@@ -173,7 +184,7 @@ class Standin:
         processor: the processor class and ``processor_kwargs`` its extra arguments.
         video: the video processor's class name and the settings it is saved with (None: the
             processor holds none).
-        image_size: the side of the square test image giving :attr:`image_tokens` placeholders.
+        image_size: the side of the square image the tests use (4 to 36 placeholders).
         modality: ``"image"`` or ``"audio"``.
     """
 
@@ -209,13 +220,15 @@ def _qwen_vl(
     patch: int,
     system: str | None = None,
     mean_std: float | None = None,
+    rope: dict[str, Any] | None = None,
     **text: Any,
 ) -> Standin:
     """A Qwen-VL stand-in: Qwen's special tokens and ChatML turns (``system``: the default system
     turn), an mRoPE text model of type ``text_type`` (``text``: its extra kwargs), a 2-layer tower
     of ``patch``-pixel patches merged 2 x 2 (``vision``: its width kwargs), images resized to at
     least 4 x 4 patches (4 tokens). ``mean_std``: the image processor's mean and std per channel
-    (Qwen3-VL's 0.5; None: the class default, CLIP's)."""
+    (Qwen3-VL's 0.5; None: the class default, CLIP's). ``rope``: the text model's width and rotary
+    parameters (None: :func:`_mrope`'s default)."""
     side = 4 * patch
     stats = {} if mean_std is None else {"image_mean": [mean_std] * 3, "image_std": [mean_std] * 3}
     pixels = {"shortest_edge": side * side, "longest_edge": 4 * side * side}
@@ -225,7 +238,7 @@ def _qwen_vl(
         roles=QWEN_ROLES,
         template=_chatml({"image": QWEN_IMAGE, "video": QWEN_VIDEO}, system=system),
         config=lambda t, v: {
-            "text_config": _text(text_type, v, _qwen_ids(t), **_mrope(), **text),
+            "text_config": _text(text_type, v, _qwen_ids(t), **(rope or _mrope()), **text),
             "vision_config": {"depth": 2, "num_heads": 2, "patch_size": patch, **vision},
             **_ids(
                 t,
@@ -426,7 +439,7 @@ STANDINS: dict[str, Standin] = {
                 _ids(t, bos_token_id="<bos>", eos_token_id="<eos>", pad_token_id="<pad>"),
                 head_dim=8,
                 query_pre_attn_scalar=8,
-                sliding_window=16,
+                **SLIDING,
             ),
             "vision_config": _tower("siglip_vision_model", 32, 8, vision_use_head=False),
             "mm_tokens_per_image": 4,
@@ -485,7 +498,7 @@ STANDINS: dict[str, Standin] = {
                 "cohere2",
                 v,
                 _ids(t, bos_token_id="<BOS_TOKEN>", eos_token_id="<|END_OF_TURN_TOKEN|>", pad_token_id="<PAD>"),
-                sliding_window=16,
+                **SLIDING,
             ),
             "vision_config": _tower("siglip_vision_model", 32, 8, vision_use_head=False),
             "image_token_id": t("<|IMG_PATCH|>"),
@@ -528,6 +541,7 @@ STANDINS: dict[str, Standin] = {
         },
         patch=16,
         mean_std=0.5,
+        rope=_mrope([4, 2, 2], mrope_interleaved=True),  # published: [24, 20, 20] of 64, interleaved
         head_dim=16,
     ),
     "glm4v": Standin(
@@ -558,7 +572,7 @@ STANDINS: dict[str, Standin] = {
                 "glm4v_text",
                 v,
                 _ids(t, bos_token_id="<|endoftext|>", eos_token_id="<|endoftext|>", pad_token_id="<|endoftext|>"),
-                **_mrope(),
+                **_mrope([2, 1, 1], partial_rotary_factor=0.5),  # published: [8, 12, 12] of 32
             ),
             "vision_config": {
                 "depth": 2,
@@ -741,6 +755,8 @@ def save_standin(model_type: str, folder: str | Path, *, seed: int = 0) -> Path:
 
     Raises:
         ValueError: ``model_type`` is not in :data:`MODEL_TYPES`.
+        ImportError: from transformers, where the processor needs a package that is missing
+            (``smolvlm``: num2words).
     """
     import torch
     import transformers
@@ -756,12 +772,13 @@ def save_standin(model_type: str, folder: str | Path, *, seed: int = 0) -> Path:
     processor_class = _processor_class(spec.processor, spec.video is not None)
     processor = processor_class(tokenizer=tok, chat_template=spec.template, **parts, **spec.processor_kwargs)
     # some processors add tokens to the tokenizer (PaliGemma's location tokens): size the vocabulary after
-    config = AutoConfig.for_model(model_type, **spec.config(tok.convert_tokens_to_ids, len(tok) + 6))
+    vocab = len(tok) + 6  # embedding rows beyond the tokenizer, as published vocabularies have
+    config = AutoConfig.for_model(model_type, **spec.config(tok.convert_tokens_to_ids, vocab))
     torch.manual_seed(seed)
     model = getattr(transformers, spec.model)(config).eval()
     with torch.no_grad():
         for p in model.parameters():
-            if p.ndim >= 2:
+            if p.ndim >= 2 and p.requires_grad:  # frozen tables (Whisper's sinusoids) stay as built
                 p.normal_(0.0, 0.2)
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
@@ -771,10 +788,18 @@ def save_standin(model_type: str, folder: str | Path, *, seed: int = 0) -> Path:
 def load_processor(folder: str | Path) -> Any:
     """``AutoProcessor.from_pretrained(folder)``; where the processor holds a video processor that
     needs torchvision and torchvision is missing, its class (:func:`_processor_class`) loaded with
-    a stand-in video processor of the saved settings (see the module docstring)."""
+    a stand-in video processor of the saved settings (see the module docstring).
+
+    Raises:
+        FileNotFoundError: ``folder`` has no ``processor_config.json`` (write it with
+            :func:`save_standin`).
+    """
     from transformers import AutoProcessor
 
-    saved = json.loads((Path(folder) / "processor_config.json").read_text())
+    path = Path(folder) / "processor_config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"load_processor: {str(path)!r} does not exist; write the folder with save_standin")
+    saved = json.loads(path.read_text())
     video = saved.get("video_processor")
     if video is None or _has_torchvision():
         return AutoProcessor.from_pretrained(folder)

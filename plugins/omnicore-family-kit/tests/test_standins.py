@@ -133,6 +133,9 @@ def test_placeholders_match_feature_rows_and_forward_is_finite(loaded):
             rows = sum(p.reshape(-1, p.shape[-1]).shape[0] for p in parts)
         logits = model(**inputs).logits
     assert int((ids == _placeholder(model_type, model)).sum()) == rows == PLACEHOLDERS[model_type]
+    if spec.modality == "image" and hasattr(processor, "_get_num_multimodal_tokens"):  # what vLLM-style callers ask
+        side = spec.image_size
+        assert processor._get_num_multimodal_tokens(image_sizes=[[side, side]]).num_image_tokens == [rows]
     assert logits.shape == (1, ids.shape[1], model.config.get_text_config().vocab_size)
     assert torch.isfinite(logits).all()
 
