@@ -7,6 +7,10 @@ none left over), and written by the class's ``save_pretrained``: sharded as tran
 under the names it writes (its conversion to a published layout included), with its
 ``config.json``. The files written are then read back, headers only: every tensor the class's
 ``from_pretrained`` expects is there with its shape.
+
+One part alone (an encoder's ``save_pretrained``: a folder its factory loads back) is written by
+:func:`save_part`, under the names the class's ``save_pretrained`` would give those tensors; it is
+the only place a family writes safetensors itself.
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ def save_through_class(model_class: type, config: Any, state: dict[str, Any], fo
         RuntimeError: ``state`` does not fill the class (names missing or left over: the message
             lists a few of each), or the files written lack a tensor the class expects.
     """
+    import torch
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model = build_on_meta(model_class, config, dtype)
@@ -90,9 +96,100 @@ def save_through_class(model_class: type, config: Any, state: dict[str, Any], fo
     still = [n for n, p in model.named_parameters() if p.is_meta]
     if still:
         raise RuntimeError(f"export: {model_class.__name__} has tensors no part gave: {still[:5]}")
-    model.save_pretrained(folder)
+    clear_weights(folder)
+    with torch.no_grad():  # conversions on saving (Mimi's weight norm) need no graph
+        model.save_pretrained(folder)
     check_written(model, folder)
     return model
+
+
+def clear_weights(folder: Path) -> None:
+    """Remove a former export's weights from ``folder`` (``model*.safetensors`` and their index):
+    ``save_pretrained`` replaces only the files of its own layout, and a stale
+    ``model.safetensors`` next to a new index (or the reverse) would be read instead."""
+    for file in Path(folder).glob("model*.safetensors"):
+        file.unlink()
+    Path(folder, "model.safetensors.index.json").unlink(missing_ok=True)
+
+
+def save_part(
+    module: Any,
+    keys: KeyMap,
+    config: Any,
+    folder: Path,
+    *,
+    model_class: type,
+    source: Path | None = None,
+    files: Iterable[str] = PROCESSOR_FILES,
+) -> dict[str, tuple[int, ...]]:
+    """Write ``folder`` as a checkpoint of ``model_class`` holding only one part: ``config.json``
+    (``config``, the whole composite's), ``model.safetensors`` with ``module``'s tensors (persistent
+    buffers included) and ``files`` copied from ``source``. An encoder's ``save_pretrained``: its
+    factory loads the folder back through the same key map.
+
+    The tensors are named as ``model_class(config).save_pretrained`` names them: each name through
+    :meth:`KeyMap.to_class`, then transformers' own conversion on saving (``revert_weight_conversion``
+    of the class built on the meta device: ``model.visual.*`` of Qwen2-VL is written ``visual.*``,
+    Mimi's in-memory names its flat published ones). A tensor the class ties to another one of the
+    part (CSM's audio embedding) is written once, under the name the class keeps.
+
+    Args:
+        module: the part (``nn.Module``; unsharded, on any device: the tensors are copied to the CPU).
+        keys: its key map (:attr:`KeyMap.parts` cover every name of ``module.state_dict()``).
+        config: the composite config to write (and to build ``model_class`` from).
+        model_class: the published class whose layout the folder has.
+        source: the folder whose ``files`` are copied (processor files); None copies nothing.
+
+    Returns:
+        ``name -> shape`` of the tensors written.
+
+    Raises:
+        KeyError: a name of ``module`` under none of ``keys.parts``; ValueError: two names land on
+            one class name; RuntimeError: a name the class does not hold (the key map is wrong).
+    """
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = class_state([(module, keys)])
+    model = build_on_meta(model_class, config, next(iter(state.values())).dtype)
+    expected = set(model.state_dict())
+    stray = sorted(set(state) - expected)
+    if stray:
+        raise RuntimeError(f"save_part: {model_class.__name__} holds no {stray[:5]}; the key map's parts are wrong")
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    for target, kept in tied.items() if isinstance(tied, dict) else []:
+        if target in state and kept in state:  # one tensor under two names: the class keeps one
+            del state[target]
+    state = _saved_layout(model, _unshared(state))
+    clear_weights(folder)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(folder)
+    if source is not None:
+        copy_extra_files(source, folder, files)
+    return {k: tuple(v.shape) for k, v in state.items()}
+
+
+def _unshared(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with no two tensors on one storage (safetensors refuses aliases): a tensor sharing
+    the storage of one before it is copied. The class's own ties are dropped before this, so what is
+    left are tensors the class holds apart."""
+    seen: set[int] = set()
+    out = {}
+    for k, v in state.items():
+        ptr = v.untyped_storage().data_ptr()
+        out[k] = v.clone() if ptr in seen and v.numel() else v
+        seen.add(ptr)
+    return out
+
+
+def _saved_layout(model: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (class names) under the names ``model.save_pretrained`` writes."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # no conversion in this transformers: the in-memory names are written
+        return state
+    return dict(revert_weight_conversion(model, dict(state)))
 
 
 def _tied_names(model: Any) -> list[str]:

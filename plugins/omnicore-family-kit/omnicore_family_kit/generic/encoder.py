@@ -121,20 +121,15 @@ class GenericTower(nn.Module):
         return self.processor.collate([self.processor.preprocess(media)])
 
     def save_pretrained(self, path: str) -> None:
-        """Write ``path`` as a folder the factory loads back: the checkpoint's config with these
-        tensors under the class's names (``model.safetensors``) and the source's processor and
-        tokenizer files."""
-        from safetensors.torch import save_file
+        """Write ``path`` as a folder the factory loads back: the checkpoint's config, these tensors
+        as the class's ``save_pretrained`` names them (:func:`omnicore_family_kit.export.save_part`)
+        and the source's processor and tokenizer files."""
+        from omnicore_family_kit.export import save_part
+        from omnicore_family_kit.generic.model import composite_class
 
-        from omnicore_family_kit.export import copy_extra_files
-
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        fresh_config(self.source).save_pretrained(out)
-        tensors = {self.keymap.to_class(k): v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-        names = [p.name for p in self.source.iterdir() if p.is_file() and not p.name.startswith(("model", "config.json"))]
-        copy_extra_files(self.source, out, names)
+        config = fresh_config(self.source)
+        files = [p.name for p in self.source.iterdir() if p.is_file() and not p.name.startswith(("model", "config.json"))]
+        save_part(self, self.keymap, config, Path(path), model_class=composite_class(config), source=self.source, files=files)
 
 
 def freeze_unreachable(module: GenericTower) -> list[str]:
