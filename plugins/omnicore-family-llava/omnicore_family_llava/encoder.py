@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from omnicore.api import on_meta, plan_checkpoint
-from omnicore_family_llava.loading import LM_PARTS, TOWER_RENAMES
+from omnicore_family_llava.loading import TOWER
 from omnicore_family_llava.processor import (
     CLASS_TOKENS,
     LlavaImageProcessor,
@@ -141,17 +141,17 @@ class LlavaVisionTower(nn.Module):
     def save_pretrained(self, path: str) -> None:
         """Write ``path`` as a LLaVA folder holding only this part: the composite ``config.json``,
         ``model.safetensors`` with ``vision_tower.*`` and ``multi_modal_projector.*`` (the names
-        transformers 5's ``save_pretrained`` writes), the image processor and
-        ``processor_config.json`` (``LlavaProcessor``'s settings); the factory loads it back."""
+        transformers 5's ``save_pretrained`` writes; :func:`omnicore_family_kit.export.save_part`),
+        the image processor and ``processor_config.json`` (``LlavaProcessor``'s settings); the
+        factory loads it back."""
         import json
 
-        from safetensors.torch import save_file
+        from transformers import LlavaForConditionalGeneration
+
+        from omnicore_family_kit.export import save_part
 
         out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        self.config.save_pretrained(out)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        save_part(self, TOWER, self.config, out, model_class=LlavaForConditionalGeneration)
         self.processor.image_processor.save_pretrained(out)
         settings = {
             "image_token": self.processor.placeholder,
@@ -185,7 +185,7 @@ def build(options: dict[str, Any], *, hidden_size: int) -> LlavaVisionTower:
         )
     with on_meta():
         module = LlavaVisionTower(config, processor)
-    module.omnicore_pending_load = plan_checkpoint(module, folder, renames=TOWER_RENAMES, other_parts=LM_PARTS, what=what)
+    module.omnicore_pending_load = plan_checkpoint(module, folder, renames=TOWER.renames(), other_parts=TOWER.other_parts(), what=what)
     return module
 
 

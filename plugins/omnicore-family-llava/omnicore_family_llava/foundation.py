@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from omnicore.api import embedding_names, on_meta, plan_checkpoint
-from omnicore_family_llava.loading import LM_RENAMES, TOWER_PARTS
+from omnicore_family_llava.loading import LM
 from omnicore_family_llava.processor import LlavaFoundationOptions, checkpoint_folder
 
 WHAT = "model.foundation.options.checkpoint"
@@ -51,7 +51,7 @@ class LlavaFoundation:
 
     def build_model(self, vocab_size: int, dtype: Any = None) -> Any:
         """The text LM under its head, on the meta device with the plan that reads the
-        checkpoint's language-model tensors (any layout of :mod:`omnicore_family_llava.loading`)
+        checkpoint's language-model tensors (any layout of :data:`omnicore_family_llava.loading.LM`)
         after sharding.
 
         Args:
@@ -76,7 +76,7 @@ class LlavaFoundation:
             model = AutoModelForCausalLM.from_config(text, dtype=dtype or torch.float32)
         model.tie_weights()
         model.omnicore_pending_load = plan_checkpoint(
-            model, self.folder, renames=LM_RENAMES, other_parts=TOWER_PARTS, what=WHAT, grow=embedding_names(model)
+            model, self.folder, renames=LM.renames(), other_parts=LM.other_parts(), what=WHAT, grow=embedding_names(model)
         )
         return model
 
@@ -94,10 +94,11 @@ class LlavaFoundation:
         }
 
     def export_pretrained(self, model: Any, tokenizer: Any, folder: Path) -> None:
-        """Write ``folder`` in the published layout: ``LlavaForConditionalGeneration`` built on the
-        meta device from the checkpoint's config (with the trained vocabulary size and ``<image>``
-        id), given the trained tensors by assignment (no copy) and written by its own
-        ``save_pretrained`` (``config.json``, ``model.safetensors`` under the names it writes:
+        """Write ``folder`` in the published layout: the trained tensors under
+        ``LlavaForConditionalGeneration``'s names (:data:`~omnicore_family_llava.loading.TOWER`,
+        :data:`~omnicore_family_llava.loading.LM`), written by its own ``save_pretrained``
+        (:func:`omnicore_family_kit.export.save_through_class`: ``config.json`` with the trained
+        vocabulary size and ``<image>`` id, the safetensors under the names it writes:
         ``vision_tower.*``, ``multi_modal_projector.*``, ``language_model.model.*``,
         ``language_model.lm_head.*``); then the tokenizer, ``LlavaProcessor``'s files and the
         source's ``generation_config.json`` if it has one.
@@ -109,31 +110,24 @@ class LlavaFoundation:
 
         Raises:
             ValueError: the model has not exactly one LLaVA image encoder; RuntimeError: its
-                tensors do not fill ``LlavaForConditionalGeneration`` (``load_state_dict``, strict).
+                tensors do not fill ``LlavaForConditionalGeneration`` (strict, both ways).
         """
         from transformers import LlavaForConditionalGeneration, LlavaProcessor
 
+        from omnicore_family_kit.export import class_state, save_through_class
         from omnicore_family_llava.encoder import LlavaVisionTower
+        from omnicore_family_llava.loading import TOWER
 
         towers = [m for m in model.encoders.values() if isinstance(m, LlavaVisionTower)]
         if len(towers) != 1:
             raise ValueError(f"llava export: the model needs exactly one encoder/llava_encoder, found {len(towers)}")
         tower, lm = towers[0], model.lm
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
         config = self.config()
         config.text_config.vocab_size = int(lm.get_input_embeddings().weight.shape[0])
         config.image_token_index = int(tokenizer.convert_tokens_to_ids(tower.processor.placeholder))
-        state = {"model." + k: v for k, v in tower.state_dict().items()}
-        for name, value in lm.state_dict().items():
-            state[name if name.startswith("lm_head.") else "model.language_model." + name.removeprefix("model.")] = value
-        dtype = lm.get_input_embeddings().weight.dtype
-        with on_meta():
-            family = LlavaForConditionalGeneration(config).to(dtype)
-        family.load_state_dict({k: v.detach().cpu() for k, v in state.items()}, strict=True, assign=True)
-        if getattr(config, "tie_word_embeddings", False):
-            family.tie_weights()
-        family.save_pretrained(folder)
+        state = class_state([(tower, TOWER), (lm, LM)])
+        save_through_class(LlavaForConditionalGeneration, config, state, folder, dtype=lm.get_input_embeddings().weight.dtype)
         tokenizer.save_pretrained(folder)
         p = tower.processor
         LlavaProcessor(

@@ -1,32 +1,42 @@
-"""Where each part of a LLaVA checkpoint lives, in every layout it is found in.
+"""Where each part of a LLaVA checkpoint lives, in every layout it is found in: one
+:class:`~omnicore_family_kit.keymap.KeyMap` per part, read both ways (checkpoint -> module names
+for :func:`omnicore.api.plan_checkpoint`, module -> class names for the export).
 
-* The published layout (``llava-hf/llava-1.5-7b-hf``, written by transformers 4):
-  ``vision_tower.vision_model.*``, ``multi_modal_projector.*``, ``language_model.model.*``,
-  ``language_model.lm_head.*``.
+* The in-memory layout of ``LlavaForConditionalGeneration`` (its ``state_dict``, which its
+  ``from_pretrained`` loads too): ``model.vision_tower.*``, ``model.multi_modal_projector.*``,
+  ``model.language_model.*``, ``lm_head.*``.
 * What transformers 5's ``save_pretrained`` writes (its conversion mapping reversed; its CLIP and
   SigLIP towers have no ``vision_model`` level any more): ``vision_tower.*``,
   ``multi_modal_projector.*``, ``language_model.model.*``, ``language_model.lm_head.*``.
-* The in-memory layout of ``LlavaForConditionalGeneration`` (``model.vision_tower.*``, with
-  ``vision_model.`` under transformers 4.5x, ``model.multi_modal_projector.*``,
-  ``model.language_model.*``, ``lm_head.*``), which its ``from_pretrained`` also loads.
+* The published layout (``llava-hf/llava-1.5-7b-hf``, written by transformers 4): as above with
+  ``vision_tower.vision_model.*``; transformers 4.5x held ``model.vision_tower.vision_model.*``.
 
-The components pass these to :func:`omnicore.api.plan_checkpoint` (``renames`` for their own
-part, ``other_parts`` for the rest): the core's strict, sharded load plan, filled after sharding;
-:func:`omnicore.api.fill_now` fills one at once on this process (tests and tools).
+The encoder module's names are the saved ones (``vision_tower.*``, ``multi_modal_projector.*``),
+the text LM's those of ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (``model.*``, ``lm_head.*``).
 """
 
 from __future__ import annotations
 
-TOWER_RENAMES = {
-    "vision_tower.vision_model.": "vision_tower.",
-    "model.vision_tower.vision_model.": "vision_tower.",
-    "model.vision_tower.": "vision_tower.",
-    "model.multi_modal_projector.": "multi_modal_projector.",
+from omnicore_family_kit.keymap import KeyMap
+
+LEGACY = {
+    "vision_tower.": "model.vision_tower.",
+    "vision_tower.vision_model.": "model.vision_tower.",
+    "model.vision_tower.vision_model.": "model.vision_tower.",
+    "multi_modal_projector.": "model.multi_modal_projector.",
+    "language_model.model.": "model.language_model.",
+    "language_model.lm_head.": "lm_head.",
 }
-"""Checkpoint prefix -> the encoder module's parameter prefix (transformers 5's saved names,
-``vision_tower.*`` and ``multi_modal_projector.*``, are the module's own)."""
-LM_RENAMES = {"model.language_model.": "model.", "language_model.model.": "model.", "language_model.lm_head.": "lm_head."}
-"""Checkpoint prefix -> the text LM's (``LlamaForCausalLM``, ``Qwen2ForCausalLM``) parameter prefix;
-``lm_head.*`` is its own."""
-TOWER_PARTS = ("model.vision_tower", "model.multi_modal_projector", "vision_tower", "multi_modal_projector")
-LM_PARTS = ("model.language_model", "language_model", "lm_head")
+"""Checkpoint prefix -> ``LlavaForConditionalGeneration``'s, for the layouts other than its own."""
+TOWER = KeyMap(
+    parts={"vision_tower.": "model.vision_tower.", "multi_modal_projector.": "model.multi_modal_projector."},
+    legacy=LEGACY,
+    others=("model.language_model.", "lm_head."),
+)
+"""The image encoder (``encoder/llava_encoder``): the tower and the projector."""
+LM = KeyMap(
+    parts={"model.": "model.language_model.", "lm_head.": "lm_head."},
+    legacy=LEGACY,
+    others=("model.vision_tower.", "model.multi_modal_projector."),
+)
+"""The text LM under its head (``foundation/llava``)."""
