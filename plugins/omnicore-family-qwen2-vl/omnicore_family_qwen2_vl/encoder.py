@@ -13,7 +13,6 @@ has one tower.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +20,8 @@ import torch
 from torch import nn
 
 from omnicore.api import on_meta, plan_checkpoint
-from omnicore_family_qwen2_vl.loading import LM_PARTS, TOWER_RENAMES
+from omnicore_family_qwen2_vl.loading import TOWER
 from omnicore_family_qwen2_vl.processor import Qwen2VLMediaProcessor, build_processor, checkpoint_folder
-
-PROCESSOR_FILES = (
-    "preprocessor_config.json",
-    "video_preprocessor_config.json",
-    "processor_config.json",
-    "chat_template.json",
-    "chat_template.jinja",
-)
-"""The processor files of a published folder (copied unchanged into saved and exported folders)."""
 
 
 def tower_class(model_type: str) -> type:
@@ -45,20 +35,19 @@ def tower_class(model_type: str) -> type:
     return Qwen2VisionTransformerPretrainedModel
 
 
+def composite_class(model_type: str) -> type:
+    """transformers' whole-model class of ``qwen2_vl`` or ``qwen2_5_vl`` (what the export and a
+    saved part are written as)."""
+    import transformers
+
+    return transformers.Qwen2_5_VLForConditionalGeneration if model_type == "qwen2_5_vl" else transformers.Qwen2VLForConditionalGeneration
+
+
 def merged_width(config: Any) -> int:
     """The width of the merger's rows: ``vision_config.hidden_size`` (Qwen2-VL) or
     ``vision_config.out_hidden_size`` (Qwen2.5-VL), the LM's hidden size as published."""
     vision = config.vision_config
     return int(vision.out_hidden_size if config.model_type == "qwen2_5_vl" else vision.hidden_size)
-
-
-def copy_processor_files(source: Path, folder: Path) -> None:
-    """Copy :data:`PROCESSOR_FILES` present in ``source`` into ``folder`` (nothing when they are the same folder)."""
-    if Path(source).resolve() == Path(folder).resolve():
-        return
-    for name in PROCESSOR_FILES:
-        if (Path(source) / name).is_file():
-            shutil.copyfile(Path(source) / name, Path(folder) / name)
 
 
 class Qwen2VLVisionTower(nn.Module):
@@ -128,16 +117,12 @@ class Qwen2VLVisionTower(nn.Module):
 
     def save_pretrained(self, path: str) -> None:
         """Write ``path`` as a Qwen2-VL folder holding only this part: the composite
-        ``config.json``, ``model.safetensors`` with ``visual.*`` (the published names) and the
-        source's processor files; the factory loads it back."""
-        from safetensors.torch import save_file
+        ``config.json``, ``model.safetensors`` with ``visual.*`` (the published names;
+        :func:`omnicore_family_kit.export.save_part`) and the source's processor files; the factory
+        loads it back."""
+        from omnicore_family_kit.export import save_part
 
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        self.config.save_pretrained(out)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-        copy_processor_files(self.source, out)
+        save_part(self, TOWER, self.config, Path(path), model_class=composite_class(self.config.model_type), source=self.source)
 
 
 def read_config(folder: Path) -> Any:
@@ -168,5 +153,5 @@ def build(options: dict[str, Any], *, hidden_size: int) -> Qwen2VLVisionTower:
         )
     with on_meta():
         module = Qwen2VLVisionTower(config, processor, folder)
-    module.omnicore_pending_load = plan_checkpoint(module, folder, renames=TOWER_RENAMES, other_parts=LM_PARTS, what=what)
+    module.omnicore_pending_load = plan_checkpoint(module, folder, renames=TOWER.renames(), other_parts=TOWER.other_parts(), what=what)
     return module

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from omnicore.api import build_mrope_lm, embedding_names, on_meta, plan_checkpoint
-from omnicore_family_qwen2_vl.loading import LM_RENAMES, TOWER_PARTS
+from omnicore_family_qwen2_vl.loading import LM
 from omnicore_family_qwen2_vl.processor import IMAGE_PAD, VIDEO_PAD, WRAP, Qwen2VLFoundationOptions, checkpoint_folder
 
 WHAT = "model.foundation.options.checkpoint"
@@ -74,7 +74,7 @@ class Qwen2VLFoundation:
             model = build_mrope_lm(config, vocab_size=vocab_size, dtype=dtype)
         model.tie_weights()
         model.omnicore_pending_load = plan_checkpoint(
-            model, self.folder, renames=LM_RENAMES, other_parts=TOWER_PARTS, what=WHAT, grow=embedding_names(model)
+            model, self.folder, renames=LM.renames(), other_parts=LM.other_parts(), what=WHAT, grow=embedding_names(model)
         )
         return model
 
@@ -99,35 +99,31 @@ class Qwen2VLFoundation:
         }
 
     def export_pretrained(self, model: Any, tokenizer: Any, folder: Path) -> None:
-        """Write ``folder`` in the published layout: ``config.json`` (the checkpoint's, with the
-        trained vocabulary size and the tokenizer's ids of the vision tokens), ``model.safetensors``
-        under the names transformers' ``save_pretrained`` writes (``visual.*``, ``model.*``,
-        ``lm_head.*``; no ``lm_head`` when the embeddings are tied), the tokenizer with its chat
-        template, the source's processor files and ``generation_config.json`` if it has one.
+        """Write ``folder`` in the published layout: the trained tensors under the class's names
+        (:data:`~omnicore_family_qwen2_vl.loading.TOWER`, :data:`~omnicore_family_qwen2_vl.loading.LM`),
+        written by ``Qwen2VLForConditionalGeneration`` / ``Qwen2_5_VLForConditionalGeneration``'s own
+        ``save_pretrained`` (:func:`omnicore_family_kit.export.save_through_class`: ``config.json``
+        with the trained vocabulary size and the tokenizer's ids of the vision tokens, the
+        safetensors under the names it writes: ``visual.*``, ``model.*``, ``lm_head.*``, no
+        ``lm_head`` when the embeddings are tied); then the tokenizer with its chat template, the
+        source's processor files and ``generation_config.json`` if it has one.
 
         Args:
             model: an unsharded CPU OmniModel (LoRA merged) whose vision encoder is this family's.
 
         Raises:
-            ValueError: the model has not exactly one Qwen2-VL vision encoder.
+            ValueError: the model has not exactly one Qwen2-VL vision encoder; RuntimeError: its
+                tensors do not fill the class (strict, both ways).
         """
-        from safetensors.torch import save_file
-
-        from omnicore_family_qwen2_vl.encoder import Qwen2VLVisionTower, copy_processor_files
+        from omnicore_family_kit.export import class_state, copy_extra_files, save_through_class
+        from omnicore_family_qwen2_vl.encoder import Qwen2VLVisionTower, composite_class
+        from omnicore_family_qwen2_vl.loading import TOWER
 
         towers = [m for m in model.encoders.values() if isinstance(m, Qwen2VLVisionTower)]
         if len(towers) != 1:
             raise ValueError(f"qwen2_vl export: the model needs exactly one encoder/qwen2_vl_encoder module, found {len(towers)}")
         tower, lm = towers[0], model.lm
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        tensors: dict[str, Any] = dict(tower.state_dict())
-        tied = bool(getattr(lm.config, "tie_word_embeddings", False))
-        for name, value in lm.state_dict().items():
-            if not (tied and name.startswith("lm_head.")):
-                tensors[name] = value
-        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
         config = self.config()
         config.text_config.vocab_size = int(lm.get_input_embeddings().weight.shape[0])
         token_ids = {
@@ -138,8 +134,9 @@ class Qwen2VLFoundation:
         }
         for key, token in token_ids.items():
             setattr(config, key, int(tokenizer.convert_tokens_to_ids(token)))
-        config.save_pretrained(folder)
-        copy_processor_files(self.folder, folder)
+        state = class_state([(tower, TOWER), (lm, LM)])
+        save_through_class(composite_class(config.model_type), config, state, folder, dtype=lm.get_input_embeddings().weight.dtype)
+        copy_extra_files(self.folder, folder)
         tokenizer.save_pretrained(folder)
         if (self.folder / "generation_config.json").is_file() and self.folder.resolve() != folder.resolve():
             shutil.copyfile(self.folder / "generation_config.json", folder / "generation_config.json")
