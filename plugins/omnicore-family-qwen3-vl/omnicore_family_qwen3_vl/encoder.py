@@ -13,7 +13,6 @@ LM's hidden states at the visual positions after its first layers (Qwen3-VL tech
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,26 +20,8 @@ import torch
 from torch import nn
 
 from omnicore.api import EncoderOutput, on_meta, plan_checkpoint
-from omnicore_family_qwen3_vl.loading import LM_PARTS, TOWER_RENAMES
+from omnicore_family_qwen3_vl.loading import TOWER
 from omnicore_family_qwen3_vl.processor import Qwen3VLMediaProcessor, build_processor, checkpoint_folder
-
-PROCESSOR_FILES = (
-    "preprocessor_config.json",
-    "video_preprocessor_config.json",
-    "processor_config.json",
-    "chat_template.json",
-    "chat_template.jinja",
-)
-"""The processor files of a published folder (copied unchanged into saved and exported folders)."""
-
-
-def copy_processor_files(source: Path, folder: Path) -> None:
-    """Copy :data:`PROCESSOR_FILES` present in ``source`` into ``folder`` (nothing when they are the same folder)."""
-    if Path(source).resolve() == Path(folder).resolve():
-        return
-    for name in PROCESSOR_FILES:
-        if (Path(source) / name).is_file():
-            shutil.copyfile(Path(source) / name, Path(folder) / name)
 
 
 class Qwen3VLVisionTower(nn.Module):
@@ -104,16 +85,14 @@ class Qwen3VLVisionTower(nn.Module):
 
     def save_pretrained(self, path: str) -> None:
         """Write ``path`` as a Qwen3-VL folder holding only this part: the composite ``config.json``,
-        ``model.safetensors`` with ``model.visual.*`` (the published names) and the source's
-        processor files; the factory loads it back."""
-        from safetensors.torch import save_file
+        ``model.safetensors`` with ``model.visual.*`` (the published names;
+        :func:`omnicore_family_kit.export.save_part`) and the source's processor files; the factory
+        loads it back."""
+        from transformers import Qwen3VLForConditionalGeneration
 
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        self.config.save_pretrained(out)
-        tensors = {"model." + k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-        copy_processor_files(self.source, out)
+        from omnicore_family_kit.export import save_part
+
+        save_part(self, TOWER, self.config, Path(path), model_class=Qwen3VLForConditionalGeneration, source=self.source)
 
 
 def build(options: dict[str, Any], *, hidden_size: int) -> Qwen3VLVisionTower:
@@ -139,5 +118,5 @@ def build(options: dict[str, Any], *, hidden_size: int) -> Qwen3VLVisionTower:
         )
     with on_meta():
         module = Qwen3VLVisionTower(config, processor, folder)
-    module.omnicore_pending_load = plan_checkpoint(module, folder, renames=TOWER_RENAMES, other_parts=LM_PARTS, what=what)
+    module.omnicore_pending_load = plan_checkpoint(module, folder, renames=TOWER.renames(), other_parts=TOWER.other_parts(), what=what)
     return module

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from omnicore.api import build_mrope_lm, embedding_names, on_meta, plan_checkpoint
-from omnicore_family_qwen3_vl.loading import LM_RENAMES, TOWER_PARTS
+from omnicore_family_qwen3_vl.loading import LM
 from omnicore_family_qwen3_vl.processor import IMAGE_PAD, VIDEO_PAD, WRAP, Qwen3VLFoundationOptions, checkpoint_folder
 
 WHAT = "model.foundation.options.checkpoint"
@@ -73,7 +73,7 @@ class Qwen3VLFoundation:
             model = build_mrope_lm(config, vocab_size=vocab_size, dtype=dtype)
         model.tie_weights()
         model.omnicore_pending_load = plan_checkpoint(
-            model, self.folder, renames=LM_RENAMES, other_parts=TOWER_PARTS, what=WHAT, grow=embedding_names(model)
+            model, self.folder, renames=LM.renames(), other_parts=LM.other_parts(), what=WHAT, grow=embedding_names(model)
         )
         return model
 
@@ -105,39 +105,33 @@ class Qwen3VLFoundation:
         }
 
     def export_pretrained(self, model: Any, tokenizer: Any, folder: Path) -> None:
-        """Write ``folder`` in the published layout: ``config.json`` (the checkpoint's, with the
-        trained vocabulary size and the tokenizer's ids of the vision tokens), ``model.safetensors``
-        under the names transformers' ``save_pretrained`` writes (``model.visual.*``,
-        ``model.language_model.*``, ``lm_head.*``; no ``lm_head`` when the embeddings are tied), the
-        tokenizer with its chat template, the source's processor files and
-        ``generation_config.json`` if it has one.
+        """Write ``folder`` in the published layout: the trained tensors under
+        ``Qwen3VLForConditionalGeneration``'s names (:data:`~omnicore_family_qwen3_vl.loading.TOWER`,
+        :data:`~omnicore_family_qwen3_vl.loading.LM`), written by its own ``save_pretrained``
+        (:func:`omnicore_family_kit.export.save_through_class`: ``config.json`` with the trained
+        vocabulary size and the tokenizer's ids of the vision tokens, the safetensors under the
+        names it writes: ``model.visual.*``, ``model.language_model.*``, ``lm_head.*``, no
+        ``lm_head`` when the embeddings are tied); then the tokenizer with its chat template, the
+        source's processor files and ``generation_config.json`` if it has one.
 
         Args:
             model: an unsharded CPU OmniModel (LoRA merged) whose vision encoder is this family's.
 
         Raises:
-            ValueError: the model has not exactly one Qwen3-VL vision encoder.
+            ValueError: the model has not exactly one Qwen3-VL vision encoder; RuntimeError: its
+                tensors do not fill the class (strict, both ways).
         """
-        from safetensors.torch import save_file
+        from transformers import Qwen3VLForConditionalGeneration
 
-        from omnicore_family_qwen3_vl.encoder import Qwen3VLVisionTower, copy_processor_files
+        from omnicore_family_kit.export import class_state, copy_extra_files, save_through_class
+        from omnicore_family_qwen3_vl.encoder import Qwen3VLVisionTower
+        from omnicore_family_qwen3_vl.loading import TOWER
 
         towers = [m for m in model.encoders.values() if isinstance(m, Qwen3VLVisionTower)]
         if len(towers) != 1:
             raise ValueError(f"qwen3_vl export: the model needs exactly one encoder/qwen3_vl_encoder module, found {len(towers)}")
-        lm = model.lm
+        tower, lm = towers[0], model.lm
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        tensors = {"model." + k: v for k, v in towers[0].state_dict().items()}
-        tied = bool(getattr(lm.config, "tie_word_embeddings", False))
-        for name, value in lm.state_dict().items():
-            if name.startswith("model."):
-                tensors["model.language_model." + name[len("model.") :]] = value
-            elif not tied:
-                tensors[name] = value
-        save_file(
-            {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"}
-        )
         config = self.config()
         config.text_config.vocab_size = int(lm.get_input_embeddings().weight.shape[0])
         tokens = {
@@ -148,8 +142,9 @@ class Qwen3VLFoundation:
         }
         for key, token in tokens.items():
             setattr(config, key, int(tokenizer.convert_tokens_to_ids(token)))
-        config.save_pretrained(folder)
-        copy_processor_files(self.folder, folder)
+        state = class_state([(tower, TOWER), (lm, LM)])
+        save_through_class(Qwen3VLForConditionalGeneration, config, state, folder, dtype=lm.get_input_embeddings().weight.dtype)
+        copy_extra_files(self.folder, folder)
         tokenizer.save_pretrained(folder)
         if (self.folder / "generation_config.json").is_file() and self.folder.resolve() != folder.resolve():
             shutil.copyfile(self.folder / "generation_config.json", folder / "generation_config.json")
