@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from omnicore.api import Audio, on_meta, plan_checkpoint
-from omnicore_family_qwen2_audio.loading import LM_PARTS, TOWER_RENAMES
+from omnicore_family_qwen2_audio.loading import TOWER
 from omnicore_family_qwen2_audio.processor import Qwen2AudioClipProcessor, build_processor, checkpoint_folder
 
 
@@ -93,15 +93,14 @@ class Qwen2AudioTower(nn.Module):
     def save_pretrained(self, path: str) -> None:
         """Write ``path`` as a Qwen2-Audio folder holding only this part: the composite
         ``config.json``, ``model.safetensors`` with ``audio_tower.*`` and ``multi_modal_projector.*``
-        (the published names) and the feature extractor; the factory loads it back."""
-        from safetensors.torch import save_file
+        (the published names; :func:`omnicore_family_kit.export.save_part`) and the feature
+        extractor; the factory loads it back."""
+        from transformers import Qwen2AudioForConditionalGeneration
 
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        self.config.save_pretrained(out)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-        self.processor.feature_extractor.save_pretrained(out)
+        from omnicore_family_kit.export import save_part
+
+        save_part(self, TOWER, self.config, Path(path), model_class=Qwen2AudioForConditionalGeneration)
+        self.processor.feature_extractor.save_pretrained(path)
 
 
 def read_config(folder: Path) -> Any:
@@ -132,5 +131,5 @@ def build(options: dict[str, Any], *, hidden_size: int) -> Qwen2AudioTower:
         )
     with on_meta():
         module = Qwen2AudioTower(config, processor)
-    module.omnicore_pending_load = plan_checkpoint(module, folder, renames=TOWER_RENAMES, other_parts=LM_PARTS, what=what)
+    module.omnicore_pending_load = plan_checkpoint(module, folder, renames=TOWER.renames(), other_parts=TOWER.other_parts(), what=what)
     return module

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from omnicore.api import embedding_names, on_meta, plan_checkpoint
-from omnicore_family_qwen2_audio.loading import LM_RENAMES, TOWER_PARTS
+from omnicore_family_qwen2_audio.loading import LM
 from omnicore_family_qwen2_audio.processor import Qwen2AudioFoundationOptions, checkpoint_folder
 
 WHAT = "model.foundation.options.checkpoint"
@@ -69,7 +69,7 @@ class Qwen2AudioFoundation:
             model = AutoModelForCausalLM.from_config(text, dtype=dtype or torch.float32)
         model.tie_weights()
         model.omnicore_pending_load = plan_checkpoint(
-            model, self.folder, renames=LM_RENAMES, other_parts=TOWER_PARTS, what=WHAT, grow=embedding_names(model)
+            model, self.folder, renames=LM.renames(), other_parts=LM.other_parts(), what=WHAT, grow=embedding_names(model)
         )
         return model
 
@@ -89,45 +89,38 @@ class Qwen2AudioFoundation:
         }
 
     def export_pretrained(self, model: Any, tokenizer: Any, folder: Path) -> None:
-        """Write ``folder`` in the published layout: ``config.json`` (the checkpoint's, with the
-        trained vocabulary size and ``<|AUDIO|>`` id), ``model.safetensors`` under the published
-        names (``audio_tower.*``, ``multi_modal_projector.*``, ``language_model.model.*``,
-        ``language_model.lm_head.*``, as transformers' ``save_pretrained`` writes them), the
-        tokenizer, ``Qwen2AudioProcessor``'s files and ``generation_config.json`` if the source has one.
+        """Write ``folder`` in the published layout: the trained tensors under
+        ``Qwen2AudioForConditionalGeneration``'s names (:data:`~omnicore_family_qwen2_audio.loading.TOWER`,
+        :data:`~omnicore_family_qwen2_audio.loading.LM`), written by its own ``save_pretrained``
+        (:func:`omnicore_family_kit.export.save_through_class`: ``config.json`` with the trained
+        vocabulary size and ``<|AUDIO|>`` id, the safetensors under the names it writes:
+        ``audio_tower.*``, ``multi_modal_projector.*``, ``language_model.model.*``,
+        ``language_model.lm_head.*``); then the tokenizer, ``Qwen2AudioProcessor``'s files and
+        ``generation_config.json`` if the source has one.
 
         Args:
             model: an unsharded CPU OmniModel (LoRA merged) whose audio encoder is this family's.
 
         Raises:
-            ValueError: the model has no Qwen2-Audio audio encoder.
+            ValueError: the model has no Qwen2-Audio audio encoder; RuntimeError: its tensors do
+                not fill the class (strict, both ways).
         """
-        from safetensors.torch import save_file
-        from transformers import Qwen2AudioProcessor
+        from transformers import Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor
 
+        from omnicore_family_kit.export import class_state, save_through_class
         from omnicore_family_qwen2_audio.encoder import Qwen2AudioTower
+        from omnicore_family_qwen2_audio.loading import TOWER
 
         towers = [m for m in model.encoders.values() if isinstance(m, Qwen2AudioTower)]
         if len(towers) != 1:
             raise ValueError(f"qwen2_audio export: the model needs exactly one encoder/qwen2_audio_encoder, found {len(towers)}")
         tower, lm = towers[0], model.lm
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        tensors: dict[str, Any] = {}
-        for name, value in tower.state_dict().items():
-            tensors[name] = value
-        tied = bool(getattr(lm.config, "tie_word_embeddings", False))
-        for name, value in lm.state_dict().items():
-            if name.startswith("lm_head."):
-                if not tied:
-                    tensors["language_model." + name] = value
-            else:
-                tensors["language_model." + name] = value
-        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
         config = self.config()
         config.text_config.vocab_size = int(lm.get_input_embeddings().weight.shape[0])
         config.audio_token_index = int(tokenizer.convert_tokens_to_ids(tower.processor.placeholder))
-        config.save_pretrained(folder)
+        state = class_state([(tower, TOWER), (lm, LM)])
+        save_through_class(Qwen2AudioForConditionalGeneration, config, state, folder, dtype=lm.get_input_embeddings().weight.dtype)
         tokenizer.save_pretrained(folder)
         Qwen2AudioProcessor(
             feature_extractor=tower.processor.feature_extractor, tokenizer=tokenizer, chat_template=tokenizer.chat_template
