@@ -131,12 +131,8 @@ def _build(registry: Registry, field: str, kind: str, name: str, options: dict[s
     """``registry.build`` for one configured component; a factory's ``ValueError`` or ``OSError``
     (a missing checkpoint folder, a bad file) becomes a :class:`RegistryError` naming the config
     field, so the CLI reports it as a one-line error. A foundation named ``auto`` is the installed
-    family that serves its checkpoint's ``model_type`` (:mod:`omnicore.registry.model_types`)."""
+    family that serves its checkpoint's ``model_type`` (:meth:`Registry.build`)."""
     try:
-        if kind == "foundation":
-            from omnicore.registry.model_types import resolve_auto
-
-            name = resolve_auto(registry.rows, name, options, field)
         return registry.build(kind, name, options, **kwargs)
     except RegistryError:
         raise

@@ -260,7 +260,7 @@ def plan_checkpoint(
         raise LoadError(
             f"{what}: {str(folder)!r} has no model.safetensors (or model.safetensors.index.json); save the checkpoint as safetensors"
         )
-    present = [p for p in other_parts if any(k.startswith(p.rstrip(".") + ".") for k in entries)]
+    present = [p for p in other_parts if any(k == p.rstrip(".") or k.startswith(p.rstrip(".") + ".") for k in entries)]
     return plan_load(
         module, folder, entries, prefix="", init_fresh=init_fresh, ignore_unused=[*ignore_unused, *present], what=what, grow=grow,
         seed=seed, renames=renames,

@@ -242,11 +242,17 @@ class Registry:
 
     def build(self, kind: str, name: str, options: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         """Resolve ``kind/name``, validate ``options`` with its options model, and call its factory.
+        A foundation named ``auto`` is the installed family that serves ``options["checkpoint"]``'s
+        model type (:meth:`foundation_for`).
 
         Raises:
             RegistryError: if the component cannot be resolved or imported, or if ``options`` fail
                 validation (the message names the component and the offending field).
         """
+        if kind == "foundation":
+            from omnicore.registry.model_types import resolve_auto
+
+            name = resolve_auto(self.rows, name, options or {})
         return build_component(self.resolve(kind, name), options, **kwargs)
 
     def build_processor(self, kind: str, name: str, options: dict[str, Any] | None = None) -> Any:

@@ -62,10 +62,13 @@ def fake_distribution(tmp_path):
 
 
 def pytest_configure(config) -> None:
-    """Register the marker that the contract suites put on their tests that start a process
-    (``cli``: the hook-module import check runs a fresh interpreter), so that a plugin's own suite
-    runs under ``--strict-markers`` and can leave them out with ``-m "not cli"``."""
+    """Register the markers that the contract and family suites put on their tests (``cli``: the
+    hook-module import check runs a fresh interpreter; ``multiprocess`` and ``slow``: the family
+    suite's FSDP2 test), so that a plugin's own suite runs under ``--strict-markers`` and can leave
+    them out with ``-m "not cli and not multiprocess"``."""
     config.addinivalue_line("markers", "cli: runs a subprocess (the omnicore command line, a script, pip or a venv)")
+    config.addinivalue_line("markers", "multiprocess: starts processes of its own (the family suite's FSDP2 test)")
+    config.addinivalue_line("markers", "slow: takes more than about 2 s on a 2-core CPU machine")
 
 
 def pytest_report_header(config) -> str | None:

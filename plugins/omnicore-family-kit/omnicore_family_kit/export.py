@@ -195,26 +195,27 @@ def _saved_layout(model: Any, state: dict[str, Any]) -> dict[str, Any]:
 def _tied_names(model: Any) -> list[str]:
     """The names the class ties to another tensor (``lm_head.weight`` with tied embeddings)."""
     tied = getattr(model, "_tied_weights_keys", None) or {}
-    if not getattr(model.config.get_text_config(), "tie_word_embeddings", getattr(model.config, "tie_word_embeddings", False)):
+    if not getattr(model.config, "tie_word_embeddings", False):  # what transformers' tie_weights reads (the top-level config)
         return []
     return list(tied) if isinstance(tied, dict) else list(tied)
 
 
 def check_written(model: Any, folder: Path) -> None:
     """Read the written safetensors headers back: every tensor that ``save_pretrained`` writes for
-    ``model`` is there with its shape (what the class's ``from_pretrained`` reads strictly).
+    ``model`` is there with its shape (what the class's ``from_pretrained`` reads strictly); of a
+    tensor the model holds under several names (tied embeddings), one name is enough.
 
     Raises:
         RuntimeError: a tensor is missing or has another shape (naming it).
     """
     written = written_shapes(folder)
-    want = saved_names(model)
-    missing = sorted(set(want) - set(written))
-    if missing:
-        raise RuntimeError(f"export: {folder} lacks {len(missing)} tensors the class reads, e.g. {missing[:3]}; export again")
-    for name, shape in want.items():
-        if tuple(written[name]) != tuple(shape):
-            raise RuntimeError(f"export: {folder} holds {name} of shape {tuple(written[name])}, the class expects {tuple(shape)}")
+    for names, shape in saved_groups(model):
+        present = [n for n in names if n in written]
+        if not present:
+            raise RuntimeError(f"export: {folder} lacks {names[0]!r}, which the class reads; export again")
+        for name in present:
+            if tuple(written[name]) != tuple(shape):
+                raise RuntimeError(f"export: {folder} holds {name} of shape {tuple(written[name])}, the class expects {tuple(shape)}")
 
 
 def written_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
@@ -236,19 +237,28 @@ def written_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def saved_names(model: Any) -> dict[str, tuple[int, ...]]:
-    """``name -> shape`` of what ``model.save_pretrained`` writes (transformers' conversion to the
-    published layout applied to the in-memory names; tied copies left out)."""
-    state = model.state_dict()
-    tied = set(_tied_names(model))
-    state = {k: v for k, v in state.items() if k not in tied}
+def saved_groups(model: Any) -> list[tuple[list[str], tuple[int, ...]]]:
+    """Each tensor of ``model`` as ``(the names save_pretrained may write it under, shape)``: its
+    in-memory names (several when tied) put through transformers' conversion to the published
+    layout (``revert_weight_conversion``, names only: each name's value is followed by identity)."""
+    state = model.state_dict(keep_vars=True)
+    groups: dict[int, list[str]] = {}
+    for name, value in state.items():
+        groups.setdefault(id(value), []).append(name)
+    tags = {name: _Tag() for name in state}
     try:
         from transformers.core_model_loading import revert_weight_conversion
 
-        state = revert_weight_conversion(model, dict(state))
-    except ImportError:  # no conversion in this transformers: the in-memory names are written
-        pass
-    return {k: tuple(v.shape) for k, v in state.items()}
+        converted = revert_weight_conversion(model, dict(tags))
+        saved = {id(v): k for k, v in converted.items()}
+    except Exception:  # no conversion in this transformers, or one that needs real tensors
+        saved = {}
+    rename = {name: saved.get(id(tag), name) for name, tag in tags.items()}
+    return [([rename[n] for n in names], tuple(state[names[0]].shape)) for names in groups.values()]
+
+
+class _Tag:
+    """A value whose identity follows one name through the conversion."""
 
 
 def copy_extra_files(source: Path, folder: Path, names: Iterable[str] = PROCESSOR_FILES) -> None:

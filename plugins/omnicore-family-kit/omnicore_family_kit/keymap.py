@@ -135,9 +135,10 @@ def saved_renames(model: Any) -> dict[str, str]:
         k = 0
         while k < min(len(a), len(b)) - 1 and a[-1 - k] == b[-1 - k]:  # keep one part of each: a prefix is never empty
             k += 1
-        old, new = ".".join(b[: len(b) - k]) + ".", ".".join(a[: len(a) - k]) + "."
-        if old != "." and new != ".":
-            out.setdefault(old, new)
+        if k == 0:  # a tensor directly under the root (LLaVA-NeXT's image_newline): its whole name
+            out.setdefault(theirs, ours)
+            continue
+        out.setdefault(".".join(b[: len(b) - k]) + ".", ".".join(a[: len(a) - k]) + ".")
     return out
 
 

@@ -21,12 +21,13 @@ processors have no PIL backend).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from omnicore_family_kit.processors import processor_class_without_torchvision, video_processor
 
 # -- turn formats -----------------------------------------------------------------------------------
 
@@ -704,48 +705,6 @@ def standin_tokenizer(model_type: str) -> Any:
     return tok
 
 
-def _has_torchvision() -> bool:
-    return importlib.util.find_spec("torchvision") is not None
-
-
-def _video_processor(name: str, settings: dict[str, Any]) -> Any:
-    """transformers' video processor ``name`` with ``settings`` where torchvision is installed, else a
-    ``VideoProcessorMixin`` that holds the settings, saves them under ``name`` and refuses videos."""
-    import transformers
-    from transformers.video_processing_utils import VideoProcessorMixin
-
-    if _has_torchvision():
-        return getattr(transformers, name)(**settings)
-
-    class VideoSettings(VideoProcessorMixin):
-        def to_dict(self) -> dict[str, Any]:
-            return {**{k: v for k, v in self.__dict__.items() if not k.startswith("_")}, "video_processor_type": name}
-
-        def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            raise ImportError(f"{name} needs torchvision, which is not installed: this processor takes images only")
-
-    return VideoSettings(**settings)
-
-
-def _processor_class(name: str, video: bool) -> Any:
-    """transformers' processor class ``name``; without torchvision, for a processor holding a video
-    processor, a subclass of the same name whose argument check accepts :func:`_video_processor`'s
-    stand-in (transformers checks it against ``VIDEO_PROCESSOR_MAPPING``, which needs torchvision)."""
-    import transformers
-    from transformers.video_processing_utils import VideoProcessorMixin
-
-    cls = getattr(transformers, name)
-    if not video or _has_torchvision():
-        return cls
-
-    def check_argument_for_proper_class(self: Any, argument_name: str, argument: Any) -> Any:
-        if argument_name == "video_processor" and isinstance(argument, VideoProcessorMixin):
-            return VideoProcessorMixin
-        return cls.check_argument_for_proper_class(self, argument_name, argument)
-
-    return type(name, (cls,), {"check_argument_for_proper_class": check_argument_for_proper_class})
-
-
 def save_standin(model_type: str, folder: str | Path, *, seed: int = 0) -> Path:
     """Write ``model_type``'s tiny random checkpoint into ``folder`` (created) and return it.
 
@@ -768,8 +727,8 @@ def save_standin(model_type: str, folder: str | Path, *, seed: int = 0) -> Path:
     tok = standin_tokenizer(model_type)
     parts = {name: getattr(transformers, cls)(**kwargs) for name, (cls, kwargs) in spec.parts.items()}
     if spec.video is not None:
-        parts["video_processor"] = _video_processor(*spec.video)
-    processor_class = _processor_class(spec.processor, spec.video is not None)
+        parts["video_processor"] = video_processor(*spec.video)
+    processor_class = processor_class_without_torchvision(spec.processor, spec.video is not None)
     processor = processor_class(tokenizer=tok, chat_template=spec.template, **parts, **spec.processor_kwargs)
     # some processors add tokens to the tokenizer (PaliGemma's location tokens): size the vocabulary after
     vocab = len(tok) + 6  # embedding rows beyond the tokenizer, as published vocabularies have
@@ -783,26 +742,3 @@ def save_standin(model_type: str, folder: str | Path, *, seed: int = 0) -> Path:
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
-
-
-def load_processor(folder: str | Path) -> Any:
-    """``AutoProcessor.from_pretrained(folder)``; where the processor holds a video processor that
-    needs torchvision and torchvision is missing, its class (:func:`_processor_class`) loaded with
-    a stand-in video processor of the saved settings (see the module docstring).
-
-    Raises:
-        FileNotFoundError: ``folder`` has no ``processor_config.json`` (write it with
-            :func:`save_standin`).
-    """
-    from transformers import AutoProcessor
-
-    path = Path(folder) / "processor_config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"load_processor: {str(path)!r} does not exist; write the folder with save_standin")
-    saved = json.loads(path.read_text())
-    video = saved.get("video_processor")
-    if video is None or _has_torchvision():
-        return AutoProcessor.from_pretrained(folder)
-    settings = {k: v for k, v in video.items() if k != "video_processor_type"}
-    cls = _processor_class(saved["processor_class"], video=True)
-    return cls.from_pretrained(folder, video_processor=_video_processor(video["video_processor_type"], settings))

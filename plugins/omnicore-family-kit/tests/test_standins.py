@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from omnicore_family_kit.standins import MODEL_TYPES, STANDINS, load_processor, save_standin
+from omnicore_family_kit.processors import load_processor
+from omnicore_family_kit.standins import MODEL_TYPES, STANDINS, save_standin
 
 HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
 NEEDS = {"smolvlm": "num2words"}

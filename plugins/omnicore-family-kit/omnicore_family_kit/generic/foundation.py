@@ -35,39 +35,66 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 logger = logging.getLogger(__name__)
 
 
+ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+"""``layer_types`` of text configs whose layers keep packed samples apart (attention with the
+packed mask); any other (``linear_attention``, ``conv``) carries state along the whole row."""
+
+
 def refusal(config: dict[str, Any], composite: Any = None) -> str | None:
     """Why the generic family cannot serve a checkpoint of this ``config.json`` exactly, or None.
 
-    Checked: positions that are not 1-D (mRoPE: ``get_rope_index``), attention that is not causal
-    over text and media alike (Gemma 3's and PaliGemma's bidirectional image spans), a final logit
-    soft cap (omnicore's loss takes the head's plain logits).
+    Checked, each with what would serve it: positions that are not 1-D (mRoPE, the class's
+    ``get_rope_index``); a mask the class builds from ``token_type_ids`` (Gemma 3's bidirectional
+    image spans, PaliGemma's prefix); per-layer inputs the text model takes besides the embeddings
+    (Gemma 3n); a final logit soft cap or logit scale (omnicore's loss takes the head's plain
+    logits); layers that carry state along the packed row (linear attention, convolutions); a
+    modality whose placeholder the config names but whose feature method the class lacks.
     """
     text = config.get("text_config") or {}
     model_type = config.get("model_type")
-    if composite is not None and callable(getattr(getattr(composite, "model", composite), "get_rope_index", None)):
-        return (
-            f"model type {model_type!r} rotates by multi-axis positions (its get_rope_index), which the generic family does not "
-            "compute yet; a family plugin that does (for example omnicore-family-qwen2-vl for qwen2_vl) serves it"
-        )
+    head = f"model type {model_type!r}"
     if text.get("final_logit_softcapping") or config.get("final_logit_softcapping"):
-        return f"model type {model_type!r} soft-caps its final logits, which omnicore's text loss does not apply"
-    if composite is not None and _bidirectional_media(composite):
+        return f"{head} soft-caps its final logits, which omnicore's text loss does not apply"
+    scale = text.get("logit_scale", config.get("logit_scale"))
+    if scale not in (None, 1, 1.0):
+        return f"{head} multiplies its logits by logit_scale {scale}, which omnicore's text loss does not apply"
+    kinds = set(text.get("layer_types") or config.get("layer_types") or [])
+    if kinds - ATTENTION_LAYERS:
         return (
-            f"model type {model_type!r} attends bidirectionally inside each image (token_type_ids), which the generic "
-            "family's causal, packed attention does not reproduce; it is refused rather than trained approximately"
+            f"{head} has {', '.join(sorted(kinds - ATTENTION_LAYERS))} layers, which carry state across the samples packed "
+            "in a row on the torch path; a family plugin that restarts them at sample boundaries is needed"
         )
+    if composite is None:
+        return None
+    base = getattr(composite, "model", composite)
+    if callable(getattr(base, "get_rope_index", None)):
+        return (
+            f"{head} rotates by multi-axis positions (its get_rope_index), which the generic family does not compute yet; "
+            "a family plugin that does serves it (omnicore-family-qwen2-vl for qwen2_vl and qwen2_5_vl)"
+        )
+    params = _forward_params(base)
+    if "token_type_ids" in params:
+        return (
+            f"{head} builds its attention mask from token_type_ids (bidirectional image or prefix spans), which the generic "
+            "family's causal packed attention does not reproduce; it is refused rather than trained approximately"
+        )
+    decoder = composite.get_decoder() if callable(getattr(composite, "get_decoder", None)) else None
+    if decoder is not None and "per_layer_inputs" in _forward_params(decoder):
+        return f"{head}'s text model takes per-layer inputs computed from the token ids, which the generic family does not give"
+    for modality, method in FEATURES_BY_MODALITY.items():
+        if placeholder_id(config, modality) is not None and not callable(getattr(composite, method, None)):
+            return f"{head} names a {modality} placeholder but its class has no {method}; a family plugin must encode its {modality}"
     return None
 
 
-def _bidirectional_media(composite: Any) -> bool:
-    """Whether the class builds its mask from ``token_type_ids`` (Gemma 3, PaliGemma)."""
+def _forward_params(module: Any) -> set[str]:
+    """The parameter names of ``module.forward`` (empty when they cannot be read)."""
     import inspect
 
-    base = getattr(composite, "model", composite)
     try:
-        return "token_type_ids" in inspect.signature(base.forward).parameters and "gemma" in type(base).__name__.lower()
+        return set(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
-        return False
+        return set()
 
 
 class GenericFoundation:

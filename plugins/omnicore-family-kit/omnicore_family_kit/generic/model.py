@@ -85,6 +85,7 @@ def layout_of(model: Any) -> Layout:
         towers += tuple(
             n for n, m in model.named_children() if n not in (parent, hd) and m is not None and any(True for _ in m.parameters())
         )
+    towers += tuple(f"{parent}.{n}" if parent else n for n, _ in base.named_parameters(recurse=False))  # LLaVA-NeXT's image_newline
     return Layout(dec, hd, towers)
 
 

@@ -23,12 +23,12 @@ each data worker).
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
 
 from omnicore.api import Audio, ItemLayout, Video, resample
+from omnicore_family_kit.processors import load_hf_processor
 
 TOKEN_ID_KEYS = {
     "image": ("image_token_id", "image_token_index"),
@@ -47,25 +47,6 @@ ITEM_IDS = "item_ids"
 _OPEN, _CLOSE = "\ue000", "\ue001"
 
 
-@functools.cache
-def load_hf_processor(folder: str) -> Any:
-    """``AutoProcessor.from_pretrained(folder)`` once per process (offline).
-
-    Raises:
-        ValueError: transformers cannot build a processor from the folder (naming it and what to add).
-    """
-    from transformers import AutoProcessor
-
-    try:
-        return AutoProcessor.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(
-            f"{folder}: transformers cannot build the checkpoint's processor ({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); "
-            "the folder needs the processor files save_pretrained of its processor writes (processor_config.json or "
-            "preprocessor_config.json, tokenizer files)"
-        ) from exc
-
-
 def read_config_json(folder: Path) -> dict[str, Any]:
     """``config.json`` of ``folder`` as a dict."""
     return json.loads((Path(folder) / "config.json").read_text())
@@ -81,7 +62,8 @@ def placeholder_id(config: dict[str, Any], modality: str) -> int | None:
 
 
 def template_marker(processor: Any, modality: str) -> str | None:
-    """What the processor's chat template writes for one item of ``modality`` (stripped), found by
+    """What the processor's chat template writes for one item of ``modality`` (with the whitespace
+    it writes around the item, so that a sample trains on the template's own text), found by
     rendering a user turn with the item and one with empty text and taking the tokens that differ; None when
     the template renders no such part or fails."""
     render = getattr(processor, "apply_chat_template", None)
@@ -100,8 +82,8 @@ def template_marker(processor: Any, modality: str) -> str | None:
     j = 0
     while j < min(len(x), len(y)) - i and x[-1 - j] == y[-1 - j]:
         j += 1
-    marker = tok.decode(x[i : len(x) - j]).strip()
-    return marker or None
+    marker = tok.decode(x[i : len(x) - j], clean_up_tokenization_spaces=False)
+    return marker if marker.strip() else None
 
 
 class GenericItemProcessor:

@@ -1,0 +1,93 @@
+"""The generic family's matrix: every model type it serves, each a tiny random checkpoint of its
+transformers class (:mod:`omnicore_family_kit.standins`), run through ``model.foundation: {name:
+auto}`` against the class's own forward by the family parity suite
+(:class:`omnicore.testing.FamilyParitySuite`): ids equal the processor's, logits equal the class's
+on text only, one image and two images (fp32, 1e-5), a packed row equals each sample alone, the
+loss equals transformers' on the assistant tokens, and the export is read back by the class's
+``from_pretrained`` with equal logits. Two FSDP2 processes equal one for two representative types
+(LLaVA-NeXT's tiling, Idefics3's tiles and connector); the rest leave that test out to keep the
+suite's time.
+
+Each model type the generic family cannot serve exactly is refused at build time with one line
+naming the reason (:data:`REFUSED`). docs/families.md holds the matrix as a table.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import omnicore_family_kit.plugin
+from omnicore.testing import FamilyParitySuite
+from omnicore_family_kit.standins import MODEL_TYPES, save_standin
+
+SERVED = ("llava", "llava_next", "llava_onevision", "internvl", "idefics3", "smolvlm")
+"""Model types the generic family serves exactly (each one class below)."""
+FSDP2 = ("llava_next", "idefics3")
+"""The types whose FSDP2 test runs (about 40 s each)."""
+REFUSED = {
+    "gemma3": "token_type_ids",
+    "paligemma": "token_type_ids",
+    "aya_vision": "logit_scale",
+    "glm4v": "get_rope_index",
+    "qwen2_vl": "get_rope_index",
+    "minicpmv4_6": "linear_attention",
+    "qwen2_audio": "get_audio_features",
+}
+"""Model type -> a word of the reason the generic family gives when it refuses it."""
+
+IMAGES = {"a.png": (40, 52), "b.png": (70, 33)}
+
+
+class GenericParity(FamilyParitySuite):
+    """The suite on one stand-in of :attr:`model_type`, served by the generic family."""
+
+    __test__ = False
+    model_type = ""
+    foundation = "auto"
+    plugins = [(omnicore_family_kit.plugin, "omnicore-family-kit")]
+    hf_class = "AutoModelForImageTextToText"
+    samples = [
+        ([{"type": "text", "text": "Say hi"}], "hi there"),
+        ([{"type": "image", "path": "a.png"}, {"type": "text", "text": "What is it?"}], "noise"),
+        (
+            [{"type": "image", "path": "b.png"}, {"type": "image", "path": "a.png"}, {"type": "text", "text": "Which is wider?"}],
+            "the first",
+        ),
+    ]
+    media = IMAGES
+
+    def standin(self, tmp_path_factory):
+        return save_standin(self.model_type, tmp_path_factory.mktemp(self.model_type) / "standin")
+
+    def load_hf_processor(self, folder):
+        from omnicore_family_kit.processors import load_hf_processor
+
+        return load_hf_processor(str(folder))
+
+    def hf_messages(self, user, answer):
+        """The same parts, in order, as the processor's chat template takes them."""
+        content = [{"type": "image"} if p["type"] == "image" else {"type": "text", "text": p["text"]} for p in user]
+        return [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]
+
+
+for _type in SERVED:
+    _name = "Test" + "".join(part.capitalize() for part in _type.split("_"))
+    _attrs = {"model_type": _type, "__module__": __name__, "__qualname__": _name}
+    if _type not in FSDP2:
+        _attrs["test_two_fsdp2_processes_equal_one"] = None
+    globals()[_name] = type(_name, (GenericParity,), _attrs)
+del _type, _name, _attrs
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_a_type_the_generic_family_cannot_serve_is_refused_with_its_reason(model_type, tmp_path):
+    from omnicore.testing import isolated_registry
+
+    if model_type not in MODEL_TYPES:
+        pytest.skip(f"no stand-in of {model_type} here")
+    folder = save_standin(model_type, tmp_path / "standin")
+    registry = isolated_registry([(omnicore_family_kit.plugin, "omnicore-family-kit")], builtins=True)
+    with pytest.raises(ValueError, match="cannot serve it exactly") as info:
+        registry.build("foundation", "generic", {"checkpoint": str(folder)})
+    message = str(info.value)
+    assert REFUSED[model_type] in message and "\n" not in message
