@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from omnicore.api import ComponentSpec, hookimpl
 
+MODEL_TYPES = ("csm",)
+"""The ``config.json`` ``model_type`` values this family reads (CSM): ``foundation/csm``
+names them in ``extra["model_types"]``, so ``model.foundation: {name: auto}`` picks it for them."""
+
 
 @hookimpl
 def omnicore_foundations() -> list[ComponentSpec]:
@@ -21,6 +25,7 @@ def omnicore_foundations() -> list[ComponentSpec]:
                 "Sesame CSM as published (CsmForConditionalGeneration folder): its text embedding and backbone, "
                 "tokenizer; with decoder/csm_audio exports the published layout"
             ),
+            extra={"model_types": MODEL_TYPES},
         )
     ]
 

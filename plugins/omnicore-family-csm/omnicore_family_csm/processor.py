@@ -17,7 +17,6 @@ frame placeholder, so a target takes ``ceil(L / hop) + 1`` placeholders (see REA
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnicore.api import Audio, collate_waveforms, resample
+from omnicore_family_csm.plugin import MODEL_TYPES
+from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
 
 START = "<|end_of_text|>"
 """The token that ends a speaker's text in CSM's chat template and after which its audio starts:
@@ -79,20 +80,16 @@ class CsmAudioOptions(BaseModel):
 
 
 def checkpoint_folder(checkpoint: str, what: str) -> Path:
-    """``checkpoint`` as a folder with a CSM ``config.json``.
+    """``checkpoint`` as a folder whose ``config.json`` is a CSM one: the kit's
+    :func:`omnicore_family_kit.checkpoint.checkpoint_folder` with :data:`MODEL_TYPES` and
+    :data:`WHAT_TO_PUT`.
 
     Raises:
         ValueError: naming ``what`` and what to put there, when the folder or its ``config.json`` is
-            missing or its ``model_type`` is not ``csm``.
+            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the installed
+            foundation that serves that model type, found through the registry).
     """
-    folder = Path(checkpoint).expanduser()
-    cfg = folder / "config.json"
-    if not cfg.is_file():
-        raise ValueError(f"{what}: {str(folder)!r} has no config.json; {WHAT_TO_PUT}")
-    model_type = json.loads(cfg.read_text()).get("model_type")
-    if model_type != "csm":
-        raise ValueError(f"{what}: {cfg} has model_type {model_type!r}, not 'csm'; {WHAT_TO_PUT}")
-    return folder
+    return kit_checkpoint_folder(checkpoint, what, MODEL_TYPES, WHAT_TO_PUT)
 
 
 def read_config(folder: Path) -> Any:

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from omnicore.api import Audio, LoadError, fill_now, resample
 from omnicore_family_csm.decoder import build as build_decoder
 from omnicore_family_csm.foundation import CsmFoundation
-from omnicore_family_csm.processor import build_processor
+from omnicore_family_csm.processor import WHAT_TO_PUT, build_processor
 
 # samples at 24 kHz around Mimi's 1920-sample frames: one sample, a frame either side, 1 s, odd lengths
 LENGTHS = [1, 1919, 1920, 1921, 3840, 5000, 11519, 24000, 24001, 30000]
@@ -138,7 +138,7 @@ def test_bad_checkpoints_name_the_field(standin, tmp_path):
     with pytest.raises(ValueError, match=r"model.decoders.audio.options.checkpoint: .* has no config.json"):
         build_processor({"checkpoint": str(tmp_path)})
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mimi"}))
-    with pytest.raises(ValueError, match=r"model.foundation.options.checkpoint: .* has model_type 'mimi', not 'csm'"):
+    with pytest.raises(ValueError, match=r"model.foundation.options.checkpoint: .* has model_type 'mimi', not one of csm"):
         CsmFoundation({"checkpoint": str(tmp_path)})
     with pytest.raises(ValueError, match=r"hidden size 32, but the foundation's is 48"):
         build_decoder({"checkpoint": str(standin)}, hidden_size=48)
@@ -153,3 +153,49 @@ def test_bad_checkpoints_name_the_field(standin, tmp_path):
     save_file(tensors, str(broken / "model.safetensors"))
     with pytest.raises(LoadError, match=r"model.foundation.options.checkpoint: .*model.norm.weight"):
         fill_now(CsmFoundation({"checkpoint": str(broken)}).build_model(10))
+
+
+def test_the_foundation_serves_its_model_types():
+    """foundation/csm names its model type in its spec, so ``name: auto`` picks it."""
+    from omnicore.api import Registry
+    from omnicore_family_csm import plugin
+
+    assert plugin.MODEL_TYPES == ("csm",)
+    assert [s.extra["model_types"] for s in plugin.omnicore_foundations()] == [plugin.MODEL_TYPES]
+    assert Registry.discover().foundation_for("csm") == "csm"
+
+
+def test_another_model_type_names_the_installed_foundation_serving_it(tmp_path, monkeypatch, isolated_registry):
+    """A checkpoint of another model type names the installed foundation listing it (read from the
+    registry, no table here); with none listing it, no hint."""
+    from omnicore.api import ComponentSpec, hookimpl
+    from omnicore_family_kit import checkpoint
+
+    class Other:
+        @hookimpl
+        def omnicore_foundations(self):
+            return [ComponentSpec(name="other_fam", target="other_fam:build", extra={"model_types": ("mimi",)})]
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mimi"}))
+    cfg = tmp_path / "config.json"
+    for plugins, hint in (
+        (
+            ("omnicore_family_csm.plugin", (Other(), "other")),
+            "; model type 'mimi' is served by foundation/other_fam: set model.foundation.name to other_fam (or auto)",
+        ),
+        (("omnicore_family_csm.plugin",), ""),
+    ):
+        rows = tuple(isolated_registry(*plugins).rows)
+        monkeypatch.setattr(checkpoint, "_installed_rows", lambda rows=rows: rows)
+        with pytest.raises(ValueError) as err:
+            CsmFoundation({"checkpoint": str(tmp_path)})
+        assert (
+            str(err.value)
+            == f"model.foundation.options.checkpoint: {cfg} has model_type 'mimi', not one of csm{hint}; otherwise {WHAT_TO_PUT}"
+        )
+        if hint:  # a decoder's field: the checkpoint belongs to a foundation, not to it
+            with pytest.raises(
+                ValueError,
+                match=r"model.decoders.audio.options.checkpoint: .* is served by foundation/other_fam: point model.foundation \(name: other_fam, or auto\) at it, not model.decoders.audio;",
+            ):
+                build_processor({"checkpoint": str(tmp_path)})

@@ -76,12 +76,21 @@ def checkpoint_folder(checkpoint: str, what: str, model_types: tuple[str, ...], 
 
 
 def family_hint(model_type: Any, what: str) -> str:
-    """``"; foundation/<name> reads it (...)"`` for a model type another installed family (or the
-    generic family) serves, ``""`` otherwise."""
+    """``"; model type 't' is served by foundation/<name>: ..."`` for a model type another installed
+    family (or the generic family) serves, ``""`` otherwise (no model type, or none serves it).
+
+    For ``model.foundation...`` it says to set ``model.foundation.name`` to that foundation (or
+    ``auto``); for another field (an encoder's or decoder's ``checkpoint``) it says to point
+    ``model.foundation`` at the checkpoint instead of that field, since only foundations name the
+    model types they serve.
+    """
     if not isinstance(model_type, str):
         return ""
     name = serving_family(model_type)
     if name is None:
         return ""
     field = what.split(".options")[0]
-    return f"; model type {model_type!r} is served by foundation/{name}: set {field}.name to {name} (or auto)"
+    served = f"; model type {model_type!r} is served by foundation/{name}"
+    if field == "model.foundation":
+        return f"{served}: set model.foundation.name to {name} (or auto)"
+    return f"{served}: point model.foundation (name: {name}, or auto) at it, not {field}"

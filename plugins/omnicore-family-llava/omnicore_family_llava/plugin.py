@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from omnicore.api import ComponentSpec, hookimpl
 
+MODEL_TYPES = ("llava",)
+"""The ``config.json`` ``model_type`` values this family reads (LLaVA): ``foundation/llava``
+names them in ``extra["model_types"]``, so ``model.foundation: {name: auto}`` picks it for them."""
+
 
 @hookimpl
 def omnicore_foundations() -> list[ComponentSpec]:
@@ -21,6 +25,7 @@ def omnicore_foundations() -> list[ComponentSpec]:
                 "LLaVA as published (LlavaForConditionalGeneration folder): its Llama/Qwen2 LM, tokenizer and chat "
                 "template, and its CLIP/SigLIP vision tower + projector as the image encoder; exports the published layout"
             ),
+            extra={"model_types": MODEL_TYPES},
         )
     ]
 

@@ -23,6 +23,9 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
+from omnicore_family_llava.plugin import MODEL_TYPES
+
 IMAGE_TOKEN = "<image>"
 WHAT_TO_PUT = (
     "point options.checkpoint at a LLaVA folder as published (llava-hf/llava-1.5-7b-hf, or what "
@@ -61,21 +64,16 @@ class LlavaFoundationOptions(BaseModel):
 
 
 def checkpoint_folder(checkpoint: str, what: str) -> Path:
-    """``checkpoint`` as a folder with a LLaVA ``config.json`` (Hub names are resolved to the local
-    cache by the core before the options reach here).
+    """``checkpoint`` as a folder whose ``config.json`` is a LLaVA one: the kit's
+    :func:`omnicore_family_kit.checkpoint.checkpoint_folder` with :data:`MODEL_TYPES` and
+    :data:`WHAT_TO_PUT`.
 
     Raises:
         ValueError: naming ``what`` and what to put there, when the folder or its ``config.json`` is
-            missing or is not a ``llava`` config.
+            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the installed
+            foundation that serves that model type, found through the registry).
     """
-    folder = Path(checkpoint).expanduser()
-    cfg = folder / "config.json"
-    if not cfg.is_file():
-        raise ValueError(f"{what}: {str(folder)!r} has no config.json; {WHAT_TO_PUT}")
-    model_type = json.loads(cfg.read_text()).get("model_type")
-    if model_type != "llava":
-        raise ValueError(f"{what}: {cfg} has model_type {model_type!r}, not 'llava'; {WHAT_TO_PUT}")
-    return folder
+    return kit_checkpoint_folder(checkpoint, what, MODEL_TYPES, WHAT_TO_PUT)
 
 
 def image_rows(config: Any) -> int:

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from omnicore.api import LoadError, fill_now
 from omnicore_family_llava.encoder import build as build_encoder
 from omnicore_family_llava.foundation import LlavaFoundation
-from omnicore_family_llava.processor import build_processor
+from omnicore_family_llava.processor import WHAT_TO_PUT, build_processor
 from omnicore_family_llava.standin import save_standin
 
 SIZES = [(8, 8), (31, 17), (32, 32), (50, 40), (100, 33), (17, 90), (224, 224)]
@@ -159,3 +159,49 @@ def test_bad_checkpoints_name_the_field(standin, tower, tmp_path):
     path.write_text(json.dumps({k: v for k, v in raw.items() if k != "patch_size"}))
     with pytest.raises(ValueError, match=r"processor_config.json has no patch_size"):
         build_processor({"checkpoint": str(tmp_path / "miscount")})
+
+
+def test_the_foundation_serves_its_model_types():
+    """foundation/llava names its model type in its spec, so ``name: auto`` picks it."""
+    from omnicore.api import Registry
+    from omnicore_family_llava import plugin
+
+    assert plugin.MODEL_TYPES == ("llava",)
+    assert [s.extra["model_types"] for s in plugin.omnicore_foundations()] == [plugin.MODEL_TYPES]
+    assert Registry.discover().foundation_for("llava") == "llava"
+
+
+def test_another_model_type_names_the_installed_foundation_serving_it(tmp_path, monkeypatch, isolated_registry):
+    """A checkpoint of another model type names the installed foundation listing it (read from the
+    registry, no table here); with none listing it, no hint."""
+    from omnicore.api import ComponentSpec, hookimpl
+    from omnicore_family_kit import checkpoint
+
+    class Other:
+        @hookimpl
+        def omnicore_foundations(self):
+            return [ComponentSpec(name="other_fam", target="other_fam:build", extra={"model_types": ("qwen2_vl",)})]
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
+    cfg = tmp_path / "config.json"
+    for plugins, hint in (
+        (
+            ("omnicore_family_llava.plugin", (Other(), "other")),
+            "; model type 'qwen2_vl' is served by foundation/other_fam: set model.foundation.name to other_fam (or auto)",
+        ),
+        (("omnicore_family_llava.plugin",), ""),
+    ):
+        rows = tuple(isolated_registry(*plugins).rows)
+        monkeypatch.setattr(checkpoint, "_installed_rows", lambda rows=rows: rows)
+        with pytest.raises(ValueError) as err:
+            LlavaFoundation({"checkpoint": str(tmp_path)})
+        assert (
+            str(err.value)
+            == f"model.foundation.options.checkpoint: {cfg} has model_type 'qwen2_vl', not one of llava{hint}; otherwise {WHAT_TO_PUT}"
+        )
+        if hint:  # an encoder's field: the checkpoint belongs to a foundation, not to it
+            with pytest.raises(
+                ValueError,
+                match=r"model.encoders.image.options.checkpoint: .* is served by foundation/other_fam: point model.foundation \(name: other_fam, or auto\) at it, not model.encoders.image;",
+            ):
+                build_processor({"checkpoint": str(tmp_path)})

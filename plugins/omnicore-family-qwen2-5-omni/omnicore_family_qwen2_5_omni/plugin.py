@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from omnicore.api import ComponentSpec, hookimpl
 
+MODEL_TYPES = ("qwen2_5_omni", "qwen2_5_omni_thinker")
+"""The ``config.json`` ``model_type`` values this family reads (Qwen2.5-Omni: the whole model or its
+thinker): ``foundation/qwen2_5_omni`` names them in ``extra["model_types"]``, so
+``model.foundation: {name: auto}`` picks it for them."""
+
 
 @hookimpl
 def omnicore_foundations() -> list[ComponentSpec]:
@@ -22,6 +27,7 @@ def omnicore_foundations() -> list[ComponentSpec]:
                 "tokenizer and chat template, its audio and vision towers as encoders (clips with their sound track "
                 "time-aligned); exports the whole model with the talker and token2wav unchanged"
             ),
+            extra={"model_types": MODEL_TYPES},
         )
     ]
 

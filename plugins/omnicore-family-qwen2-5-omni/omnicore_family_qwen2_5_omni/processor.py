@@ -24,8 +24,6 @@ Token rules, as ``Qwen2_5OmniProcessor`` expands them:
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,25 +32,17 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnicore.api import Audio, ItemLayout, Video, load_image_processor, load_video_processor, resample, video_settings
+from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
+from omnicore_family_qwen2_5_omni.plugin import MODEL_TYPES
 
 AUDIO_PAD, IMAGE_PAD, VIDEO_PAD = "<|AUDIO|>", "<|IMAGE|>", "<|VIDEO|>"
 AUDIO_WRAP = ("<|audio_bos|>", "<|audio_eos|>")
 VISION_WRAP = ("<|vision_bos|>", "<|vision_eos|>")
-MODEL_TYPES = ("qwen2_5_omni", "qwen2_5_omni_thinker")
-"""The model types this family reads: the whole model (thinker, talker, token2wav) or its thinker."""
 WHAT_TO_PUT = (
     "point options.checkpoint at a Qwen2.5-Omni folder as published (Qwen/Qwen2.5-Omni-7B, Qwen/Qwen2.5-Omni-3B, or what "
     "Qwen2_5OmniForConditionalGeneration / Qwen2_5OmniThinkerForConditionalGeneration.save_pretrained and the processor's "
     "save_pretrained write: config.json, model.safetensors, tokenizer files and preprocessor_config.json)"
 )
-OTHER_FAMILIES = {
-    "qwen2_vl": ("qwen2_vl", "omnicore-family-qwen2-vl"),
-    "qwen2_5_vl": ("qwen2_vl", "omnicore-family-qwen2-vl"),
-    "qwen3_vl": ("qwen3_vl", "omnicore-family-qwen3-vl"),
-    "qwen2_audio": ("qwen2_audio", "omnicore-family-qwen2-audio"),
-    "llava": ("llava", "omnicore-family-llava"),
-}
-"""Model types another first-party family reads: ``model_type -> (foundation, distribution)``."""
 
 LongAudio = Literal["refuse", "truncate"]
 LONG_AUDIO = (
@@ -129,26 +119,16 @@ class Qwen2_5OmniAudioOptions(BaseModel):
 
 
 def checkpoint_folder(checkpoint: str, what: str) -> Path:
-    """``checkpoint`` as a folder whose ``config.json`` is a Qwen2.5-Omni one (whole or thinker).
+    """``checkpoint`` as a folder whose ``config.json`` is a Qwen2.5-Omni (whole or thinker) one: the kit's
+    :func:`omnicore_family_kit.checkpoint.checkpoint_folder` with :data:`MODEL_TYPES` and
+    :data:`WHAT_TO_PUT`.
 
     Raises:
         ValueError: naming ``what`` and what to put there, when the folder or its ``config.json`` is
-            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the family to
-            use instead where :data:`OTHER_FAMILIES` has the model type).
+            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the installed
+            foundation that serves that model type, found through the registry).
     """
-    folder = Path(checkpoint).expanduser()
-    cfg = folder / "config.json"
-    if not cfg.is_file():
-        raise ValueError(f"{what}: {str(folder)!r} has no config.json; {WHAT_TO_PUT}")
-    model_type = json.loads(cfg.read_text()).get("model_type")
-    if model_type not in MODEL_TYPES:
-        other = OTHER_FAMILIES.get(model_type) if isinstance(model_type, str) else None
-        hint = ""
-        if other is not None:
-            installed = "installed" if importlib.util.find_spec(other[1].replace("-", "_")) is not None else "not installed here"
-            hint = f"; this is a {model_type} checkpoint: use foundation {other[0]}, from {other[1]} ({installed})"
-        raise ValueError(f"{what}: {cfg} has model_type {model_type!r}, not one of {', '.join(MODEL_TYPES)}{hint}; otherwise {WHAT_TO_PUT}")
-    return folder
+    return kit_checkpoint_folder(checkpoint, what, MODEL_TYPES, WHAT_TO_PUT)
 
 
 def thinker_config(folder: Path) -> Any:

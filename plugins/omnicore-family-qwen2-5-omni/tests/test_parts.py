@@ -285,7 +285,8 @@ def test_bad_checkpoints_and_media_name_what_to_fix(standin, tmp_path, image):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
     with pytest.raises(
         ValueError,
-        match=r"model_type 'qwen2_vl', not one of qwen2_5_omni, qwen2_5_omni_thinker; this is a qwen2_vl checkpoint: use foundation qwen2_vl, from omnicore-family-qwen2-vl",
+        match=r"model_type 'qwen2_vl', not one of qwen2_5_omni, qwen2_5_omni_thinker; model type 'qwen2_vl' is served by "
+        r"foundation/qwen2_vl: set model.foundation.name to qwen2_vl \(or auto\); otherwise point options.checkpoint at a Qwen2.5-Omni",
     ):
         Qwen2_5OmniFoundation({"checkpoint": str(tmp_path)})
     with pytest.raises(ValueError, match=r"model.encoders.video.options.checkpoint: .*model_type 'qwen2_vl'"):
@@ -303,6 +304,42 @@ def test_bad_checkpoints_and_media_name_what_to_fix(standin, tmp_path, image):
         build_vision_processor({"checkpoint": str(standin), "modality": "video"}).preprocess(image(30, 30))
     with pytest.raises(ValueError, match=r"video_fps"):
         Qwen2_5OmniFoundation({"checkpoint": str(standin), "video_fps": 0})
+
+
+def test_the_foundation_serves_its_model_types():
+    """foundation/qwen2_5_omni names its model types (the whole model and the thinker alone) in its
+    spec, so ``name: auto`` picks it for both."""
+    from omnicore.api import Registry
+    from omnicore_family_qwen2_5_omni import plugin
+
+    assert plugin.MODEL_TYPES == ("qwen2_5_omni", "qwen2_5_omni_thinker")
+    assert [s.extra["model_types"] for s in plugin.omnicore_foundations()] == [plugin.MODEL_TYPES]
+    reg = Registry.discover()
+    assert {t: reg.foundation_for(t) for t in plugin.MODEL_TYPES} == dict.fromkeys(plugin.MODEL_TYPES, "qwen2_5_omni")
+
+
+def test_the_hint_comes_from_the_installed_foundations(tmp_path, monkeypatch, isolated_registry):
+    """The foundation named is whichever installed one lists the model type (no table here): with
+    another family listing ``qwen2_vl``, that one is named; with only this family, none is."""
+    from omnicore.api import ComponentSpec, hookimpl
+    from omnicore_family_kit import checkpoint
+
+    class OtherVL:
+        @hookimpl
+        def omnicore_foundations(self):
+            return [ComponentSpec(name="other_vl", target="other_vl:build", extra={"model_types": ("qwen2_vl",)})]
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
+    for plugins, hint in (
+        (("omnicore_family_qwen2_5_omni.plugin", (OtherVL(), "other")), "; model type 'qwen2_vl' is served by foundation/other_vl: "),
+        (("omnicore_family_qwen2_5_omni.plugin",), ""),
+    ):
+        rows = tuple(isolated_registry(*plugins).rows)
+        monkeypatch.setattr(checkpoint, "_installed_rows", lambda rows=rows: rows)
+        with pytest.raises(ValueError) as err:
+            Qwen2_5OmniFoundation({"checkpoint": str(tmp_path)})
+        assert f"not one of qwen2_5_omni, qwen2_5_omni_thinker{hint}" in str(err.value)
+        assert hint or "; otherwise point options.checkpoint" in str(err.value)
 
 
 def test_the_clip_processor_with_sound_pickles_as_data_workers_need(standin, frames, wave):

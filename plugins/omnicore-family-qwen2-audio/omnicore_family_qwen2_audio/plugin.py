@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from omnicore.api import ComponentSpec, hookimpl
 
+MODEL_TYPES = ("qwen2_audio",)
+"""The ``config.json`` ``model_type`` values this family reads (Qwen2-Audio): ``foundation/qwen2_audio``
+names them in ``extra["model_types"]``, so ``model.foundation: {name: auto}`` picks it for them."""
+
 
 @hookimpl
 def omnicore_foundations() -> list[ComponentSpec]:
@@ -21,6 +25,7 @@ def omnicore_foundations() -> list[ComponentSpec]:
                 "Qwen2-Audio as published (Qwen2AudioForConditionalGeneration folder): its Qwen2 LM, tokenizer and chat "
                 "template, and its audio tower + projector as the audio encoder; exports the published layout"
             ),
+            extra={"model_types": MODEL_TYPES},
         )
     ]
 

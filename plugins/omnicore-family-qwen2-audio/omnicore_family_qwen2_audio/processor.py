@@ -22,6 +22,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnicore.api import Audio, resample
+from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
+from omnicore_family_qwen2_audio.plugin import MODEL_TYPES
 
 PLACEHOLDER = "<|AUDIO|>"
 WRAP = ("<|audio_bos|>", "<|audio_eos|>")
@@ -76,22 +78,16 @@ def num_tokens_for_frames(valid_frames: int) -> int:
 
 
 def checkpoint_folder(checkpoint: str, what: str) -> Path:
-    """``checkpoint`` as a folder with a Qwen2-Audio ``config.json``.
+    """``checkpoint`` as a folder whose ``config.json`` is a Qwen2-Audio one: the kit's
+    :func:`omnicore_family_kit.checkpoint.checkpoint_folder` with :data:`MODEL_TYPES` and
+    :data:`WHAT_TO_PUT`.
 
     Raises:
         ValueError: naming ``what`` and what to put there, when the folder or its ``config.json`` is
-            missing or is not a ``qwen2_audio`` config.
+            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the installed
+            foundation that serves that model type, found through the registry).
     """
-    import json
-
-    folder = Path(checkpoint).expanduser()
-    cfg = folder / "config.json"
-    if not cfg.is_file():
-        raise ValueError(f"{what}: {str(folder)!r} has no config.json; {WHAT_TO_PUT}")
-    model_type = json.loads(cfg.read_text()).get("model_type")
-    if model_type != "qwen2_audio":
-        raise ValueError(f"{what}: {cfg} has model_type {model_type!r}, not 'qwen2_audio'; {WHAT_TO_PUT}")
-    return folder
+    return kit_checkpoint_folder(checkpoint, what, MODEL_TYPES, WHAT_TO_PUT)
 
 
 class Qwen2AudioClipProcessor:

@@ -4,6 +4,8 @@ both checkpoint layouts."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -12,7 +14,7 @@ from safetensors.torch import save_file
 from omnicore.api import Audio, LoadError, fill_now
 from omnicore_family_qwen2_audio.encoder import build as build_encoder
 from omnicore_family_qwen2_audio.foundation import Qwen2AudioFoundation
-from omnicore_family_qwen2_audio.processor import build_processor
+from omnicore_family_qwen2_audio.processor import WHAT_TO_PUT, build_processor
 
 # samples at 16 kHz: shortest clip with a token, around hop multiples (160), odd frame counts, the window
 LENGTHS = [321, 480, 481, 799, 961, 1121, 1600, 2241, 1601, 3359, 8000, 16000, 16159, 23999, 31841, 32000]
@@ -127,3 +129,49 @@ def test_bad_checkpoints_name_the_field(standin, tmp_path):
     save_file(tensors, str(tmp_path / "broken" / "model.safetensors"))
     with pytest.raises(LoadError, match=r"model.encoders.audio.options.checkpoint: .*audio_tower.conv2.bias"):
         build_encoder({"checkpoint": str(tmp_path / "broken")}, hidden_size=32)
+
+
+def test_the_foundation_serves_its_model_types():
+    """foundation/qwen2_audio names its model type in its spec, so ``name: auto`` picks it."""
+    from omnicore.api import Registry
+    from omnicore_family_qwen2_audio import plugin
+
+    assert plugin.MODEL_TYPES == ("qwen2_audio",)
+    assert [s.extra["model_types"] for s in plugin.omnicore_foundations()] == [plugin.MODEL_TYPES]
+    assert Registry.discover().foundation_for("qwen2_audio") == "qwen2_audio"
+
+
+def test_another_model_type_names_the_installed_foundation_serving_it(tmp_path, monkeypatch, isolated_registry):
+    """A checkpoint of another model type names the installed foundation listing it (read from the
+    registry, no table here); with none listing it, no hint."""
+    from omnicore.api import ComponentSpec, hookimpl
+    from omnicore_family_kit import checkpoint
+
+    class Other:
+        @hookimpl
+        def omnicore_foundations(self):
+            return [ComponentSpec(name="other_fam", target="other_fam:build", extra={"model_types": ("qwen2_5_omni",)})]
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_omni"}))
+    cfg = tmp_path / "config.json"
+    for plugins, hint in (
+        (
+            ("omnicore_family_qwen2_audio.plugin", (Other(), "other")),
+            "; model type 'qwen2_5_omni' is served by foundation/other_fam: set model.foundation.name to other_fam (or auto)",
+        ),
+        (("omnicore_family_qwen2_audio.plugin",), ""),
+    ):
+        rows = tuple(isolated_registry(*plugins).rows)
+        monkeypatch.setattr(checkpoint, "_installed_rows", lambda rows=rows: rows)
+        with pytest.raises(ValueError) as err:
+            Qwen2AudioFoundation({"checkpoint": str(tmp_path)})
+        assert (
+            str(err.value)
+            == f"model.foundation.options.checkpoint: {cfg} has model_type 'qwen2_5_omni', not one of qwen2_audio{hint}; otherwise {WHAT_TO_PUT}"
+        )
+        if hint:  # an encoder's field: the checkpoint belongs to a foundation, not to it
+            with pytest.raises(
+                ValueError,
+                match=r"model.encoders.audio.options.checkpoint: .* is served by foundation/other_fam: point model.foundation \(name: other_fam, or auto\) at it, not model.encoders.audio;",
+            ):
+                build_processor({"checkpoint": str(tmp_path)})

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from omnicore.api import ComponentSpec, hookimpl
 
+MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+"""The ``config.json`` ``model_type`` values this family reads (Qwen2-VL and Qwen2.5-VL): ``foundation/qwen2_vl``
+names them in ``extra["model_types"]``, so ``model.foundation: {name: auto}`` picks it for them."""
+
 
 @hookimpl
 def omnicore_foundations() -> list[ComponentSpec]:
@@ -21,6 +25,7 @@ def omnicore_foundations() -> list[ComponentSpec]:
                 "Qwen2-VL / Qwen2.5-VL as published (a ...ForConditionalGeneration folder): its mRoPE LM, tokenizer and chat "
                 "template, and its vision tower + merger as the image and video encoder; exports the published layout"
             ),
+            extra={"model_types": MODEL_TYPES},
         )
     ]
 

@@ -23,8 +23,6 @@ through :class:`omnicore.api.FrameVideoProcessor`, which takes the same steps wi
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,12 +31,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnicore.api import Video, load_image_processor, load_video_processor, video_settings
+from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
+from omnicore_family_qwen2_vl.plugin import MODEL_TYPES
 
 IMAGE_PAD = "<|image_pad|>"
 VIDEO_PAD = "<|video_pad|>"
 WRAP = ("<|vision_start|>", "<|vision_end|>")
-MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
-"""The composite model types this family reads (``config.json``'s ``model_type``)."""
 WHAT_TO_PUT = (
     "point options.checkpoint at a Qwen2-VL or Qwen2.5-VL folder as published (Qwen/Qwen2-VL-2B-Instruct, "
     "Qwen/Qwen2.5-VL-3B-Instruct, or what Qwen2VLForConditionalGeneration / Qwen2_5_VLForConditionalGeneration.save_pretrained "
@@ -47,16 +45,6 @@ WHAT_TO_PUT = (
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 """The features of one item, under the names the HF model's ``forward`` takes."""
-
-OTHER_FAMILIES = {
-    "qwen3_vl": ("qwen3_vl", "qwen3_vl_encoder", "omnicore_family_qwen3_vl", "omnicore-family-qwen3-vl"),
-    "llava": ("llava", "llava_encoder", "omnicore_family_llava", "omnicore-family-llava"),
-    "qwen2_audio": ("qwen2_audio", "qwen2_audio_encoder", "omnicore_family_qwen2_audio", "omnicore-family-qwen2-audio"),
-    "qwen2_5_omni": ("qwen2_5_omni", "qwen2_5_omni_vision", "omnicore_family_qwen2_5_omni", "omnicore-family-qwen2-5-omni"),
-    "qwen2_5_omni_thinker": ("qwen2_5_omni", "qwen2_5_omni_vision", "omnicore_family_qwen2_5_omni", "omnicore-family-qwen2-5-omni"),
-}
-"""Model types that another first-party family reads: ``model_type -> (foundation, encoder, module,
-distribution)``, for the hint of :func:`checkpoint_folder`."""
 
 
 class Qwen2VLEncoderOptions(BaseModel):
@@ -94,37 +82,16 @@ class Qwen2VLFoundationOptions(BaseModel):
 
 
 def checkpoint_folder(checkpoint: str, what: str) -> Path:
-    """``checkpoint`` as a folder whose ``config.json`` is a Qwen2-VL or Qwen2.5-VL one.
+    """``checkpoint`` as a folder whose ``config.json`` is a Qwen2-VL or Qwen2.5-VL one: the kit's
+    :func:`omnicore_family_kit.checkpoint.checkpoint_folder` with :data:`MODEL_TYPES` and
+    :data:`WHAT_TO_PUT`.
 
     Raises:
         ValueError: naming ``what`` and what to put there, when the folder or its ``config.json`` is
-            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the family to use
-            instead where :data:`OTHER_FAMILIES` has the model type).
+            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the installed
+            foundation that serves that model type, found through the registry).
     """
-    folder = Path(checkpoint).expanduser()
-    cfg = folder / "config.json"
-    if not cfg.is_file():
-        raise ValueError(f"{what}: {str(folder)!r} has no config.json; {WHAT_TO_PUT}")
-    model_type = json.loads(cfg.read_text()).get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise ValueError(
-            f"{what}: {cfg} has model_type {model_type!r}, not one of {', '.join(MODEL_TYPES)}"
-            f"{other_family_hint(model_type, what)}; otherwise {WHAT_TO_PUT}"
-        )
-    return folder
-
-
-def other_family_hint(model_type: Any, what: str) -> str:
-    """What to use instead for a checkpoint of ``model_type`` that another family in
-    :data:`OTHER_FAMILIES` reads (its foundation for ``model.foundation...``, else its encoder),
-    saying whether that family is installed; ``""`` for other model types."""
-    other = OTHER_FAMILIES.get(model_type) if isinstance(model_type, str) else None
-    if other is None:
-        return ""
-    foundation, encoder, module, dist = other
-    use = f"foundation {foundation} (model.foundation.name: {foundation})" if what.startswith("model.foundation") else f"encoder {encoder}"
-    installed = "installed" if importlib.util.find_spec(module) is not None else "not installed here"
-    return f"; this is a {model_type} checkpoint: use {use}, from {dist} ({installed})"
+    return kit_checkpoint_folder(checkpoint, what, MODEL_TYPES, WHAT_TO_PUT)
 
 
 def tokens_per_second(folder: Path) -> float | None:

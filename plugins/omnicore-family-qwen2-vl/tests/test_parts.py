@@ -267,39 +267,56 @@ def test_a_tied_checkpoint_reads_the_head_from_the_embeddings(standin, tmp_path)
         torch.testing.assert_close(lm(input_ids=ids).logits, hf(input_ids=ids).logits, atol=1e-5, rtol=0)
 
 
+def test_the_foundation_serves_its_model_types():
+    """foundation/qwen2_vl names its model types in its spec, so ``name: auto`` picks it for them."""
+    from omnicore.api import Registry
+    from omnicore_family_qwen2_vl import plugin
+
+    assert plugin.MODEL_TYPES == ("qwen2_vl", "qwen2_5_vl")
+    assert [s.extra["model_types"] for s in plugin.omnicore_foundations()] == [plugin.MODEL_TYPES]
+    reg = Registry.discover()
+    assert {t: reg.foundation_for(t) for t in plugin.MODEL_TYPES} == {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl"}
+
+
 @pytest.mark.parametrize(
-    ("model_type", "foundation", "encoder"),
+    ("model_type", "foundation"),
     [
-        ("qwen3_vl", "qwen3_vl", "qwen3_vl_encoder"),
-        ("llava", "llava", "llava_encoder"),
-        ("qwen2_audio", "qwen2_audio", "qwen2_audio_encoder"),
+        ("qwen3_vl", "qwen3_vl"),
+        ("llava", "llava"),
+        ("qwen2_audio", "qwen2_audio"),
+        ("qwen2_5_omni_thinker", "qwen2_5_omni"),
+        ("gemma3", "generic"),  # no family names it: the generic family of omnicore-family-kit serves it
     ],
 )
-def test_a_checkpoint_of_another_family_names_the_family_to_use(tmp_path, model_type, foundation, encoder):
+def test_a_checkpoint_of_another_family_names_the_foundation_serving_it(tmp_path, model_type, foundation):
+    pytest.importorskip(f"omnicore_family_{'kit' if foundation == 'generic' else foundation}")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(
-        ValueError, match=rf"this is a {model_type} checkpoint: use foundation {foundation} \(model.foundation.name: {foundation}\)"
+        ValueError,
+        match=rf"model_type '{model_type}', not one of qwen2_vl, qwen2_5_vl; model type '{model_type}' is served by "
+        rf"foundation/{foundation}: set model.foundation.name to {foundation} \(or auto\); otherwise point options.checkpoint",
     ):
         Qwen2VLFoundation({"checkpoint": str(tmp_path)})
-    with pytest.raises(ValueError, match=rf"model.encoders.image.options.checkpoint: .*use encoder {encoder}, from omnicore-family-"):
+    with pytest.raises(
+        ValueError,
+        match=rf"model.encoders.image.options.checkpoint: .*served by foundation/{foundation}: "
+        rf"point model.foundation \(name: {foundation}, or auto\) at it, not model.encoders.image;",
+    ):
         build_processor({"checkpoint": str(tmp_path)})
 
 
-def test_a_model_type_no_family_reads_gets_no_hint(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(ValueError, match=r"model_type 'bert', not one of qwen2_vl, qwen2_5_vl; otherwise point options.checkpoint"):
-        Qwen2VLFoundation({"checkpoint": str(tmp_path)})
+def test_the_hint_comes_from_the_installed_foundations(tmp_path, monkeypatch, isolated_registry):
+    """The foundation named is whichever installed one lists the model type (no table here): with
+    only this family installed a LLaVA checkpoint gets no hint."""
+    from omnicore_family_kit import checkpoint
 
-
-def test_the_hint_says_when_the_other_family_is_not_installed(tmp_path, monkeypatch):
-    from omnicore_family_qwen2_vl import processor
-
-    monkeypatch.setitem(processor.OTHER_FAMILIES, "llava", ("llava", "llava_encoder", "no_such_module_here", "omnicore-family-llava"))
+    rows = tuple(isolated_registry("omnicore_family_qwen2_vl.plugin").rows)
+    monkeypatch.setattr(checkpoint, "_installed_rows", lambda: rows)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava"}))
-    with pytest.raises(
-        ValueError, match=r"use foundation llava \(model.foundation.name: llava\), from omnicore-family-llava \(not installed here\)"
-    ):
+    with pytest.raises(ValueError, match=r"model_type 'llava', not one of qwen2_vl, qwen2_5_vl; otherwise point options.checkpoint"):
         Qwen2VLFoundation({"checkpoint": str(tmp_path)})
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    assert Qwen2VLFoundation({"checkpoint": str(tmp_path)}).folder == tmp_path
 
 
 def test_building_the_lm_logs_the_checkpoint_model_type(standin, family, caplog):

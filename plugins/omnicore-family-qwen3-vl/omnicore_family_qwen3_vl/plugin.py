@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from omnicore.api import ComponentSpec, hookimpl
 
+MODEL_TYPES = ("qwen3_vl",)
+"""The ``config.json`` ``model_type`` values this family reads (Qwen3-VL): ``foundation/qwen3_vl``
+names them in ``extra["model_types"]``, so ``model.foundation: {name: auto}`` picks it for them."""
+
 
 @hookimpl
 def omnicore_foundations() -> list[ComponentSpec]:
@@ -22,6 +26,7 @@ def omnicore_foundations() -> list[ComponentSpec]:
                 "inputs, tokenizer and chat template, and its vision tower + mergers as the image and video encoder; exports "
                 "the published layout"
             ),
+            extra={"model_types": MODEL_TYPES},
         )
     ]
 
