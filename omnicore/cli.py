@@ -32,7 +32,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     ``--no-load`` reads metadata only and imports no plugin code at all, so it always works, however
     broken a plugin is. ``--check`` imports each plugin's hook and target modules in a subprocess
     (one per plugin) and adds its import time and whether torch came in. ``--options NAME`` lists
-    one component's options instead (:func:`_plugins_options`).
+    one component's options instead (:func:`_plugins_options`). A foundation's description ends with
+    the model types it serves (``[serves: ...]``, :func:`_serves`); ``--json`` has them as a list
+    under ``model_types`` (empty for other rows).
 
     Raises:
         RegistryError: in strict mode (``OMNICORE_STRICT=1``), on the first failed or incompatible
@@ -42,11 +44,14 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         return _plugins_no_load(args)
     from omnicore.components import KINDS
     from omnicore.registry import Registry
+    from omnicore.registry.model_types import spec_model_types
 
     reg = Registry.discover()
     if args.options:
         return _plugins_options(args, reg.rows)
     rows = [(r.as_dict(), r) for r in reg.rows]
+    for d, r in rows:  # what `model.foundation: {name: auto}` reads: the model types a foundation serves
+        d["model_types"] = list(spec_model_types(r)) if r.kind == "foundation" else []  # type: ignore[assignment]
     if args.kind:
         rows = [(d, r) for d, r in rows if d["kind"] in (args.kind, "-")]
     order = {k: i for i, k in enumerate(KINDS)}
@@ -70,9 +75,21 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
         return 0
     for d in out:
-        d["description"] = d["reason"] if d["status"] != "available" else d["description"]
+        d["description"] = d["reason"] if d["status"] != "available" else d["description"] + _serves(d["model_types"])
     print(_table(out, columns))
     return 0
+
+
+def _serves(model_types: list[str]) -> str:
+    """The suffix of a foundation's description in the table: ``" [serves: llava]"`` for the model
+    types it names in ``ComponentSpec.extra["model_types"]`` (``"*"``, a generic family's, reads
+    "any other model type"), ``""`` for none."""
+    if not model_types:
+        return ""
+    from omnicore.registry.model_types import ANY_MODEL_TYPE
+
+    names = ["any other model type" if t == ANY_MODEL_TYPE else t for t in model_types]
+    return f" [serves: {', '.join(names)}]"
 
 
 def _plugins_options(args: argparse.Namespace, rows: list[Any]) -> int:

@@ -35,7 +35,7 @@ EXPECTED = [  # (kind, name, provider) in the order `omnicore plugins` lists the
 ]
 BUILTIN_KERNELS = [name for kind, name, _ in EXPECTED if kind == "kernel"]
 HEADER = ["KIND", "NAME", "PROVIDER", "VERSION", "STATUS", "DESCRIPTION"]
-JSON_KEYS = {"kind", "name", "provider", "version", "status", "reason", "description", "entry_point", "target", "api"}
+JSON_KEYS = {"kind", "name", "provider", "version", "status", "reason", "description", "entry_point", "target", "api", "model_types"}
 
 
 def console_script() -> str:
@@ -146,7 +146,8 @@ def test_plugins_json(tmp_path, how):
     assert [(d["kind"], d["name"], d["provider"]) for d in data] == EXPECTED
     for d in data:
         assert JSON_KEYS <= set(d), set(d)
-        assert all(isinstance(v, str) for v in d.values())
+        assert all(isinstance(v, str) for k, v in d.items() if k != "model_types")
+        assert d["model_types"] == []  # none of these foundations names a model type (tests/test_model_types.py: one that does)
         assert (d["version"], d["status"], d["reason"]) == ("0.1.0", "available", "")
     whisper = next(d for d in data if d["name"] == "whisper")
     assert whisper["target"] == "omnicore_audio_whisper.encoder:build"
