@@ -15,7 +15,6 @@ tower. A clip's sound track reaches the audio module as an audio item of its own
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,8 @@ import torch
 from torch import nn
 
 from omnicore.api import Audio, on_meta, plan_checkpoint
-from omnicore_family_qwen2_5_omni.loading import (
-    AUDIO_PARTS,
-    AUDIO_RENAMES,
-    LM_PARTS,
-    SPEECH_PARTS,
-    VISION_PARTS,
-    VISION_RENAMES,
-)
+from omnicore_family_kit.keymap import KeyMap
+from omnicore_family_qwen2_5_omni.loading import AUDIO, VISION, in_thinker
 from omnicore_family_qwen2_5_omni.processor import (
     Qwen2_5OmniAudioProcessor,
     Qwen2_5OmniVisionProcessor,
@@ -41,27 +34,12 @@ from omnicore_family_qwen2_5_omni.processor import (
     thinker_config,
 )
 
-PROCESSOR_FILES = (
-    "preprocessor_config.json",
-    "video_preprocessor_config.json",
-    "processor_config.json",
-    "chat_template.json",
-    "chat_template.jinja",
-)
-"""The processor files of a published folder (copied unchanged into saved and exported folders)."""
-
-
-def copy_processor_files(source: Path, folder: Path) -> None:
-    """Copy :data:`PROCESSOR_FILES` present in ``source`` into ``folder`` (nothing when they are the same folder)."""
-    if Path(source).resolve() == Path(folder).resolve():
-        return
-    for name in PROCESSOR_FILES:
-        if (Path(source) / name).is_file():
-            shutil.copyfile(Path(source) / name, Path(folder) / name)
-
 
 class _ThinkerPart(nn.Module):
-    """What both towers share: the thinker config, the source folder and ``save_pretrained``."""
+    """What both towers share: the thinker config, the source folder, the part's key map (``keys``,
+    :mod:`omnicore_family_qwen2_5_omni.loading`) and ``save_pretrained``."""
+
+    keys: KeyMap
 
     def __init__(self, config: Any, source: Path) -> None:
         super().__init__()
@@ -70,17 +48,17 @@ class _ThinkerPart(nn.Module):
 
     def save_pretrained(self, path: str) -> None:
         """Write ``path`` as a thinker folder holding only this part: the thinker's ``config.json``
-        (``qwen2_5_omni_thinker``), ``model.safetensors`` with this tower under the thinker's
-        names (``audio_tower.*`` or ``visual.*``) and the source's processor files; the factory
+        (``qwen2_5_omni_thinker``), ``model.safetensors`` with this tower under the names the
+        thinker's ``save_pretrained`` writes (``audio_tower.*`` or ``visual.*``;
+        :func:`omnicore_family_kit.export.save_part`) and the source's processor files; the factory
         loads it back."""
-        from safetensors.torch import save_file
+        from transformers import Qwen2_5OmniThinkerForConditionalGeneration
 
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        self.config.save_pretrained(out)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-        copy_processor_files(self.source, out)
+        from omnicore_family_kit.export import save_part
+
+        save_part(
+            self, in_thinker(self.keys), self.config, Path(path), model_class=Qwen2_5OmniThinkerForConditionalGeneration, source=self.source
+        )
 
 
 class Qwen2_5OmniAudioTower(_ThinkerPart):
@@ -101,6 +79,7 @@ class Qwen2_5OmniAudioTower(_ThinkerPart):
 
     modality = "audio"
     modalities = ("audio",)
+    keys = AUDIO
 
     def __init__(self, config: Any, processor: Qwen2_5OmniAudioProcessor, source: Path) -> None:
         super().__init__(config, source)
@@ -157,6 +136,7 @@ class Qwen2_5OmniVisionTower(_ThinkerPart):
     """
 
     modalities = ("image", "video")
+    keys = VISION
 
     def __init__(self, config: Any, processor: Qwen2_5OmniVisionProcessor, source: Path) -> None:
         super().__init__(config, source)
@@ -207,16 +187,16 @@ class Qwen2_5OmniVisionTower(_ThinkerPart):
         return p.collate([item])
 
 
-def _built(
-    module: nn.Module, folder: Path, what: str, hidden_size: int, width: int, renames: dict[str, str], others: tuple[str, ...]
-) -> Any:
-    """``module`` with its load plan, after checking that its rows are the foundation's width."""
+def _built(module: _ThinkerPart, folder: Path, what: str, hidden_size: int, width: int) -> Any:
+    """``module`` with its load plan (its :attr:`~_ThinkerPart.keys`), after checking that its rows
+    are the foundation's width."""
     if width != int(hidden_size):
         raise ValueError(
             f"{what}: {folder}'s thinker feeds a hidden size of {width}, but the foundation's is {hidden_size}; "
             "use the foundation of the same checkpoint (foundation/qwen2_5_omni)"
         )
-    module.omnicore_pending_load = plan_checkpoint(module, folder, renames=renames, other_parts=others, what=what)
+    keys = module.keys
+    module.omnicore_pending_load = plan_checkpoint(module, folder, renames=keys.renames(), other_parts=keys.other_parts(), what=what)
     return module
 
 
@@ -234,8 +214,7 @@ def build_audio(options: dict[str, Any], *, hidden_size: int) -> Qwen2_5OmniAudi
     config = thinker_config(folder)
     with on_meta():
         module = Qwen2_5OmniAudioTower(config, processor, folder)
-    others = VISION_PARTS + LM_PARTS + SPEECH_PARTS
-    return _built(module, folder, what, hidden_size, int(config.audio_config.output_dim), AUDIO_RENAMES, others)
+    return _built(module, folder, what, hidden_size, int(config.audio_config.output_dim))
 
 
 def build_vision(options: dict[str, Any], *, hidden_size: int) -> Qwen2_5OmniVisionTower:
@@ -252,5 +231,4 @@ def build_vision(options: dict[str, Any], *, hidden_size: int) -> Qwen2_5OmniVis
     config = thinker_config(folder)
     with on_meta():
         module = Qwen2_5OmniVisionTower(config, processor, folder)
-    others = AUDIO_PARTS + LM_PARTS + SPEECH_PARTS
-    return _built(module, folder, what, hidden_size, int(config.vision_config.out_hidden_size), VISION_RENAMES, others)
+    return _built(module, folder, what, hidden_size, int(config.vision_config.out_hidden_size))

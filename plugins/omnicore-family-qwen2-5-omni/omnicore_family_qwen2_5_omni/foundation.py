@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from omnicore.api import build_mrope_lm, embedding_names, on_meta, plan_checkpoint
-from omnicore_family_qwen2_5_omni.loading import AUDIO_PARTS, LM_RENAMES, SPEECH_PARTS, VISION_PARTS
+from omnicore_family_qwen2_5_omni.loading import LM, SPEECH
 from omnicore_family_qwen2_5_omni.processor import (
     AUDIO_PAD,
     AUDIO_WRAP,
@@ -106,8 +106,8 @@ class Qwen2_5OmniFoundation:
         model.omnicore_pending_load = plan_checkpoint(
             model,
             self.folder,
-            renames=LM_RENAMES,
-            other_parts=AUDIO_PARTS + VISION_PARTS + SPEECH_PARTS,
+            renames=LM.renames(),
+            other_parts=LM.other_parts(),
             what=WHAT,
             grow=embedding_names(model),
         )
@@ -138,33 +138,30 @@ class Qwen2_5OmniFoundation:
             "language_model": ["lm."],
         }
 
-    def thinker_tensors(self, model: Any) -> dict[str, Any]:
-        """The trained thinker's tensors under the thinker's own names (``audio_tower.*``,
-        ``visual.*``, ``model.*``, ``lm_head.*``; no ``lm_head`` when the embeddings are tied), on
-        the CPU.
+    def thinker_parts(self, model: Any) -> list[tuple[Any, Any]]:
+        """``(module, key map)`` of each trained part of the thinker: the audio and vision encoder
+        modules and the LM (:mod:`omnicore_family_qwen2_5_omni.loading`).
 
         Raises:
             ValueError: the model has not exactly one audio and one vision encoder of this family.
         """
         from omnicore_family_qwen2_5_omni.encoder import Qwen2_5OmniAudioTower, Qwen2_5OmniVisionTower
 
-        tensors: dict[str, Any] = {}
+        parts: list[tuple[Any, Any]] = []
         for cls, name in ((Qwen2_5OmniAudioTower, "encoder/qwen2_5_omni_audio"), (Qwen2_5OmniVisionTower, "encoder/qwen2_5_omni_vision")):
             towers = [m for m in model.encoders.values() if isinstance(m, cls)]
             if len(towers) != 1:
                 raise ValueError(f"qwen2_5_omni export: the model needs exactly one {name} module, found {len(towers)}")
-            tensors.update(towers[0].state_dict())
-        lm = model.lm
-        tied = bool(getattr(lm.config, "tie_word_embeddings", False))
-        tensors.update({k: v for k, v in lm.state_dict().items() if not (tied and k.startswith("lm_head."))})
-        return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+            parts.append((towers[0], towers[0].keys))
+        return [*parts, (model.lm, LM)]
 
     def speech_tensors(self) -> dict[str, Any]:
         """The checkpoint's ``talker.*`` and ``token2wav.*`` tensors as stored (dtype and values
-        unchanged), read shard by shard; empty for a thinker-only checkpoint.
+        unchanged; their saved names are the class's), read file by file; empty for a thinker-only
+        checkpoint.
 
         Raises:
-            ValueError: a whole-model checkpoint holds none of them.
+            ValueError: a whole-model checkpoint with audio output holds none of them.
         """
         from safetensors import safe_open
 
@@ -173,42 +170,42 @@ class Qwen2_5OmniFoundation:
         out: dict[str, Any] = {}
         for name in files:
             with safe_open(str(self.folder / name), "pt") as f:
-                for key in f.keys():
-                    if key.split(".", 1)[0] in SPEECH_PARTS:
-                        out[key] = f.get_tensor(key)
-        if not out and self.config().model_type == "qwen2_5_omni" and self.config().enable_audio_output:
+                out.update({key: f.get_tensor(key) for key in f.keys() if key.startswith(SPEECH)})
+        config = self.config()
+        if not out and config.model_type == "qwen2_5_omni" and config.enable_audio_output:
             raise ValueError(
                 f"qwen2_5_omni export: {self.folder} is a whole Qwen2.5-Omni checkpoint without talker.* or token2wav.* tensors"
             )
         return out
 
     def export_pretrained(self, model: Any, tokenizer: Any, folder: Path) -> None:
-        """Write ``folder`` in the published layout of the checkpoint's class: for a whole model,
-        ``config.json`` (the checkpoint's, with the trained vocabulary size and the tokenizer's ids
-        of the media tokens), the trained thinker under ``thinker.audio_tower.*``,
-        ``thinker.visual.*``, ``thinker.model.*``, ``thinker.lm_head.*`` in
-        ``model-00001-of-00002.safetensors``, the checkpoint's ``talker.*`` and ``token2wav.*``
-        tensors unchanged in ``model-00002-of-00002.safetensors`` (with the index), and its
-        ``spk_dict.pt``; for a thinker alone, its names without ``thinker.`` in
-        ``model.safetensors``. Then the tokenizer with its chat template, the source's processor
-        files and ``generation_config.json``. ``Qwen2_5OmniForConditionalGeneration`` (or the
-        thinker's class) ``from_pretrained`` loads it.
+        """Write ``folder`` as the checkpoint's class writes itself: ``Qwen2_5OmniForConditionalGeneration``
+        (or, for a thinker alone, ``Qwen2_5OmniThinkerForConditionalGeneration``) built on the meta
+        device, given the trained thinker (its parts' key maps) and, for a whole model, the
+        checkpoint's ``talker.*`` and ``token2wav.*`` tensors unchanged (:meth:`speech_tensors`), and
+        written by its own ``save_pretrained`` (:func:`omnicore_family_kit.export.save_through_class`:
+        ``config.json`` with the trained vocabulary size and the tokenizer's ids of the media tokens,
+        the safetensors under the names it writes: ``thinker.audio_tower.*``, ``thinker.visual.*``,
+        ``thinker.model.*``, ``thinker.lm_head.*``, ``talker.*``, ``token2wav.*``; without
+        ``thinker.`` and the speech side for a thinker alone). Then the tokenizer with its chat
+        template, the source's processor files, ``spk_dict.pt`` and ``generation_config.json``.
 
         Args:
             model: an unsharded CPU OmniModel (LoRA merged) whose encoders are this family's.
 
         Raises:
             ValueError: the model lacks this family's audio or vision encoder; see :meth:`speech_tensors`.
+            RuntimeError: the tensors do not fill the class (strict, both ways).
         """
-        from safetensors.torch import save_file
+        from transformers import Qwen2_5OmniForConditionalGeneration, Qwen2_5OmniThinkerForConditionalGeneration
 
-        from omnicore_family_qwen2_5_omni.encoder import copy_processor_files
+        from omnicore_family_kit.export import class_state, copy_extra_files, save_through_class
+        from omnicore_family_qwen2_5_omni.loading import in_thinker
 
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
         config = self.config()
         whole = config.model_type == "qwen2_5_omni"
-        thinker = self.thinker_tensors(model)
+        parts = self.thinker_parts(model)
         thinker_cfg = self.thinker_config(config)
         thinker_cfg.text_config.vocab_size = int(model.lm.get_input_embeddings().weight.shape[0])
         for key, token in TOKEN_IDS.items():
@@ -216,23 +213,13 @@ class Qwen2_5OmniFoundation:
             setattr(thinker_cfg, key, value)
             if whole and hasattr(config.talker_config, key):
                 setattr(config.talker_config, key, value)
-        meta = {"format": "pt"}
-        for stale in ("model.safetensors", "model.safetensors.index.json"):  # a former export's layout
-            (folder / stale).unlink(missing_ok=True)
         if whole:
-            speech = self.speech_tensors()
-            shards = {"model-00001-of-00002.safetensors": {"thinker." + k: v for k, v in thinker.items()}}
-            shards["model-00002-of-00002.safetensors"] = speech
-            weight_map = {k: name for name, tensors in shards.items() for k in tensors}
-            for name, tensors in shards.items():
-                save_file(tensors, str(folder / name), metadata=meta)
-            size = sum(v.numel() * v.element_size() for tensors in shards.values() for v in tensors.values())
-            index = {"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))}
-            (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+            state = {**class_state(parts), **self.speech_tensors()}
+            cls = Qwen2_5OmniForConditionalGeneration
         else:
-            save_file(thinker, str(folder / "model.safetensors"), metadata=meta)
-        config.save_pretrained(folder)
-        copy_processor_files(self.folder, folder)
+            state, cls = class_state([(m, in_thinker(keys)) for m, keys in parts]), Qwen2_5OmniThinkerForConditionalGeneration
+        save_through_class(cls, config, state, folder, dtype=model.lm.get_input_embeddings().weight.dtype)
+        copy_extra_files(self.folder, folder)
         tokenizer.save_pretrained(folder)
         if self.folder.resolve() != folder.resolve():
             for name in SPEECH_FILES:
