@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from omnicore.api import Audio, CodebookDecoder, DepthOptions, LoadError, on_meta
-from omnicore_family_csm.loading import DECODER_OTHER_PARTS, DEPTH_EMBED, decoder_key, published_key
+from omnicore_family_csm.loading import DECODER, DEPTH_EMBED, decoder_key
 from omnicore_family_csm.processor import CsmAudioOptions, CsmSpeechProcessor, checkpoint_folder, processor_for, read_config
 
 WHAT = "model.decoders.audio.options.checkpoint"
@@ -154,29 +154,18 @@ class CsmAudioDecoder(CodebookDecoder):
 
     # ---- saving and loading ------------------------------------------------------------------
 
-    def published_state(self) -> dict[str, torch.Tensor]:
-        """This part of a CSM checkpoint, as transformers' ``save_pretrained`` names it: ``codec_model.*``
-        (flat Mimi layout, persistent buffers included), ``lm_head.weight``, ``depth_decoder.*`` (the
-        audio embedding once, as :data:`~omnicore_family_csm.loading.DEPTH_EMBED`)."""
-        out = {}
-        for name, value in self.state_dict().items():
-            key = published_key(name)
-            if key is not None:
-                out[key] = value
-        out[DEPTH_EMBED] = self.code_embed.weight
-        return out
-
     def save_pretrained(self, path: str | Path) -> None:
         """Write ``path`` as a CSM folder holding only this part: ``config.json`` (the whole
-        ``CsmConfig``) and ``model.safetensors`` (:meth:`published_state`); the factory loads it back.
-        Call it on an unsharded module."""
-        from safetensors.torch import save_file
+        ``CsmConfig``) and ``model.safetensors`` with ``codec_model.*`` (flat Mimi layout, persistent
+        buffers included), ``lm_head.weight`` and ``depth_decoder.*`` (the audio embedding once, as
+        :data:`~omnicore_family_csm.loading.DEPTH_EMBED`), as ``CsmForConditionalGeneration.save_pretrained``
+        names them (:func:`omnicore_family_kit.export.save_part`); the factory loads it back. Call
+        it on an unsharded module."""
+        from transformers import CsmForConditionalGeneration
 
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        self.config.save_pretrained(out)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.published_state().items()}
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        from omnicore_family_kit.export import save_part
+
+        save_part(self, DECODER, self.config, Path(path), model_class=CsmForConditionalGeneration)
 
     def load_checkpoint(self, folder: Path, what: str = WHAT) -> None:
         """Fill every parameter and persistent buffer (Mimi's codebooks are buffers) from a CSM
@@ -191,6 +180,7 @@ class CsmAudioDecoder(CodebookDecoder):
         if not files:
             raise LoadError(f"{what}: {str(folder)!r} has no model.safetensors; save the checkpoint as safetensors")
         want = self.state_dict()
+        others = tuple(p + "." for p in DECODER.other_parts())
         state, unused = {}, []
         for file in files:
             with safe_open(str(file), framework="pt") as f:
@@ -198,7 +188,7 @@ class CsmAudioDecoder(CodebookDecoder):
                     name = decoder_key(key)
                     if name in want:
                         state[name] = f.get_tensor(key)
-                    elif not key.startswith(DECODER_OTHER_PARTS):
+                    elif not key.startswith(others):
                         unused.append(key)
         if DEPTH_EMBED in state:
             state.setdefault("code_embed.weight", state[DEPTH_EMBED])

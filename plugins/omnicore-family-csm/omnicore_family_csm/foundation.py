@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from omnicore.api import on_meta, plan_checkpoint
-from omnicore_family_csm.loading import LM_OTHER_PARTS, LM_RENAMES
+from omnicore_family_csm.loading import LM
 from omnicore_family_csm.processor import PLACEHOLDER, START, CsmFoundationOptions, checkpoint_folder, read_config
 
 WHAT = "model.foundation.options.checkpoint"
@@ -116,7 +116,7 @@ class CsmFoundation:
         finally:
             torch.set_default_dtype(old)
         model.omnicore_pending_load = plan_checkpoint(
-            model, self.folder, renames=LM_RENAMES, other_parts=LM_OTHER_PARTS, what=WHAT, grow=("model.embed_tokens.weight",)
+            model, self.folder, renames=LM.renames(), other_parts=LM.other_parts(), what=WHAT, grow=("model.embed_tokens.weight",)
         )
         return model
 
@@ -134,42 +134,36 @@ class CsmFoundation:
         }
 
     def export_pretrained(self, model: Any, tokenizer: Any, folder: Path) -> None:
-        """Write ``folder`` in the published layout: ``CsmForConditionalGeneration.save_pretrained`` of
-        the trained tensors (``config.json`` with the trained ``text_vocab_size``, ``model.safetensors``
-        under transformers' own names), the tokenizer with the checkpoint's own chat template and
-        special tokens, ``CsmProcessor``'s files, and the checkpoint's ``generation_config.json``.
+        """Write ``folder`` in the published layout: the trained tensors of the LM and the audio
+        decoder under ``CsmForConditionalGeneration``'s names (:data:`~omnicore_family_csm.loading.LM`,
+        :data:`~omnicore_family_csm.loading.DECODER`), written by its own ``save_pretrained``
+        (:func:`omnicore_family_kit.export.save_through_class`: ``config.json`` with the trained
+        ``text_vocab_size``, the safetensors under transformers' own names), the tokenizer with the
+        checkpoint's own chat template and special tokens, ``CsmProcessor``'s files, and the
+        checkpoint's ``generation_config.json``.
 
         Args:
             model: an unsharded CPU OmniModel (LoRA merged) with one ``decoder/csm_audio``.
 
         Raises:
-            ValueError: the model has no CSM audio decoder, or more than one.
+            ValueError: the model has no CSM audio decoder, or more than one; RuntimeError: the
+                tensors do not fill the class (strict, both ways).
         """
-        import torch
         from transformers import CsmForConditionalGeneration
 
         from omnicore_family_csm.decoder import CsmAudioDecoder
+        from omnicore_family_csm.loading import DECODER
+        from omnicore_family_kit.export import class_state, save_through_class
 
         decoders = [d for d in model.decoders.values() if isinstance(d, CsmAudioDecoder)]
         if len(decoders) != 1:
             raise ValueError(f"csm export: the model needs exactly one decoder/csm_audio (model.decoders.audio), found {len(decoders)}")
         dec, lm = decoders[0], model.lm
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
         config = self.config()
         config.text_vocab_size = int(lm.get_input_embeddings().weight.shape[0])
-        state = {"embed_text_tokens.weight": lm.model.embed_tokens.weight, "lm_head.weight": dec.lm_head.weight}
-        state.update({"backbone_model." + k: v for k, v in lm.model.state_dict().items() if not k.startswith("embed_tokens.")})
-        state["backbone_model.embed_tokens.embed_audio_tokens.weight"] = dec.code_embed.weight
-        state.update({"depth_decoder." + k: v for k, v in dec.depth_decoder.state_dict().items()})
-        state["depth_decoder.model.embed_tokens.weight"] = dec.code_embed.weight
-        state.update({"codec_model." + k: v for k, v in dec.codec.state_dict().items()})
-        with on_meta():
-            hf = CsmForConditionalGeneration(config)
-        hf.load_state_dict({k: v.detach().cpu() for k, v in state.items()}, strict=True, assign=True)
-        hf.tie_weights()
-        with torch.no_grad():
-            hf.save_pretrained(folder)
+        state = class_state([(lm, LM), (dec, DECODER)])
+        save_through_class(CsmForConditionalGeneration, config, state, folder, dtype=lm.get_input_embeddings().weight.dtype)
         self._write_processor(tokenizer, folder)
         source = self.folder / "generation_config.json"
         if source.is_file() and self.folder.resolve() != folder.resolve():
