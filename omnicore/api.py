@@ -27,11 +27,9 @@ What is here, by topic:
 * **Data**: :data:`IGNORE_INDEX` (the label of positions that are not trained), :class:`Audio`,
   :func:`load_audio`, :func:`load_image`, :func:`resample`, :class:`Video`, :func:`load_video`,
   :class:`MediaError` (what a processor raises on media it cannot read), :class:`ItemLayout` (an
-  item a processor writes itself: interleaved placeholders of several encoders, its own positions).
-* **Checkpoint processors**: :func:`load_image_processor` and :func:`load_video_processor` (a
-  published checkpoint's own processors), :func:`video_settings` (its video processor's settings),
-  :class:`FrameVideoProcessor` (transformers' Qwen2-VL video processor steps without torchvision,
-  a base for a family's variant).
+  item a processor writes itself: interleaved placeholders of several encoders, its own positions),
+  :class:`RopeLayout` (what a foundation with 3-D rotary positions declares:
+  ``FoundationOptional.rope_layout``).
 * **Audio targets**: :func:`target_waveform` (a decoder's target clip resampled and padded to a
   fixed length) and :func:`collate_waveforms` (waveforms padded to the longest).
 * **Randomness**: :func:`item_generators` (one generator per item of a training batch, seeded from
@@ -91,10 +89,7 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.components import Violation as Violation
     from omnicore.data.chat import IGNORE_INDEX as IGNORE_INDEX
     from omnicore.data.chat import ItemLayout as ItemLayout
-    from omnicore.data.hf_processors import FrameVideoProcessor as FrameVideoProcessor
-    from omnicore.data.hf_processors import load_image_processor as load_image_processor
-    from omnicore.data.hf_processors import load_video_processor as load_video_processor
-    from omnicore.data.hf_processors import video_settings as video_settings
+    from omnicore.data.positions import RopeLayout as RopeLayout
     from omnicore.data.media import Audio as Audio
     from omnicore.data.media import MediaError as MediaError
     from omnicore.data.media import Video as Video
@@ -177,6 +172,7 @@ _EXPORTS: dict[str, str] = {
     # data
     "IGNORE_INDEX": "omnicore.data.chat",
     "ItemLayout": "omnicore.data.chat",
+    "RopeLayout": "omnicore.data.positions",
     "Audio": "omnicore.data.media",
     "MediaError": "omnicore.data.media",
     "load_audio": "omnicore.data.media",
@@ -184,11 +180,6 @@ _EXPORTS: dict[str, str] = {
     "Video": "omnicore.data.media",
     "load_video": "omnicore.data.media",
     "resample": "omnicore.data.media",
-    # checkpoint processors
-    "load_image_processor": "omnicore.data.hf_processors",
-    "load_video_processor": "omnicore.data.hf_processors",
-    "video_settings": "omnicore.data.hf_processors",
-    "FrameVideoProcessor": "omnicore.data.hf_processors",
     # audio targets
     "target_waveform": "omnicore.data.waveforms",
     "collate_waveforms": "omnicore.data.waveforms",

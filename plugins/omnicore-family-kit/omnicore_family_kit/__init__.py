@@ -10,6 +10,10 @@ family. The kit holds:
   module names (loading) and back (export).
 * :mod:`omnicore_family_kit.export`: export through the transformers class's own
   ``save_pretrained`` (sharded, read back strictly).
+* :mod:`omnicore_family_kit.processors` and :mod:`omnicore_family_kit.media_processors`: a
+  checkpoint's own processor, whole or its image and video processors one by one, also where
+  torchvision is missing (:class:`~omnicore_family_kit.media_processors.FrameVideoProcessor`:
+  transformers' Qwen2-VL video steps).
 * :mod:`omnicore_family_kit.foundation`: the base of a family's foundation.
 
 It also registers the generic family (``foundation/auto``; see its hook module

@@ -31,8 +31,9 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from omnicore.api import Audio, ItemLayout, Video, load_image_processor, load_video_processor, resample, video_settings
+from omnicore.api import Audio, ItemLayout, Video, resample
 from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
+from omnicore_family_kit.media_processors import load_image_processor, load_video_processor, video_settings
 from omnicore_family_qwen2_5_omni.plugin import MODEL_TYPES
 
 AUDIO_PAD, IMAGE_PAD, VIDEO_PAD = "<|AUDIO|>", "<|IMAGE|>", "<|VIDEO|>"

@@ -5,7 +5,7 @@ compares with), and seeded media.
 transformers' ``Qwen2_5OmniProcessor`` is loaded with ``AutoProcessor`` where torchvision is
 installed. Elsewhere it cannot be built as is (its video processor class needs torchvision), so
 the reference is the same processor class holding the checkpoint's image processor, feature
-extractor and the core's :class:`omnicore.api.FrameVideoProcessor`:
+extractor and the kit's :class:`omnicore_family_kit.media_processors.FrameVideoProcessor`:
 the token expansion (the clip's video and audio chunks included) is still transformers' own code.
 """
 
@@ -54,7 +54,7 @@ def load_hf_processor(folder: str | Path):
     """transformers' processor of ``folder`` (see the module docstring)."""
     from transformers import AutoFeatureExtractor, AutoImageProcessor, AutoTokenizer, Qwen2_5OmniProcessor
 
-    from omnicore.api import FrameVideoProcessor, video_settings
+    from omnicore_family_kit.media_processors import FrameVideoProcessor, video_settings
 
     folder = Path(folder)
     if HAS_TORCHVISION:

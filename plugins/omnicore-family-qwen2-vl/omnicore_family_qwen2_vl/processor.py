@@ -16,7 +16,7 @@ positions (:meth:`time_interval`), Qwen2-VL by one.
 Images go through the checkpoint's image processor as ``AutoImageProcessor`` loads it (the PIL
 backend where torchvision is missing). Clips go through the checkpoint's video processor as
 ``AutoVideoProcessor`` loads it where transformers can build it (it needs torchvision); elsewhere
-through :class:`omnicore.api.FrameVideoProcessor`, which takes the same steps with the same settings
+through :class:`omnicore_family_kit.media_processors.FrameVideoProcessor`, which takes the same steps with the same settings
 (frame sampling, each frame resized and normalised by the image processor class, tubelets of
 ``temporal_patch_size`` frames in the same patch order).
 """
@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from omnicore.api import Video, load_image_processor, load_video_processor, video_settings
+from omnicore.api import Video
 from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
+from omnicore_family_kit.media_processors import load_image_processor, load_video_processor, video_settings
 from omnicore_family_qwen2_vl.plugin import MODEL_TYPES
 
 IMAGE_PAD = "<|image_pad|>"
@@ -112,7 +113,7 @@ class Qwen2VLMediaProcessor:
         placeholder: ``<|image_pad|>`` or ``<|video_pad|>``; ``wrap``: ``(<|vision_start|>,
             <|vision_end|>)``: the checkpoint's own tokens, as its chat template and processor write them.
         image_processor: the checkpoint's image processor; video_processor: its video processor
-            (see :func:`omnicore.api.load_video_processor`); only the one of :attr:`modality` is used.
+            (see :func:`omnicore_family_kit.media_processors.load_video_processor`); only the one of :attr:`modality` is used.
         merge_size: patches merged per side into one token; tokens_per_second: Qwen2.5-VL's
             positions per second of video (None for Qwen2-VL: frame groups are counted).
     """

@@ -4,8 +4,8 @@ transformers' own model and processor of it (the references every test compares 
 transformers' ``Qwen2VLProcessor`` / ``Qwen2_5_VLProcessor`` is loaded with ``AutoProcessor``
 where torchvision is installed. Elsewhere it cannot be built as is (it insists its video processor
 be a ``BaseVideoProcessor``, whose Qwen2-VL class needs torchvision), so the reference is the same
-processor class holding the checkpoint's image processor and the core's
-:class:`omnicore.api.FrameVideoProcessor`: the token expansion, the
+processor class holding the checkpoint's image processor and the kit's
+:class:`omnicore_family_kit.media_processors.FrameVideoProcessor`: the token expansion, the
 ``mm_token_type_ids`` and ``second_per_grid_ts`` are still transformers' own code, and
 ``test_parts.py`` checks the clip pixels against transformers' image processor.
 """
@@ -61,7 +61,7 @@ def load_hf_processor(folder: str | Path):
     """transformers' processor of ``folder`` (see the module docstring)."""
     from transformers import AutoImageProcessor, AutoTokenizer, Qwen2_5_VLProcessor, Qwen2VLProcessor
 
-    from omnicore.api import FrameVideoProcessor, video_settings
+    from omnicore_family_kit.media_processors import FrameVideoProcessor, video_settings
 
     folder = Path(folder)
     if HAS_TORCHVISION:

@@ -15,7 +15,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from omnicore.api import FrameVideoProcessor, LoadError, Video, fill_now, video_settings
+from omnicore.api import LoadError, Video, fill_now
+from omnicore_family_kit.media_processors import FrameVideoProcessor, video_settings
 from omnicore_family_qwen2_vl.encoder import build as build_encoder
 from omnicore_family_qwen2_vl.foundation import Qwen2VLFoundation
 from omnicore_family_qwen2_vl.processor import build_processor

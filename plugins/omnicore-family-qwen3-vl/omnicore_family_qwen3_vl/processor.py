@@ -27,9 +27,10 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from omnicore.api import FrameVideoProcessor as Qwen2VLFrameVideoProcessor
-from omnicore.api import Video, load_image_processor, load_video_processor, video_settings
+from omnicore.api import Video
 from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
+from omnicore_family_kit.media_processors import FrameVideoProcessor as Qwen2VLFrameVideoProcessor
+from omnicore_family_kit.media_processors import load_image_processor, load_video_processor, video_settings
 from omnicore_family_qwen3_vl.plugin import MODEL_TYPES
 
 IMAGE_PAD = "<|image_pad|>"
@@ -43,7 +44,7 @@ WHAT_TO_PUT = (
 
 VIDEO_SETTINGS_FILES = ("video_preprocessor_config.json",)
 """Where the video settings are read after ``processor_config.json``'s nested ``video_processor``
-(:func:`omnicore.api.video_settings`): this family reads no ``preprocessor_config.json`` for them."""
+(:func:`omnicore_family_kit.media_processors.video_settings`): this family reads no ``preprocessor_config.json`` for them."""
 
 
 class Qwen3VLEncoderOptions(BaseModel):
@@ -125,7 +126,7 @@ def smart_resize(frames: int, height: int, width: int, factor: int, temporal: in
 class FrameVideoProcessor(Qwen2VLFrameVideoProcessor):
     """transformers' ``Qwen3VLVideoProcessor`` steps for machines where it cannot be built (it needs
     torchvision), with its settings and call signature, so transformers' ``Qwen3VLProcessor`` can
-    hold it too. The call and pickling are :class:`omnicore.api.FrameVideoProcessor`'s (the
+    hold it too. The call and pickling are :class:`omnicore_family_kit.media_processors.FrameVideoProcessor`'s (the
     Qwen2-VL steps, whose class transformers' Qwen3-VL one extends); the steps are replaced below.
 
     Per clip of ``T`` frames at ``fps`` (uint8 ``[T, H, W, 3]``):
@@ -143,7 +144,7 @@ class FrameVideoProcessor(Qwen2VLFrameVideoProcessor):
     last bits from that class's, never the grid.
 
     Args:
-        settings: the video processor's dict (:func:`omnicore.api.video_settings`); its class defaults for missing keys.
+        settings: the video processor's dict (:func:`omnicore_family_kit.media_processors.video_settings`); its class defaults for missing keys.
     """
 
     DEFAULTS: dict[str, Any] = {

@@ -45,7 +45,7 @@ def load_hf_processor(folder: str | Path):
     """transformers' processor of ``folder`` (see the module docstring)."""
     from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLProcessor
 
-    from omnicore.api import video_settings
+    from omnicore_family_kit.media_processors import video_settings
     from omnicore_family_qwen3_vl.processor import FrameVideoProcessor
 
     folder = Path(folder)

@@ -14,7 +14,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from omnicore.api import LoadError, Video, fill_now, video_settings
+from omnicore.api import LoadError, Video, fill_now
+from omnicore_family_kit.media_processors import video_settings
 from omnicore_family_qwen3_vl.encoder import build as build_encoder
 from omnicore_family_qwen3_vl.foundation import Qwen3VLFoundation
 from omnicore_family_qwen3_vl.processor import FrameVideoProcessor, build_processor, smart_resize
@@ -109,7 +110,7 @@ def test_sampling_and_counts_are_transformers_video_processors(standin, frames):
 
 def test_a_clip_not_sampled_records_every_frame():
     """With ``do_sample_frames`` off, the metadata gets every frame's index (the timestamps are read
-    from them), where :class:`omnicore.api.FrameVideoProcessor` leaves it as given (None)."""
+    from them), where :class:`omnicore_family_kit.media_processors.FrameVideoProcessor` leaves it as given (None)."""
     clip = np.zeros((3, 32, 32, 3), np.uint8)
     settings = {"do_sample_frames": False, "size": {"shortest_edge": 1024, "longest_edge": 65536}}
     out = FrameVideoProcessor(settings)(videos=[clip], video_metadata=[{"total_num_frames": 3, "fps": 2.0}], return_metadata=True)

@@ -1,7 +1,8 @@
-"""The checkpoint processor helpers of ``omnicore.api`` that the Qwen-VL families share
-(:mod:`omnicore.data.hf_processors`): where a checkpoint's video settings are read, its own image
-and video processors, and :class:`omnicore.api.FrameVideoProcessor`'s frame sampling and tubelets on
-tiny inputs, against values worked out by hand or by plain numpy indexing."""
+"""The checkpoint processor helpers that the Qwen-VL families share
+(:mod:`omnicore_family_kit.media_processors`): where a checkpoint's video settings are read, its own
+image and video processors, and :class:`~omnicore_family_kit.media_processors.FrameVideoProcessor`'s
+frame sampling and tubelets on tiny inputs, against values worked out by hand or by plain numpy
+indexing."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnicore.api import FrameVideoProcessor, load_image_processor, load_video_processor, video_settings
+from omnicore_family_kit.media_processors import FrameVideoProcessor, load_image_processor, load_video_processor, video_settings
 
 
 def test_video_settings_are_read_where_transformers_reads_them(tmp_path):

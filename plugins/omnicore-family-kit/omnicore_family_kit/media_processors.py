@@ -7,6 +7,10 @@ beside every torch build. :func:`load_video_processor` returns the checkpoint's 
 torchvision is installed and a :class:`FrameVideoProcessor` of the same settings elsewhere, which
 takes the same steps. A family plugin calls these instead of carrying its own copy.
 
+Where :mod:`omnicore_family_kit.processors` loads a checkpoint's whole ``AutoProcessor`` (and
+refuses videos without torchvision), this module builds its image and video processors one by
+one, for a family that writes its items itself.
+
 Importing this module is torch-free (torch and transformers are imported where they are used).
 """
 
