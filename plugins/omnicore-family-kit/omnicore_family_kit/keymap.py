@@ -57,8 +57,9 @@ class KeyMap:
                 out[theirs] = ours
         for old, theirs in self.legacy.items():
             ours = _longest_value(theirs, self.parts)
-            if ours is not None and old != ours:
-                out[old] = ours + theirs[len(self.parts[ours]) :]
+            target = None if ours is None else ours + theirs[len(self.parts[ours]) :]
+            if target is not None and old != target:  # a layout that already is this part's names needs no rename
+                out[old] = target
         return out
 
     def other_parts(self) -> list[str]:
