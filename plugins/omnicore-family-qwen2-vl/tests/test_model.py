@@ -1,205 +1,71 @@
 """The whole family through omnicore's run path (one foundation entry) against transformers'
 ``Qwen2VLForConditionalGeneration`` / ``Qwen2_5_VLForConditionalGeneration`` and its processor on
-the same images and clips (fp32), for both families: input ids, logits (text only, one image, two
-images, a clip), a packed row, the loss on the assistant tokens, and the export read back by
-``from_pretrained``.
+the same images and clips (fp32), for both families (the conftest's ``standin`` is parametrised):
+omnicore's family parity suite (:class:`omnicore.testing.FamilyParitySuite`: ids, logits on text
+only, one image, two images and a clip, the 3-D positions against ``get_rope_index``, a packed
+row, the loss on the assistant tokens, the export read back by ``from_pretrained``), and what only
+this family brings.
 
 The clip (8 frames at 3 fps) has more frame groups (4) than its merged grid has rows or columns
 (2 x 3), so the text after it sits where transformers' ``get_rope_index`` puts it (start + max(h,
-w)), and Qwen2.5-VL spaces its frame groups by 2 tokens/s x 2/3 s (positions 0, 1, 2, 4).
+w)), and Qwen2.5-VL spaces its frame groups by 2 tokens/s x 2/3 s (positions 0, 1, 2, 4). Two
+FSDP2 processes against one: ``tests/test_families_fsdp2.py`` (Qwen2-VL's stand-in).
 """
 
 from __future__ import annotations
 
-import json
-from fractions import Fraction
+import sys
+from pathlib import Path
 
-import numpy as np
-import pytest
-import torch
-
-from omnicore.api import load_image, load_video
-from omnicore.testing import ChatProcessor, Config, build_omni_model, collate, isolated_registry, read_jsonl
-
-IGNORE = -100
+import omnicore_family_qwen2_vl.plugin
+from omnicore.testing import FamilyParitySuite
 
 
-def _write_video(path, frames: np.ndarray, fps: int) -> None:
-    """RGB frames [T, H, W, 3] as lossless FFV1 in Matroska."""
-    import av
-
-    with av.open(str(path), "w", format="matroska") as container:
-        stream = container.add_stream("ffv1", rate=Fraction(fps))
-        stream.height, stream.width = frames.shape[1:3]
-        stream.pix_fmt = "bgr0"
-        for frame in frames:
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        container.mux(stream.encode())
+def _conftest():
+    """This folder's ``conftest.py`` as pytest imported it (test modules cannot import it by name:
+    the repository's ``conftest`` is first)."""
+    path = Path(__file__).with_name("conftest.py")
+    return next(m for m in list(sys.modules.values()) if getattr(m, "__file__", None) and Path(m.__file__) == path)
 
 
-SAMPLES = [
-    ([{"type": "text", "text": "Say hi"}], "hi there"),
-    ([{"type": "image", "path": "a.png"}, {"type": "text", "text": "What is it?"}], "noise"),
-    (
-        [
-            {"type": "text", "text": "Compare "},
-            {"type": "image", "path": "b.png"},
-            {"type": "text", "text": " and "},
-            {"type": "image", "path": "a.png"},
-            {"type": "text", "text": "."},
-        ],
-        "the first is larger",
-    ),
-    ([{"type": "video", "path": "c.mkv"}, {"type": "text", "text": "What happens?"}], "it flickers"),
-]
+class TestQwen2VLParity(FamilyParitySuite):
+    foundation = "qwen2_vl"
+    plugins = [(omnicore_family_qwen2_vl.plugin, "omnicore-family-qwen2-vl")]
+    hf_class = "AutoModelForImageTextToText"
+    samples = [
+        ([{"type": "text", "text": "Say hi"}], "hi there"),
+        ([{"type": "image", "path": "a.png"}, {"type": "text", "text": "What is it?"}], "noise"),
+        (
+            [
+                {"type": "text", "text": "Compare "},
+                {"type": "image", "path": "b.png"},
+                {"type": "text", "text": " and "},
+                {"type": "image", "path": "a.png"},
+                {"type": "text", "text": "."},
+            ],
+            "the first is larger",
+        ),
+        ([{"type": "video", "path": "c.mkv"}, {"type": "text", "text": "What happens?"}], "it flickers"),
+    ]
+    media = {"a.png": (45, 60), "b.png": (120, 100), "c.mkv": (8, 80, 50, 3)}
+    mrope = True
+    end_of_turn = "<|im_end|>"
+    test_two_fsdp2_processes_equal_one = None  # tests/test_families_fsdp2.py runs Qwen2-VL's stand-in
 
+    def load_hf_processor(self, folder):
+        """The conftest's ``load_hf_processor`` (transformers' processor class, also without torchvision)."""
+        return _conftest().load_hf_processor(folder)
 
-def _hf_messages(user, answer):
-    """The same conversation as transformers' processors take it (parts in order)."""
-    content = [p if p["type"] == "text" else {"type": p["type"]} for p in user]
-    return [{"role": "user", "content": content}, {"role": "assistant", "content": answer}]
+    def test_one_entry_brings_one_tower_for_images_and_video(self, family_run, standin):
+        from transformers import AutoTokenizer
 
+        model, tok = family_run.model, family_run.tokenizer
+        assert list(model.encoders) == ["image"] and type(model.encoders["image"]).__name__ == "Qwen2VLVisionTower"
+        assert model.shared["video"][0] == "image" and model.shared["video"][1].placeholder == "<|video_pad|>"
+        assert tok.get_vocab() == AutoTokenizer.from_pretrained(standin).get_vocab()
+        assert sorted(model.part_names) == ["language_model", "merger", "visual"]
 
-@pytest.fixture(scope="session")
-def data(tmp_path_factory, image, frames):
-    """The data folder: two PNG images, one lossless clip, and train.jsonl of :data:`SAMPLES`."""
-    folder = tmp_path_factory.mktemp("data")
-    image(60, 45, seed=1).save(folder / "a.png")
-    image(100, 120, seed=2).save(folder / "b.png")
-    _write_video(folder / "c.mkv", frames(8, 50, 80, seed=3), fps=3)
-    with open(folder / "train.jsonl", "w") as f:
-        for user, answer in SAMPLES:
-            f.write(json.dumps({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}) + "\n")
-    return folder
-
-
-_RUNS: dict[str, tuple] = {}
-
-
-@pytest.fixture
-def run(standin, data):
-    """``(model, tokenizer, encoded samples, registry)`` built from the one foundation entry (once per family)."""
-    if str(standin) not in _RUNS:
-        import omnicore_family_qwen2_vl.plugin as plugin
-
-        registry = isolated_registry([(plugin, "omnicore-family-qwen2-vl")], builtins=True)
-        cfg = Config.model_validate(
-            {
-                "run": {"output_dir": str(data / "run")},
-                "model": {"foundation": {"name": "qwen2_vl", "options": {"checkpoint": str(standin)}}},
-                "data": {"train": str(data / "train.jsonl")},
-            }
-        )
-        torch.manual_seed(0)
-        model, tok = build_omni_model(cfg, registry)
-        model.eval()
-        proc = ChatProcessor.for_model(tok, model, cfg.data)
-        _RUNS[str(standin)] = (model, tok, [proc.encode(s) for s in read_jsonl(data / "train.jsonl")], registry)
-    return _RUNS[str(standin)]
-
-
-def _hf_inputs(hf_processor, data, k):
-    user, answer = SAMPLES[k]
-    text = hf_processor.apply_chat_template(_hf_messages(user, answer), tokenize=False)
-    images = [load_image(data / p["path"]) for p in user if p["type"] == "image"]
-    clips = [load_video(data / p["path"]) for p in user if p["type"] == "video"]
-    kwargs = {"images": images or None, "videos": [c.frames for c in clips] or None}
-    if clips:
-        kwargs["video_metadata"] = [{"total_num_frames": len(c.frames), "fps": float(c.fps)} for c in clips]
-    return hf_processor(text=text, return_tensors="pt", **kwargs)
-
-
-def _logits(model, encoded):
-    mb = collate(encoded, model.encoder_processors(), {})
-    with torch.no_grad():
-        return model(mb, return_logits=True)
-
-
-def test_one_entry_brings_one_tower_for_images_and_video(run, standin):
-    from transformers import AutoTokenizer
-
-    model, tok, _, _ = run
-    assert list(model.encoders) == ["image"] and type(model.encoders["image"]).__name__ == "Qwen2VLVisionTower"
-    assert model.shared["video"][0] == "image" and model.shared["video"][1].placeholder == "<|video_pad|>"
-    assert tok.get_vocab() == AutoTokenizer.from_pretrained(standin).get_vocab()
-    assert sorted(model.part_names) == ["language_model", "merger", "visual"]
-
-
-@pytest.mark.parametrize("k", [0, 1, 2, 3], ids=["text", "one_image", "two_images", "video"])
-def test_ids_and_logits_equal_transformers(run, hf_model, hf_processor, data, k):
-    model, _, encoded, _ = run
-    inputs = _hf_inputs(hf_processor, data, k)
-    assert encoded[k].input_ids == inputs["input_ids"][0].tolist()
-    if k == 3:  # the clip's frame groups outnumber its merged rows and columns: the spatial rule is exercised
-        grid = inputs["video_grid_thw"][0].tolist()
-        assert grid[0] > max(grid[1], grid[2]) // 2
-    with torch.no_grad():
-        want = hf_model(**inputs).logits[0]
-    torch.testing.assert_close(_logits(model, [encoded[k]]).logits[0], want, atol=1e-5, rtol=0)
-
-
-def test_positions_equal_get_rope_index(run, hf_model, hf_processor, data):
-    """The data side's 3-D positions of the clip sample are transformers' ``get_rope_index``."""
-    model, _, encoded, _ = run
-    inputs = _hf_inputs(hf_processor, data, 3)
-    kwargs = {k: inputs[k] for k in ("mm_token_type_ids", "video_grid_thw", "second_per_grid_ts") if k in inputs}
-    want, _ = hf_model.model.get_rope_index(inputs["input_ids"], **kwargs)
-    assert encoded[3].rope_position_ids == want[:, 0].tolist()
-
-
-def test_packed_row_equals_each_sample_alone(run):
-    model, _, encoded, _ = run
-    packed = _logits(model, encoded).logits[0]
-    start = 0
-    for e in encoded:
-        alone = _logits(model, [e]).logits[0]
-        torch.testing.assert_close(packed[start : start + len(e.input_ids)], alone, atol=1e-5, rtol=0)
-        start += len(e.input_ids)
-
-
-def test_loss_equals_transformers_loss_on_the_assistant_tokens(run, hf_model, hf_processor, data):
-    model, tok, encoded, _ = run
-    k = 2
-    inputs = _hf_inputs(hf_processor, data, k)
-    ids = inputs["input_ids"][0].tolist()
-    header = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
-    start = max(i for i in range(len(ids)) if ids[i : i + len(header)] == header) + len(header)
-    end = ids.index(tok.convert_tokens_to_ids("<|im_end|>"), start) + 1  # the answer and its end of turn
-    hf_labels = torch.full((1, len(ids)), IGNORE)
-    hf_labels[0, start:end] = torch.tensor(ids[start:end])
-    assert [IGNORE] + encoded[k].labels[:-1] == hf_labels[0].tolist()
-    out = _logits(model, [encoded[k]])
-    with torch.no_grad():
-        want = hf_model(**inputs, labels=hf_labels).loss
-    torch.testing.assert_close(out.loss_sum / out.n_targets, want, atol=1e-5, rtol=0)
-
-
-def test_export_is_read_back_by_from_pretrained_with_the_same_logits(run, standin, hf_model, hf_processor_of, data, tmp_path):
-    from safetensors import safe_open
-    from transformers import AutoModelForImageTextToText
-
-    model, tok, encoded, registry = run
-    foundation = registry.build("foundation", "qwen2_vl", {"checkpoint": str(standin)})
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    try:
-        with torch.no_grad():  # "trained": every part moves
-            model.lm.model.layers[0].mlp.up_proj.weight.add_(0.05)
-            model.lm.lm_head.weight.mul_(1.1)
-            model.encoders["image"].visual.blocks[1].norm2.weight.add_(0.05)
-            next(model.encoders["image"].visual.merger.parameters()).add_(0.1)
-        foundation.export_pretrained(model, tok, tmp_path / "hf")
-        with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as f, safe_open(str(standin / "model.safetensors"), "pt") as g:
-            assert sorted(f.keys()) == sorted(g.keys())  # the names save_pretrained writes
-        back = AutoModelForImageTextToText.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
-        assert type(back) is type(hf_model)
-        proc = hf_processor_of(tmp_path / "hf")
-        for k in (0, 2, 3):
-            inputs = _hf_inputs(proc, data, k)
-            assert inputs["input_ids"][0].tolist() == encoded[k].input_ids
-            with torch.no_grad():
-                want = back(**inputs).logits[0]
-            torch.testing.assert_close(_logits(model, [encoded[k]]).logits[0], want, atol=1e-5, rtol=0)
-            with torch.no_grad():  # the trained change is in the export (the stand-in gives other logits)
-                assert not torch.allclose(hf_model(**inputs).logits[0], want, atol=1e-3)
-    finally:
-        model.load_state_dict(state)
+    def test_the_clip_has_more_frame_groups_than_merged_rows_or_columns(self, hf_reference):
+        """The spatial rule of ``get_rope_index`` (text after a clip at start + max(h, w)) is exercised."""
+        t, h, w = hf_reference.inputs[3]["video_grid_thw"][0].tolist()
+        assert t > max(h, w) // 2
