@@ -481,7 +481,7 @@ def _add_generate(sub: Any) -> None:
     sp.add_argument(
         "--speak",
         action="store_true",
-        help="also speak each answer, saved as a WAV (a family whose foundation speaks, e.g. qwen2_5_omni; needs --export)",
+        help="also speak each answer, saved as a WAV (a foundation that has speak(); needs --export)",
     )
     sp.add_argument(
         "--out",

@@ -187,7 +187,9 @@ def speak_cli(
     speak = getattr(build_foundation(cfg), "speak", None)
     if not callable(speak):
         name = cfg.model.foundation.name
-        raise ConfigError(f"--speak: foundation {name} does not speak (it has no speak(); foundation qwen2_5_omni does); drop --speak")
+        raise ConfigError(
+            f"--speak: foundation {name} does not speak (it has no speak()); drop --speak, or pass the export of a foundation that has one"
+        )
     model, tokenizer = build_omni_model(cfg, defer_load=True)  # on meta: its processors and positions are all that is read
     processor = ChatProcessor.for_model(tokenizer, model, cfg.data)
     processors = model.encoder_processors()

@@ -37,7 +37,7 @@ class HFCausalLMOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     config: dict[str, Any] | None = Field(
-        default=None, description="transformers config kwargs with 'model_type' (e.g. qwen2); builds a randomly initialised model"
+        default=None, description="transformers config kwargs with 'model_type' (e.g. llama); builds a randomly initialised model"
     )
     checkpoint: str | None = Field(
         default=None,
@@ -62,7 +62,7 @@ class HFCausalLMOptions(BaseModel):
         if (self.config is None) == (self.checkpoint is None):
             raise ValueError("set exactly one of 'config' (build from scratch) and 'checkpoint' (load a local folder)")
         if self.config is not None and "model_type" not in self.config:
-            raise ValueError("'config' needs a 'model_type', e.g. qwen2 or llama")
+            raise ValueError("'config' needs a 'model_type', e.g. llama or mistral")
         if self.config is not None and (self.init_fresh or self.ignore_unused):
             raise ValueError("'init_fresh' and 'ignore_unused' apply to a 'checkpoint'; a 'config' model is initialised fresh anyway")
         return self
