@@ -96,6 +96,8 @@ class FamilyRun:
     registry: Any
     config: dict[str, Any]
     """The run config (as a dict) the model was built from."""
+    chat: Any = None
+    """The run's ``ChatProcessor`` (``chat.encode(sample, prompt_only=True)`` for a generation test)."""
 
 
 @dataclass
@@ -340,9 +342,12 @@ class FamilyParitySuite:
             out["sampling_rate"] = self.audio_sampling_rate
         return out
 
-    def hf_inputs(self, processor: Any, data: Path, user: list[dict[str, Any]], answer: str) -> Any:
-        """The processor applied to ``apply_chat_template`` of :meth:`hf_messages` with :meth:`hf_media`."""
-        text = processor.apply_chat_template(self.hf_messages(user, answer), tokenize=False)
+    def hf_inputs(self, processor: Any, data: Path, user: list[dict[str, Any]], answer: str, *, prompt_only: bool = False) -> Any:
+        """The processor applied to ``apply_chat_template`` of :meth:`hf_messages` with :meth:`hf_media`;
+        ``prompt_only``: without the assistant's turn and with the generation prompt (a generation test's)."""
+        messages = self.hf_messages(user, answer)
+        messages = messages[:-1] if prompt_only else messages
+        text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt_only)
         return processor(text=text, return_tensors="pt", **self.hf_media(data, user))
 
     def assistant_text(self, answer: str, tokenizer: Any) -> str:
@@ -389,7 +394,7 @@ class FamilyParitySuite:
         model.eval()
         proc = ChatProcessor.for_model(tok, model, cfg.data)
         encoded = [proc.encode(s) for s in read_jsonl(folder / "train.jsonl")]
-        return FamilyRun(model, tok, encoded, folder, registry, config)
+        return FamilyRun(model, tok, encoded, folder, registry, config, proc)
 
     def build_reference(self, standin: Path, data: Path) -> HFReference:
         """The transformers class and processor of ``standin``, and the processor's output per sample."""
