@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
+from omnicore_family_kit.options import CheckpointOptions
 from omnicore_family_llava.plugin import MODEL_TYPES
 
 IMAGE_TOKEN = "<image>"
@@ -37,42 +38,27 @@ CLASS_TOKENS = {"clip_vision_model": 1, "siglip_vision_model": 0}
 ``vision_config.model_type``: the towers this family takes."""
 
 
-class LlavaEncoderOptions(BaseModel):
+class LlavaEncoderOptions(CheckpointOptions):
     """Options of ``encoder/llava_encoder``."""
 
-    model_config = ConfigDict(extra="forbid")
-
     checkpoint: str = Field(
-        description=(
-            "A published LLaVA folder (config.json of LlavaForConditionalGeneration, its safetensors and processor files), "
-            "or a Hub name in the local cache; its vision_tower and multi_modal_projector are loaded"
-        )
+        description="A published LLaVA folder (config.json of LlavaForConditionalGeneration, its safetensors and processor "
+        "files), or a Hub name in the local cache; its vision_tower and multi_modal_projector are loaded"
     )
 
 
-class LlavaFoundationOptions(BaseModel):
-    """Options of ``foundation/llava``."""
-
-    model_config = ConfigDict(extra="forbid")
+class LlavaFoundationOptions(CheckpointOptions):
+    """Options of ``foundation/llava``: the checkpoint, whose LM, tokenizer and image encoder it brings."""
 
     checkpoint: str = Field(
-        description=(
-            "A published LLaVA folder (LlavaForConditionalGeneration config.json, safetensors, tokenizer and processor "
-            "files), or a Hub name in the local cache (e.g. llava-hf/llava-1.5-7b-hf)"
-        )
+        description="A published LLaVA folder (LlavaForConditionalGeneration config.json, safetensors, tokenizer and "
+        "processor files), or a Hub name in the local cache (e.g. llava-hf/llava-1.5-7b-hf)"
     )
 
 
 def checkpoint_folder(checkpoint: str, what: str) -> Path:
-    """``checkpoint`` as a folder whose ``config.json`` is a LLaVA one: the kit's
-    :func:`omnicore_family_kit.checkpoint.checkpoint_folder` with :data:`MODEL_TYPES` and
-    :data:`WHAT_TO_PUT`.
-
-    Raises:
-        ValueError: naming ``what`` and what to put there, when the folder or its ``config.json`` is
-            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the installed
-            foundation that serves that model type, found through the registry).
-    """
+    """``checkpoint`` as a LLaVA folder: :func:`omnicore_family_kit.checkpoint.checkpoint_folder` of
+    :data:`MODEL_TYPES` (ValueError naming ``what``, ending with :data:`WHAT_TO_PUT`)."""
     return kit_checkpoint_folder(checkpoint, what, MODEL_TYPES, WHAT_TO_PUT)
 
 
