@@ -1,20 +1,24 @@
 #!/usr/bin/env python3
-"""Answer held-out questions with an omnicore export of a Qwen2-VL fine-tune, using transformers
-alone: ``AutoModelForImageTextToText`` and ``AutoProcessor`` read the export folder as they read
-a published checkpoint (its ``config.json`` names ``Qwen2VLForConditionalGeneration`` or
-``Qwen2_5_VLForConditionalGeneration``), ``generate`` answers greedily. No omnicore import: this
-is what serving the fine-tune looks like anywhere transformers runs.
+"""Answer held-out questions with an omnicore export of a published family's fine-tune, using
+transformers: ``AutoModelForImageTextToText`` reads the export folder as it reads a published
+checkpoint (its ``config.json`` names the class: ``Qwen2VLForConditionalGeneration``,
+``LlavaNextForConditionalGeneration``, ``Idefics3ForConditionalGeneration``, ...), the
+checkpoint's own processor writes the inputs, ``generate`` answers greedily. Nothing of omnicore's
+training code runs: this is what serving the fine-tune looks like anywhere transformers runs.
+
+The processor comes from the family kit's
+:func:`omnicore_family_kit.processors.load_hf_processor`: ``AutoProcessor.from_pretrained`` of the
+folder, or, where torchvision is missing (transformers 5 builds several video processors on it),
+the same processor class with a video processor that refuses videos; images work. Without the kit
+installed, ``AutoProcessor.from_pretrained`` is used.
 
 Usage::
 
-    python examples/qwen2_vl/serve.py runs/qwen2_vl/export --data examples/qwen2_vl/data/eval.jsonl [--limit 8] [--max-new-tokens N]
+    python examples/families/serve.py runs/qwen2_vl/export --data examples/families/data/eval.jsonl [--limit 8] [--max-new-tokens N]
 
 Prints each question's expected and generated answer and the share that match. Answers stop at the
 end of the turn or after ``--max-new-tokens`` tokens (default: the export's
 ``generation_config.json`` where it sets ``max_new_tokens``, else :data:`DEFAULT_MAX_NEW_TOKENS`).
-
-Elsewhere, import :func:`load_processor` from this file (``from serve import load_processor`` with
-this folder on ``sys.path``) to get the export's processor on a machine without torchvision.
 """
 
 from __future__ import annotations
@@ -23,34 +27,28 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 DEFAULT_MAX_NEW_TOKENS = 64
 """``--max-new-tokens`` where neither the command line nor the export's generation config sets one."""
 
 
-def load_processor(folder: Path):
-    """``AutoProcessor.from_pretrained(folder)``; where torchvision is missing (transformers 5's
-    Qwen2-VL video processor needs it, and these questions hold no video) the same processor class
-    built from the folder's image processor and tokenizer, without a video processor."""
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
-    from transformers.utils import is_torchvision_available
+def load_processor(folder: Path) -> Any:
+    """The checkpoint's processor: the family kit's ``load_hf_processor(folder)`` (images work where
+    torchvision is missing), or ``AutoProcessor.from_pretrained(folder)`` where the kit is not
+    installed.
 
-    if is_torchvision_available():
+    Raises:
+        ValueError: the kit's loader cannot build the folder's processor (naming the reason);
+            without the kit, whatever ``AutoProcessor`` raises.
+    """
+    try:
+        from omnicore_family_kit.processors import load_hf_processor
+    except ImportError:
+        from transformers import AutoProcessor
+
         return AutoProcessor.from_pretrained(folder)
-    import transformers
-
-    base = getattr(transformers, json.loads((folder / "preprocessor_config.json").read_text())["processor_class"])
-
-    class ImagesOnly(base):
-        def check_argument_for_proper_class(self, name, arg):
-            if name == "video_processor" and arg is None:
-                return None
-            return super().check_argument_for_proper_class(name, arg)
-
-    tok = AutoTokenizer.from_pretrained(folder)
-    return ImagesOnly(
-        image_processor=AutoImageProcessor.from_pretrained(folder), tokenizer=tok, video_processor=None, chat_template=tok.chat_template
-    )
+    return load_hf_processor(str(folder))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     ap.add_argument("--json", type=Path, help="also write [{where, expected, answer}] to this file")
+    ap.add_argument("--device", help="where the model runs (default: cuda where torch sees a GPU, else cpu)")
     args = ap.parse_args(argv)
     if not (args.export / "config.json").is_file():
         print(f"serve.py: {args.export} has no config.json; give the export folder of a published-family run", file=sys.stderr)
@@ -77,12 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     from PIL import Image
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(args.export, dtype=torch.float32).eval()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForImageTextToText.from_pretrained(args.export, dtype=torch.float32).to(device).eval()
     max_new_tokens = args.max_new_tokens
     if max_new_tokens is None:
         max_new_tokens = getattr(model.generation_config, "max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS
     processor = load_processor(args.export)
-    print(f"loaded {type(model).__name__} from {args.export}")
+    print(f"loaded {type(model).__name__} from {args.export} ({type(processor).__name__}, on {device})")
     rows = [json.loads(line) for line in args.data.read_text().splitlines() if line.strip()][: args.limit]
     right, answers = 0, []
     for i, row in enumerate(rows, 1):
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         images = [Image.open(args.data.parent / p["path"]).convert("RGB") for p in user if p["type"] == "image"]
         content = [{"type": "image"} if p["type"] == "image" else {"type": "text", "text": p["text"]} for p in user]
         text = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False)
-        inputs = processor(text=[text], images=images, return_tensors="pt")
+        inputs = processor(text=[text], images=images, return_tensors="pt").to(device)
         with torch.no_grad():
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
         answer = processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)[0].strip()
