@@ -28,11 +28,12 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from omnicore.api import Video
 from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
 from omnicore_family_kit.media_processors import load_image_processor, load_video_processor, video_settings
+from omnicore_family_kit.options import CheckpointOptions
 from omnicore_family_qwen2_vl.plugin import MODEL_TYPES
 
 IMAGE_PAD = "<|image_pad|>"
@@ -48,10 +49,8 @@ VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 """The features of one item, under the names the HF model's ``forward`` takes."""
 
 
-class Qwen2VLEncoderOptions(BaseModel):
+class Qwen2VLEncoderOptions(CheckpointOptions):
     """Options of ``encoder/qwen2_vl_encoder``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     checkpoint: str = Field(
         description=(
@@ -69,10 +68,8 @@ class Qwen2VLEncoderOptions(BaseModel):
     )
 
 
-class Qwen2VLFoundationOptions(BaseModel):
+class Qwen2VLFoundationOptions(CheckpointOptions):
     """Options of ``foundation/qwen2_vl``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     checkpoint: str = Field(
         description=(
@@ -83,15 +80,8 @@ class Qwen2VLFoundationOptions(BaseModel):
 
 
 def checkpoint_folder(checkpoint: str, what: str) -> Path:
-    """``checkpoint`` as a folder whose ``config.json`` is a Qwen2-VL or Qwen2.5-VL one: the kit's
-    :func:`omnicore_family_kit.checkpoint.checkpoint_folder` with :data:`MODEL_TYPES` and
-    :data:`WHAT_TO_PUT`.
-
-    Raises:
-        ValueError: naming ``what`` and what to put there, when the folder or its ``config.json`` is
-            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the installed
-            foundation that serves that model type, found through the registry).
-    """
+    """``checkpoint`` as a Qwen2-VL or Qwen2.5-VL folder: :func:`omnicore_family_kit.checkpoint.checkpoint_folder` of
+    :data:`MODEL_TYPES` (ValueError naming ``what``, ending with :data:`WHAT_TO_PUT`)."""
     return kit_checkpoint_folder(checkpoint, what, MODEL_TYPES, WHAT_TO_PUT)
 
 
