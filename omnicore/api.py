@@ -27,7 +27,9 @@ What is here, by topic:
 * **Data**: :data:`IGNORE_INDEX` (the label of positions that are not trained), :class:`Audio`,
   :func:`load_audio`, :func:`load_image`, :func:`resample`, :class:`Video`, :func:`load_video`,
   :class:`MediaError` (what a processor raises on media it cannot read), :class:`ItemLayout` (an
-  item a processor writes itself: interleaved placeholders of several encoders, its own positions).
+  item a processor writes itself: interleaved placeholders of several encoders, its own positions),
+  :class:`RopeLayout` (what a foundation with 3-D rotary positions declares:
+  ``FoundationOptional.rope_layout``).
 * **Audio targets**: :func:`target_waveform` (a decoder's target clip resampled and padded to a
   fixed length) and :func:`collate_waveforms` (waveforms padded to the longest).
 * **Randomness**: :func:`item_generators` (one generator per item of a training batch, seeded from
@@ -87,6 +89,7 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.components import Violation as Violation
     from omnicore.data.chat import IGNORE_INDEX as IGNORE_INDEX
     from omnicore.data.chat import ItemLayout as ItemLayout
+    from omnicore.data.positions import RopeLayout as RopeLayout
     from omnicore.data.media import Audio as Audio
     from omnicore.data.media import MediaError as MediaError
     from omnicore.data.media import Video as Video
@@ -169,6 +172,7 @@ _EXPORTS: dict[str, str] = {
     # data
     "IGNORE_INDEX": "omnicore.data.chat",
     "ItemLayout": "omnicore.data.chat",
+    "RopeLayout": "omnicore.data.positions",
     "Audio": "omnicore.data.media",
     "MediaError": "omnicore.data.media",
     "load_audio": "omnicore.data.media",

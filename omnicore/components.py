@@ -38,7 +38,10 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from omnicore.data.positions import RopeLayout
 
 KINDS: tuple[str, ...] = ("encoder", "decoder", "foundation", "parallel", "kernel", "logger")
 """The six component kinds, in the order ``omnicore plugins`` lists them."""
@@ -406,6 +409,16 @@ class FoundationOptional(Protocol):
         layer (``n = mask.sum()``, rows in sequence order). Read when the model is built, called in
         every forward and in the prefill of generation; required when an encoder returns
         :class:`EncoderOutput` with layer rows."""
+
+    def rope_layout(self) -> RopeLayout | None:
+        """The :class:`~omnicore.data.positions.RopeLayout` of a language model that rotates by 3-D
+        positions (mRoPE), or None for 1-D positions; read once when the model is built
+        (``OmniModel.rope``), and it overrides what the core infers from the model's config
+        (:func:`omnicore.data.positions.rope_layout`, which knows only the Qwen model types). With a
+        layout, every sample carries ``[3][T]`` positions (each media item's from its processor:
+        ``ItemLayout.positions``, or its ``grid``) and the language model's ``base_model`` takes
+        ``position_ids`` ``[4, B, T]``: the plain 1-D row (which keeps packed samples apart), then the
+        three axes."""
 
     def part_names(self) -> dict[str, list[str]]:
         """The family's part names (``vision_tower``, ``merger``, ``language_model``) -> parameter

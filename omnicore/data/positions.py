@@ -84,10 +84,16 @@ def rope_layout(config: Any) -> RopeLayout | None:
     mRoPE is recognised by the model type (:data:`MROPE_MODEL_TYPES`, of the config or its text
     config), not by an ``mrope_section`` in the rope parameters: transformers' default configs of
     these types name none (their rotary embedding then uses ``[16, 24, 24]``), and other families
-    with one may follow other rules. Qwen3-VL follows this one: its text model interleaves the
-    axes' frequencies itself, and its processor writes each frame group of a clip as its own
-    block (``t = 1``, timestamps as text between them: ``Processor.runs``), as its
-    ``get_rope_index`` splits ``video_grid_thw`` per frame group.
+    with one may follow other rules (HunYuan-VL's axes are width, height and image index, or four).
+    Qwen3-VL follows this one: its text model interleaves the axes' frequencies itself, and its
+    processor writes each frame group of a clip as its own block (``t = 1``, timestamps as text
+    between them: ``Processor.runs``), as its ``get_rope_index`` splits ``video_grid_thw`` per
+    frame group.
+
+    Any other mRoPE foundation declares its layout itself
+    (:meth:`omnicore.components.FoundationOptional.rope_layout`, which overrides this), its
+    processors giving each item's positions (``ItemLayout.positions``): the generic family does
+    so for every class with a ``get_rope_index``.
     """
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     types = {getattr(config, "model_type", None), getattr(text, "model_type", None)}

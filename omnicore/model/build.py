@@ -319,6 +319,16 @@ def build_omni_model(cfg: Config, registry: Registry | None = None, *, defer_loa
     layer_inputs = getattr(foundation, "layer_inputs", None)
     if callable(layer_inputs):
         model.layer_inputs = layer_inputs
+    declared_rope = getattr(foundation, "rope_layout", None)
+    if callable(declared_rope):  # a foundation that names its mRoPE layout (else inferred from the config)
+        from omnicore.data.positions import RopeLayout
+
+        rope = declared_rope()
+        if rope is not None and not isinstance(rope, RopeLayout):
+            raise RegistryError(
+                f"model.foundation: {m.foundation.name}'s rope_layout() returned {type(rope).__name__}, not a RopeLayout or None"
+            )
+        model.rope = rope
     family_parts = getattr(foundation, "part_names", None)
     if callable(family_parts):
         model.part_names = {str(k): [str(p).rstrip(".") for p in v] for k, v in dict(family_parts()).items()}

@@ -26,6 +26,7 @@ from typing import Any
 
 from omnicore_family_kit.generic.options import AutoFoundationOptions
 from omnicore_family_kit.generic.processor import FEATURES_BY_MODALITY, placeholder_id, read_config_json
+from omnicore_family_kit.generic.rope import RULE
 from omnicore_family_kit.keymap import KeyMap
 
 WHAT = "model.foundation.options.checkpoint"
@@ -43,8 +44,9 @@ packed mask); any other (``linear_attention``, ``conv``) carries state along the
 def refusal(config: dict[str, Any], composite: Any = None) -> str | None:
     """Why the generic family cannot serve a checkpoint of this ``config.json`` exactly, or None.
 
-    Checked, each with what would serve it: positions that are not 1-D (mRoPE, the class's
-    ``get_rope_index``); a mask the class builds from ``token_type_ids`` (Gemma 3's bidirectional
+    Checked, each with what would serve it: 3-D positions (mRoPE) that the data side cannot compute
+    by the class's own ``get_rope_index`` or vision rows added inside the text model
+    (:func:`rope_refusal`); a mask the class builds from ``token_type_ids`` (Gemma 3's bidirectional
     image spans, PaliGemma's prefix); per-layer inputs the text model takes besides the embeddings
     (Gemma 3n); a final logit soft cap or logit scale (omnicore's loss takes the head's plain
     logits); layers that carry state along the packed row (linear attention, convolutions); a
@@ -67,11 +69,10 @@ def refusal(config: dict[str, Any], composite: Any = None) -> str | None:
     if composite is None:
         return None
     base = getattr(composite, "model", composite)
-    if callable(getattr(base, "get_rope_index", None)):
-        return (
-            f"{head} rotates by multi-axis positions (its get_rope_index), which the generic family does not compute yet; "
-            "a family plugin that does serves it (omnicore-family-qwen2-vl for qwen2_vl and qwen2_5_vl)"
-        )
+    if callable(getattr(base, RULE, None)):
+        why = rope_refusal(head, composite, base)
+        if why:
+            return why
     params = _forward_params(base)
     if "token_type_ids" in params:
         return (
@@ -84,6 +85,41 @@ def refusal(config: dict[str, Any], composite: Any = None) -> str | None:
     for modality, method in FEATURES_BY_MODALITY.items():
         if placeholder_id(config, modality) is not None and not callable(getattr(composite, method, None)):
             return f"{head} names a {modality} placeholder but its class has no {method}; a family plugin must encode its {modality}"
+    return None
+
+
+DEEPSTACK_INPUTS = frozenset({"deepstack_visual_embeds", "visual_pos_masks"})
+"""Text model inputs that carry vision rows into intermediate layers (Qwen3-VL's DeepStack)."""
+
+
+def rope_refusal(head: str, composite: Any, base: Any) -> str | None:
+    """Why a class that rotates by 3-D positions (its base model's ``get_rope_index``) cannot be
+    served, or None: its text model takes vision rows in intermediate layers (DeepStack), its
+    ``get_rope_index`` is not the one of ``AutoModel``'s class for its config or reads more than
+    the config from its instance (then it cannot run in a data worker without the model:
+    :func:`omnicore_family_kit.generic.rope.rule_reads`), or its rotary sections are not 3."""
+    from omnicore_family_kit.generic.rope import rule_class, rule_reads
+
+    decoder = composite.get_decoder() if callable(getattr(composite, "get_decoder", None)) else None
+    deepstack = sorted(DEEPSTACK_INPUTS & _forward_params(decoder)) if decoder is not None else []
+    if deepstack:
+        return (
+            f"{head}'s text model adds vision rows inside its layers (DeepStack: {', '.join(deepstack)}), which the generic "
+            "family does not give; omnicore-family-qwen3-vl serves qwen3_vl"
+        )
+    cls = type(base)
+    if rule_class(composite.config) is not cls:
+        return f"{head}: {cls.__name__} is not AutoModel's class for its config, so the data side cannot call its {RULE}"
+    reads = rule_reads(cls)
+    if reads:
+        return (
+            f"{head}: {cls.__name__}.{RULE} reads {', '.join(sorted(reads))} from the model besides its config, so the data "
+            "side cannot compute positions without building the model; a family plugin must compute them"
+        )
+    text = composite.config.get_text_config()
+    section = (getattr(text, "rope_parameters", None) or {}).get("mrope_section")
+    if section is not None and len(section) != 3:
+        return f"{head} rotates by {len(section)} position axes (rope_parameters.mrope_section {section}), not the 3 of {RULE}"
     return None
 
 
@@ -168,6 +204,17 @@ class GenericFoundation:
             model, self.folder, renames=keys.renames(), other_parts=keys.other_parts(), what=WHAT, grow=embedding_names(model)
         )
         return model
+
+    def rope_layout(self) -> Any:
+        """``omnicore.api.RopeLayout()`` when the class rotates by 3-D positions (its base model's
+        ``get_rope_index``), else None. Each item's positions then come from that rule on the data
+        side (``ItemLayout.positions``, :mod:`omnicore_family_kit.generic.rope`), and the text
+        decoder takes ``[4, B, T]`` positions (the plain row, which keeps packed samples apart, then
+        the three axes)."""
+        from omnicore.api import RopeLayout
+
+        base = getattr(self._composite, "model", self._composite)
+        return RopeLayout() if callable(getattr(base, RULE, None)) else None
 
     def modalities(self) -> list[str]:
         """The modalities the class has a feature method for and the config a placeholder id."""

@@ -17,8 +17,9 @@ attribute (``image_token``, ``video_token``, ``audio_token``); option ``marker``
 placeholder (the token whose positions take the encoder's rows) is the config's
 ``image_token_id`` (``image_token_index``, ``video_token_id``, ``audio_token_id``).
 
-Imports no model code, reads no weights; picklable (the transformers processor is loaded again in
-each data worker).
+Reads no weights; picklable (the transformers processor is loaded again in each data worker). For
+a model with 3-D rotary positions (mRoPE) each item's positions come from the model class's own
+``get_rope_index`` (:mod:`.rope`), called without building the model.
 """
 
 from __future__ import annotations
@@ -118,6 +119,11 @@ class GenericItemProcessor:
         hf = self.hf
         self.placeholder = str(hf.tokenizer.convert_ids_to_tokens(pid))
         self.marker = marker or template_marker(hf, modality) or getattr(hf, TOKEN_ATTRS[modality], None) or self.placeholder
+        from omnicore_family_kit.generic.rope import folder_config, rule_class
+
+        self.rope = rule_class(folder_config(self.folder)) is not None
+        """Whether the model computes 3-D rotary positions (its ``get_rope_index``): :meth:`layout`
+        then gives each item's, by that rule."""
 
     @property
     def hf(self) -> Any:
@@ -171,10 +177,18 @@ class GenericItemProcessor:
 
     def layout(self, features: dict[str, Any]) -> ItemLayout:
         """The item's tokens as the processor wrote them: each non-placeholder token by its string,
-        each run of placeholders as ``(modality, count)``; the item's features fill them."""
+        each run of placeholders as ``(modality, count)``; the item's features fill them. For a
+        model with 3-D rotary positions (:attr:`rope`), the item's positions and where the text
+        after it resumes, by the model's own ``get_rope_index``
+        (:func:`omnicore_family_kit.generic.rope.item_positions`).
+
+        Raises:
+            ValueError: the model's ``get_rope_index`` cannot lay out the item (see ``item_positions``).
+        """
         tokens: list[Any] = []
         convert = self.hf.tokenizer.convert_ids_to_tokens
-        for i in features[ITEM_IDS].tolist():
+        ids = features[ITEM_IDS].tolist()
+        for i in ids:
             if i == self.placeholder_id:
                 if tokens and isinstance(tokens[-1], tuple):
                     tokens[-1] = (self.modality, tokens[-1][1] + 1)
@@ -182,7 +196,12 @@ class GenericItemProcessor:
                     tokens.append((self.modality, 1))
             else:
                 tokens.append(str(convert(int(i))))
-        return ItemLayout(tokens=tuple(tokens), items=((self.modality, features),))
+        if not self.rope:
+            return ItemLayout(tokens=tuple(tokens), items=((self.modality, features),))
+        from omnicore_family_kit.generic.rope import item_positions
+
+        rows, advance = item_positions(self.hf, self.folder, ids, features)
+        return ItemLayout(tokens=tuple(tokens), items=((self.modality, features),), positions=rows, advance=advance)  # type: ignore[arg-type]
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         """Batch items as the processor batches several: each tensor concatenated along its first
