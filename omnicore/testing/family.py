@@ -188,7 +188,8 @@ class FamilyParitySuite:
     ``{"type": "image" | "video" | "audio", "path": ...}``, paths relative to the data folder)."""
     media: ClassVar[dict[str, Any]] = {}
     """File name -> size of each medium that :meth:`write_media` writes: image ``(width, height)``,
-    video ``(frames, width, height, fps)``, audio a number of samples at :attr:`audio_sampling_rate`.
+    video ``(frames, width, height, fps)`` or ``(frames, width, height, fps, samples of its sound
+    track)``, audio a number of samples at :attr:`audio_sampling_rate`.
     A path the samples name and this leaves out gets a default size."""
     media_tokens: ClassVar[dict[str, int]] = {}
     """Modality -> the placeholder tokens each medium expands to, where that is fixed (LLaVA's
@@ -257,10 +258,17 @@ class FamilyParitySuite:
 
     # ---- hooks ---------------------------------------------------------------------------------
 
+    def media_counts(self, user: list[dict[str, Any]]) -> Counter[str]:
+        """Modality -> how many media of the sample's parts expand to that modality's placeholder
+        tokens (``test_ids_equal_transformers`` checks the tokens against it); default: the parts of
+        each kind. Override where one part expands to more (a clip whose sound track is read as audio)."""
+        return Counter(p["type"] for p in user if p["type"] != "text")
+
     def write_media(self, folder: Path) -> None:
         """Write every medium the samples name under ``folder``: images as seeded noise (any format
-        PIL writes from the suffix), clips as lossless FFV1 in Matroska (needs PyAV), audio as 16-bit
-        mono WAV of seeded noise (amplitude 0.2). Sizes from :attr:`media`."""
+        PIL writes from the suffix), clips as lossless FFV1 in Matroska (needs PyAV; a sound track, where
+        the size gives one, as lossless float PCM of seeded noise), audio as 16-bit mono WAV of seeded
+        noise (amplitude 0.2). Sizes from :attr:`media`."""
         kinds: dict[str, str] = {}
         for user, _, _, _ in self.sample_list():
             for p in user:
@@ -278,8 +286,10 @@ class FamilyParitySuite:
                 width, height = size
                 Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(target)
             elif kind == "video":
-                n, width, height, fps = size
-                _write_video(target, rng.integers(0, 256, (n, height, width, 3), dtype=np.uint8), fps)
+                n, width, height, fps, *sound = size
+                frames = rng.integers(0, 256, (n, height, width, 3), dtype=np.uint8)
+                track = (0.2 * rng.standard_normal(int(sound[0]))).clip(-1, 1) if sound else None
+                _write_video(target, frames, fps, track, self.audio_sampling_rate)
             else:
                 samples = (0.2 * rng.standard_normal(int(size))).clip(-1, 1)
                 with wave.open(str(target), "wb") as w:
@@ -440,8 +450,7 @@ class FamilyParitySuite:
         enc, inputs = family_run.encoded[sample], hf_reference.inputs[sample]
         want = inputs["input_ids"][0].tolist()
         assert enc.input_ids == want, _first_difference(enc.input_ids, want, family_run.tokenizer)
-        user = self.sample_list()[sample][0]
-        counts = Counter(p["type"] for p in user if p["type"] != "text")
+        counts = self.media_counts(self.sample_list()[sample][0])
         config = hf_reference.model.config
         for kind in ("image", "video", "audio"):
             token = getattr(config, f"{kind}_token_id", None)
@@ -556,7 +565,9 @@ class FamilyParitySuite:
         def config(out: str, grad_accum: int) -> dict[str, Any]:
             cfg = self.config(Path(family_run.config["model"]["foundation"]["options"]["checkpoint"]), family_run.data)
             cfg["run"] = {**cfg["run"], "output_dir": str(tmp_path / out), "seed": 0}
-            cfg["data"] = {**cfg["data"], "train": str(data), "max_tokens": max(256, longest)}
+            # data read in the training process: workers forked from this one, which has decoded
+            # clips already (PyAV's threads), can hang
+            cfg["data"] = {**cfg["data"], "train": str(data), "max_tokens": max(256, longest), "num_workers": 0}
             steps = {"max_steps": self.fsdp2_steps, "grad_accum": grad_accum, "lr": 1e-2, "warmup_steps": 0}
             cfg["train"] = {**cfg.get("train", {}), **steps, "progress": False, "export": False}
             cfg["parallel"] = {"strategies": ["fsdp2"], "backend": "gloo"}
@@ -569,14 +580,23 @@ class FamilyParitySuite:
         assert max_rel_diff(two[0], one) <= 1e-5, (one, two[0])
 
 
-def _write_video(path: Path, frames: np.ndarray, fps: int) -> None:
-    """RGB frames ``[T, H, W, 3]`` (uint8) as lossless FFV1 in Matroska at ``fps`` (needs PyAV)."""
+def _write_video(path: Path, frames: np.ndarray, fps: int, sound: np.ndarray | None = None, rate: int = 16000) -> None:
+    """RGB frames ``[T, H, W, 3]`` (uint8) as lossless FFV1 in Matroska at ``fps`` (needs PyAV), with
+    ``sound`` (mono samples in [-1, 1] at ``rate`` Hz) as a float PCM track where given."""
     import av
 
     with av.open(str(path), "w", format="matroska") as container:
         stream = container.add_stream("ffv1", rate=Fraction(fps))
         stream.height, stream.width = frames.shape[1:3]
         stream.pix_fmt = "bgr0"
+        track = container.add_stream("pcm_f32le", rate=rate) if sound is not None else None
+        if track is not None:
+            track.layout = "mono"
         for frame in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode())
+        if track is not None:
+            chunk = av.AudioFrame.from_ndarray(sound.astype(np.float32).reshape(1, -1), format="flt", layout="mono")
+            chunk.sample_rate, chunk.pts = rate, 0
+            container.mux(track.encode(chunk))
+            container.mux(track.encode())
