@@ -25,12 +25,13 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from omnicore.api import Video
 from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
 from omnicore_family_kit.media_processors import FrameVideoProcessor as Qwen2VLFrameVideoProcessor
 from omnicore_family_kit.media_processors import load_image_processor, load_video_processor, video_settings
+from omnicore_family_kit.options import CheckpointOptions
 from omnicore_family_qwen3_vl.plugin import MODEL_TYPES
 
 IMAGE_PAD = "<|image_pad|>"
@@ -47,10 +48,8 @@ VIDEO_SETTINGS_FILES = ("video_preprocessor_config.json",)
 (:func:`omnicore_family_kit.media_processors.video_settings`): this family reads no ``preprocessor_config.json`` for them."""
 
 
-class Qwen3VLEncoderOptions(BaseModel):
+class Qwen3VLEncoderOptions(CheckpointOptions):
     """Options of ``encoder/qwen3_vl_encoder``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     checkpoint: str = Field(
         description=(
@@ -68,10 +67,8 @@ class Qwen3VLEncoderOptions(BaseModel):
     )
 
 
-class Qwen3VLFoundationOptions(BaseModel):
+class Qwen3VLFoundationOptions(CheckpointOptions):
     """Options of ``foundation/qwen3_vl``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     checkpoint: str = Field(
         description=(
@@ -82,15 +79,8 @@ class Qwen3VLFoundationOptions(BaseModel):
 
 
 def checkpoint_folder(checkpoint: str, what: str) -> Path:
-    """``checkpoint`` as a folder whose ``config.json`` is a Qwen3-VL one: the kit's
-    :func:`omnicore_family_kit.checkpoint.checkpoint_folder` with :data:`MODEL_TYPES` and
-    :data:`WHAT_TO_PUT`.
-
-    Raises:
-        ValueError: naming ``what`` and what to put there, when the folder or its ``config.json`` is
-            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the installed
-            foundation that serves that model type, found through the registry).
-    """
+    """``checkpoint`` as a Qwen3-VL folder: :func:`omnicore_family_kit.checkpoint.checkpoint_folder` of
+    :data:`MODEL_TYPES` (ValueError naming ``what``, ending with :data:`WHAT_TO_PUT`)."""
     return kit_checkpoint_folder(checkpoint, what, MODEL_TYPES, WHAT_TO_PUT)
 
 
