@@ -424,6 +424,24 @@ class FoundationOptional(Protocol):
         """The family's part names (``vision_tower``, ``merger``, ``language_model``) -> parameter
         name prefixes in the model, accepted by ``train.freeze`` and ``train.lr_multipliers``."""
 
+    def media_span_inputs(
+        self, config: Any, spans: dict[str, Any], position_ids: Any, inputs_embeds: Any, attention_mask: Any = None, cache: Any = None
+    ) -> dict[str, Any]:
+        """The foundation's keyword arguments (its attention masks) for attention that is
+        bidirectional within *media spans*: the tokens of one medium see each other whatever their
+        order, and attention is causal elsewhere (Gemma 3's images). ``spans`` maps each encoder
+        modality to a LongTensor ``[B, T]``: on each of its placeholder tokens, the index of its run
+        of consecutive placeholders along the row (0, 1, ...: one medium), -1 elsewhere
+        (:func:`omnicore.model.omni.media_spans`; transformers' ``block_sequence_ids``); the
+        foundation uses the modalities its class treats so. ``config`` is the language model's
+        config as built (``_attn_implementation``: the ``model.kernels.attention`` kernel's);
+        ``position_ids`` ``[B, T]``, ``inputs_embeds`` ``[B, T, H]``. Called in every forward on the
+        packed row (``attention_mask`` and ``cache`` None: the masks must keep the packed samples
+        apart, as the restarting ``position_ids`` mark them) and in the prefill of generation (the
+        ``[B, T]`` padding mask and the cache). Returns ``{}`` where the row has no span. The core
+        then requires an attention kernel that applies masks (``sdpa``, ``eager``) and refuses
+        sequence parallelism (``parallel.sp`` above 1: the masks span the whole row)."""
+
     def speak(self, prompt: Any, processors: dict[str, Any], *, max_new_tokens: int, seed: int, stop_id: Any = None) -> dict[str, Any]:
         """The answer to one encoded prompt (``ChatProcessor.encode(..., prompt_only=True)``),
         written and spoken by the family's own generation from its checkpoint folder (an export:
@@ -536,8 +554,10 @@ class ParallelModel(Protocol):
         codebooks per frame, ``-100`` elsewhere: cut and pad them along ``T``); ``cu_seqlens``
         (int32 ``[n+1]``, the packed samples' boundaries in the row, FlashAttention's varlen
         convention) and ``max_seqlen`` (int); and ``foundation_kwargs`` (extra keyword arguments of
-        the foundation's forward, which transformers passes down to the attention function); with an
-        mRoPE foundation also ``rope_position_ids`` ``[3, 1, T]`` (cut like ``position_ids``); and
+        the foundation's forward, which transformers passes down to the attention function; with media
+        spans, ``FoundationOptional.media_span_inputs``, they hold masks over the whole row, and the
+        model raises when a hook cut the row); with an mRoPE foundation also ``rope_position_ids``
+        ``[3, 1, T]`` (cut like ``position_ids``); and
         ``layer_inputs``, the names of the ``foundation_kwargs`` that carry encoder rows into the
         foundation's intermediate layers (``FoundationOptional.layer_inputs``; empty when none), and
         ``layer_rows``, what they were made from (None when none: ``mask`` bool ``[1, T]`` and

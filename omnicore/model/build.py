@@ -240,6 +240,28 @@ def component_dtype(cfg: Config, component: ComponentConfig) -> Any:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[component.dtype or cfg.run.dtype]
 
 
+SPAN_ATTENTION = ("sdpa", "eager")
+"""The attention implementations that apply the dense masks of a foundation's media spans
+(``FoundationOptional.media_span_inputs``); varlen kernels (``sdpa_varlen``, ``flash_attn``) split
+the row by ``cu_seqlens`` and apply no mask."""
+
+
+def check_span_attention(lm: Any, foundation: str) -> None:
+    """Raise unless ``lm``'s attention implementation (the ``model.kernels.attention`` kernel, already
+    activated) applies the masks of a foundation with media spans (:data:`SPAN_ATTENTION`).
+
+    Raises:
+        RegistryError: naming ``model.kernels.attention``, the kernel and what to choose.
+    """
+    impl = getattr(lm.config, "_attn_implementation", None)
+    if impl not in SPAN_ATTENTION:
+        raise RegistryError(
+            f"model.kernels.attention: the foundation {foundation!r} attends bidirectionally within each medium's placeholder "
+            f"tokens, through an attention mask per layer type, which the {impl!r} attention implementation does not apply "
+            f"(varlen kernels split the row by cu_seqlens and take no mask); choose {' or '.join(SPAN_ATTENTION)}"
+        )
+
+
 def _build_lm(foundation: Any, vocab_size: int, dtype: Any) -> Any:
     """``foundation.build_model`` in ``dtype``: passed on when the foundation's ``build_model``
     takes a ``dtype`` keyword (optional in the contract), else the model is cast after building."""
@@ -316,6 +338,10 @@ def build_omni_model(cfg: Config, registry: Registry | None = None, *, defer_loa
         raise RegistryError(" ".join(str(exc).split())) from exc
     if "cross_entropy" in kernels:
         model.cross_entropy = kernels["cross_entropy"]
+    span_inputs = getattr(foundation, "media_span_inputs", None)
+    if callable(span_inputs):  # bidirectional media spans: masks the attention kernel must apply
+        check_span_attention(lm, m.foundation.name)
+        model.media_span_inputs = span_inputs
     layer_inputs = getattr(foundation, "layer_inputs", None)
     if callable(layer_inputs):
         model.layer_inputs = layer_inputs

@@ -101,27 +101,32 @@ class _Row:
     done: bool = False
 
 
-def _prefill_embeds(model: Any, prompts: list[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-    """Left-padded input embeddings ``[B, T, H]`` (media merged), the attention mask ``[B, T]`` and
-    the foundation's layer inputs of the prompts' media (``OmniModel.layer_kwargs``: their
-    positions re-laid on the padded ``[B, T]``; ``{}`` when no encoder gives layer rows)."""
+def _prefill_embeds(
+    model: Any, prompts: list[Encoded], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any], torch.Tensor]:
+    """Left-padded input embeddings ``[B, T, H]`` (media merged), the attention mask ``[B, T]``, the
+    foundation's layer inputs of the prompts' media (``OmniModel.layer_kwargs``: their
+    positions re-laid on the padded ``[B, T]``; ``{}`` when no encoder gives layer rows) and the
+    left-padded input ids ``[B, T]`` (-1 on the padding: for the foundation's media spans)."""
     mb = collate(prompts, encoder_processors(model), module_processors(model.decoders, "decoder"))
     embeds, _, _, layers = model.embed_inputs(mb.input_ids.to(device), to_device(mb.encoder_inputs, device), {}, mb.wheres)
     lens = [len(p) for p in prompts]
     width = max(lens)
     x = embeds.new_zeros(len(prompts), width, embeds.shape[-1])
     mask = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
+    ids = torch.full((len(prompts), width), -1, dtype=torch.long, device=device)
     where = None if layers is None else torch.zeros(len(prompts), width, dtype=torch.bool, device=device)
     start = 0
     for i, n in enumerate(lens):
         x[i, width - n :] = embeds[0, start : start + n]
         mask[i, width - n :] = 1
+        ids[i, width - n :] = mb.input_ids[0, start : start + n]
         if where is not None:
             where[i, width - n :] = layers.mask[0, start : start + n]
         start += n
     if layers is not None:  # row-major order over the padded rows is the packed row's order: the rows stay as they are
         layers = type(layers)(where, layers.per_layer)
-    return x, mask, model.layer_kwargs(layers)
+    return x, mask, model.layer_kwargs(layers), ids
 
 
 def _rope_prefill(model: Any, prompts: list[Encoded], mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -149,9 +154,11 @@ def _with_rope(pos: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
 
 
 def _forward(model: Any, x: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any, **extra: Any) -> torch.Tensor:
-    """The foundation on ``x [B, t, H]`` with the cache (``extra``: the prefill's layer inputs); the
-    last position's hidden state ``[B, H]``."""
-    out = model.lm.base_model(inputs_embeds=x, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, **extra)
+    """The foundation on ``x [B, t, H]`` with the cache (``extra``: the prefill's layer inputs, and
+    the attention masks of its media spans, which replace ``mask``); the last position's hidden
+    state ``[B, H]``."""
+    kwargs = {"attention_mask": mask, **extra}  # the prefill's media spans may give the masks themselves
+    out = model.lm.base_model(inputs_embeds=x, position_ids=pos, cache=cache, use_cache=True, **kwargs)
     return out.last_hidden_state[:, -1]
 
 
@@ -193,11 +200,13 @@ def generate_batch(
     eos = tokenizer.eos_token_id if stop_id is None else stop_id
     gens = [torch.Generator().manual_seed(s) for s in (seeds or [0] * len(prompts))]
     sampling = sampling or Sampling()
-    x, mask, layer_kwargs = _prefill_embeds(model, prompts, device)
+    x, mask, layer_kwargs, ids = _prefill_embeds(model, prompts, device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)  # each row counts from its first real token
     rope, nxt = _rope_prefill(model, prompts, mask)
     cache = DynamicCache()
-    hidden = _forward(model, x, mask, _with_rope(pos, rope), cache, **layer_kwargs)  # new tokens are text: no layer inputs after
+    spans = model.span_kwargs(ids, pos, x, attention_mask=mask, cache=cache)
+    # new tokens are text: no layer inputs after, and causal masks (each new token sees every earlier one)
+    hidden = _forward(model, x, mask, _with_rope(pos, rope), cache, **layer_kwargs, **spans)
     rows = [_Row() for _ in prompts]
     last = pos[:, -1:]
     while (x := _step(model, rows, hidden, sampling, gens, max_new_tokens, eos)) is not None:

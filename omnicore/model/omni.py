@@ -100,6 +100,20 @@ def _join_layers(layered: list[tuple[torch.Tensor, list[torch.Tensor]]], where: 
     return LayerRows(union, per_layer)
 
 
+def media_spans(input_ids: torch.Tensor, placeholders: dict[str, int]) -> dict[str, torch.Tensor]:
+    """The media spans of each modality in ``input_ids`` ``[B, T]``: modality -> LongTensor ``[B, T]``
+    holding, on each placeholder token (id ``placeholders[modality]``), the index of its run of
+    consecutive placeholders of that modality along the row (0, 1, ...: one medium's tokens), and -1
+    elsewhere (transformers' ``block_sequence_ids`` convention). See
+    :meth:`omnicore.components.FoundationOptional.media_span_inputs`."""
+    out: dict[str, torch.Tensor] = {}
+    for m, token in placeholders.items():
+        mask = input_ids == token
+        starts = mask & ~F.pad(mask, (1, 0))[..., :-1]
+        out[m] = torch.where(mask, starts.long().cumsum(-1) - 1, -1)
+    return out
+
+
 class PlaceholderMismatch(ValueError):
     """The number of placeholder tokens does not match the encoder/decoder output for a micro-batch."""
 
@@ -139,6 +153,12 @@ class OmniModel(nn.Module):
     """The foundation's ``layer_inputs(mask, per_layer) -> dict`` (``FoundationOptional``): how
     encoder rows for its intermediate layers (:class:`~omnicore.components.EncoderOutput`) reach
     its forward; None: the foundation takes none. Set by
+    :func:`~omnicore.model.build.build_omni_model`."""
+
+    media_span_inputs: Any = None
+    """The foundation's ``media_span_inputs(config, spans, position_ids, inputs_embeds, ...) -> dict``
+    (``FoundationOptional``): its attention masks for attention that is bidirectional within each
+    medium's placeholders (:meth:`span_kwargs`); None: plain causal attention. Set by
     :func:`~omnicore.model.build.build_omni_model`."""
 
     def __init__(
@@ -356,6 +376,18 @@ class OmniModel(nn.Module):
             )
         return dict(self.layer_inputs(layers.mask, layers.per_layer))
 
+    def span_kwargs(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, embeds: torch.Tensor, attention_mask: Any = None, cache: Any = None
+    ) -> dict[str, Any]:
+        """The foundation's keyword arguments for the media spans of ``input_ids`` ``[B, T]``
+        (:func:`media_spans` of every encoder placeholder, given to :attr:`media_span_inputs` with
+        the LM's config): ``{}`` when the foundation has none. ``attention_mask`` (``[B, T]``
+        padding) and ``cache``: a generation prefill's; None for a packed training row."""
+        if self.media_span_inputs is None:
+            return {}
+        spans = media_spans(input_ids, self.token_ids["encoder"])
+        return dict(self.media_span_inputs(self.lm.config, spans, position_ids, embeds, attention_mask=attention_mask, cache=cache))
+
     def target_codes(self, modality: str, inputs: Any, keys: list[tuple[str | None, int]] | None, device: Any) -> torch.Tensor:
         """The codes of one modality's collated targets: LongTensor ``[sum of num_codes]`` on
         ``device``, from :attr:`code_cache` when every target is in it, else ``Decoder.encode`` (its
@@ -385,6 +417,9 @@ class OmniModel(nn.Module):
         rebuild them per layer. An mRoPE foundation (:attr:`rope`) gets ``[4, 1, T]`` positions:
         ``position_ids`` first (the 1-D row that keeps packed samples apart, transformers' packed
         Qwen2-VL convention), then ``rope_position_ids`` (None: ``position_ids`` on every axis).
+        A foundation with :attr:`media_span_inputs` gets the row's attention masks from it
+        (:meth:`span_kwargs`: bidirectional within each medium's placeholders); they cover the whole
+        row, so a sequence hook must leave the row whole (sequence parallelism is refused).
         ``decoder_keys`` feed :attr:`code_cache`. ``n_targets`` is the training loop's: the model
         counts its own targets (:attr:`ModelOutput.n_targets`).
 
@@ -405,6 +440,7 @@ class OmniModel(nn.Module):
             input_ids, batch.encoder_inputs, batch.decoder_inputs, batch.wheres, batch.decoder_keys
         )
         layer_kwargs = self.layer_kwargs(layers)
+        span_kwargs = self.span_kwargs(input_ids, position_ids, embeds)
         seq: dict[str, Any] = {
             "inputs_embeds": embeds,
             "position_ids": position_ids,
@@ -412,7 +448,7 @@ class OmniModel(nn.Module):
             "decoder_labels": self.decoder_labels(input_ids, codes),
             "cu_seqlens": cu_seqlens.to(position_ids.device),
             "max_seqlen": max_seqlen,
-            "foundation_kwargs": layer_kwargs,
+            "foundation_kwargs": {**layer_kwargs, **span_kwargs},
             "layer_inputs": tuple(layer_kwargs),
             "layer_rows": layers,
         }
@@ -421,8 +457,15 @@ class OmniModel(nn.Module):
             seq["rope_position_ids"] = rope if rope is not None else position_ids.expand(3, -1, -1)
         for hook in list(self._sequence_hooks.values()):
             seq = hook(self, seq)
-        # No attention mask: transformers builds a block-diagonal causal mask from position_ids for
-        # dense kernels; varlen kernels take the samples' boundaries from these keyword arguments.
+        if span_kwargs and seq["inputs_embeds"].shape[1] != embeds.shape[1]:
+            raise ValueError(
+                f"the foundation attends bidirectionally within media spans, through masks over the whole row "
+                f"({', '.join(span_kwargs)}), but a sequence hook cut the row to {seq['inputs_embeds'].shape[1]} of "
+                f"{embeds.shape[1]} tokens; sequence parallelism cannot carry them: train this model with parallel.sp: 1"
+            )
+        # No attention mask (unless the foundation's media spans gave one): transformers builds a
+        # block-diagonal causal mask from position_ids for dense kernels; varlen kernels take the
+        # samples' boundaries from these keyword arguments.
         cu, max_len = seq.get("cu_seqlens"), seq.get("max_seqlen")
         varlen = dict(zip(CU_SEQLENS_KWARGS, (cu, cu, max_len, max_len))) if cu is not None else {}
         hidden = self.lm.base_model(

@@ -162,7 +162,8 @@ def model_violations(model: Any, state: Any) -> list[Violation]:
     """What the mesh needs from any model, whatever strategy implements the dim:
 
     * ``sp``: the foundation's attention heads divide evenly over the sp ranks (Ulysses gives each
-      rank ``heads / sp`` whole heads);
+      rank ``heads / sp`` whole heads), and the foundation has no media spans (its masks cover the
+      whole row, which sequence parallelism cuts: ``FoundationOptional.media_span_inputs``);
     * ``ep``: the foundation's experts divide evenly over the ep ranks (``Shard(0)`` of the expert
       weights).
     """
@@ -178,6 +179,14 @@ def model_violations(model: Any, state: Any) -> list[Violation]:
             Violation(
                 "parallel.sp",
                 f"is {sp} but the foundation has {heads} attention heads, not divisible by {sp}; set parallel.sp to a divisor of {heads} that divides the world size ({', '.join(map(str, ok))})",
+            )
+        )
+    if sp > 1 and getattr(model, "media_span_inputs", None) is not None:
+        out.append(
+            Violation(
+                "parallel.sp",
+                f"is {sp} but the foundation attends bidirectionally within each medium's placeholder tokens, through attention "
+                "masks over the whole packed row, which sequence parallelism cannot cut; set parallel.sp: 1",
             )
         )
     ep = state.size("ep")

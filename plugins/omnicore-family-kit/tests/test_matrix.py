@@ -20,14 +20,13 @@ import omnicore_family_kit.plugin
 from omnicore.testing import FamilyParitySuite
 from omnicore_family_kit.standins import MODEL_TYPES, save_standin
 
-SERVED = ("llava", "llava_next", "llava_onevision", "internvl", "idefics3", "smolvlm", "glm4v")
+SERVED = ("llava", "llava_next", "llava_onevision", "internvl", "idefics3", "smolvlm", "glm4v", "gemma3")
 """Model types the generic family serves exactly (each one class below)."""
 MROPE = ("glm4v",)
 """The served types with 3-D rotary positions (the suite also checks them against ``get_rope_index``)."""
 FSDP2 = ("llava_next", "idefics3")
 """The types whose FSDP2 test runs (about 40 s each)."""
 REFUSED = {
-    "gemma3": "token_type_ids",
     "paligemma": "token_type_ids",
     "aya_vision": "logit_scale",
     "qwen3_vl": "DeepStack",

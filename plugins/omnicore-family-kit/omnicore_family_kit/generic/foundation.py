@@ -41,13 +41,14 @@ ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_at
 packed mask); any other (``linear_attention``, ``conv``) carries state along the whole row."""
 
 
-def refusal(config: dict[str, Any], composite: Any = None) -> str | None:
+def refusal(config: dict[str, Any], composite: Any = None, spans: str | None = None) -> str | None:
     """Why the generic family cannot serve a checkpoint of this ``config.json`` exactly, or None.
 
     Checked, each with what would serve it: 3-D positions (mRoPE) that the data side cannot compute
     by the class's own ``get_rope_index`` or vision rows added inside the text model
-    (:func:`rope_refusal`); a mask the class builds from ``token_type_ids`` (Gemma 3's bidirectional
-    image spans, PaliGemma's prefix); per-layer inputs the text model takes besides the embeddings
+    (:func:`rope_refusal`); a mask the class builds from ``token_type_ids`` unless they are its
+    media spans (``spans``: Gemma 3's images, :func:`~omnicore_family_kit.generic.spans.span_modality`;
+    PaliGemma's prefix is refused); per-layer inputs the text model takes besides the embeddings
     (Gemma 3n); a final logit soft cap or logit scale (omnicore's loss takes the head's plain
     logits); layers that carry state along the packed row (linear attention, convolutions); a
     modality whose placeholder the config names but whose feature method the class lacks.
@@ -74,10 +75,10 @@ def refusal(config: dict[str, Any], composite: Any = None) -> str | None:
         if why:
             return why
     params = _forward_params(base)
-    if "token_type_ids" in params:
+    if "token_type_ids" in params and spans is None:
         return (
-            f"{head} builds its attention mask from token_type_ids (bidirectional image or prefix spans), which the generic "
-            "family's causal packed attention does not reproduce; it is refused rather than trained approximately"
+            f"{head} builds its attention mask from token_type_ids that are not its processor's image-token types (a bidirectional "
+            "text prefix), which the generic family's media spans do not reproduce; it is refused rather than trained approximately"
         )
     decoder = composite.get_decoder() if callable(getattr(composite, "get_decoder", None)) else None
     if decoder is not None and "per_layer_inputs" in _forward_params(decoder):
@@ -140,6 +141,11 @@ class GenericFoundation:
     Args:
         options: :class:`~omnicore_family_kit.generic.options.AutoFoundationOptions`.
 
+    Attributes:
+        media_span_inputs: only for a class whose image tokens attend to each other (Gemma 3:
+            :class:`~omnicore_family_kit.generic.spans.MediaSpanInputs`), the attention masks of
+            ``FoundationOptional.media_span_inputs``.
+
     Raises:
         ValueError: the folder lacks ``config.json`` or tokenizer files, or the model type cannot be
             served exactly (:func:`refusal`), naming the field and the reason.
@@ -158,10 +164,15 @@ class GenericFoundation:
         from omnicore_family_kit.generic.model import build_composite, fresh_config, layout_of
 
         self._composite = build_composite(fresh_config(self.folder))
-        why = refusal(self.raw, self._composite)
+        from omnicore_family_kit.generic.spans import MediaSpanInputs, span_modality
+
+        spans = span_modality(self.raw, self._composite, self.folder)
+        why = refusal(self.raw, self._composite, spans)
         if why:
             raise ValueError(f"{WHAT}: {self.folder}: the generic family cannot serve it exactly: {why}")
         self.layout = layout_of(self._composite)
+        if spans is not None:  # FoundationOptional.media_span_inputs, only where the class attends so
+            self.media_span_inputs = MediaSpanInputs(spans)
 
     def config(self) -> Any:
         """A copy of the checkpoint's config."""
