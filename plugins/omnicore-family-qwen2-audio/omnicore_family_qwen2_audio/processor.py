@@ -19,10 +19,11 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from omnicore.api import Audio, resample
 from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
+from omnicore_family_kit.options import CheckpointOptions
 from omnicore_family_qwen2_audio.plugin import MODEL_TYPES
 
 PLACEHOLDER = "<|AUDIO|>"
@@ -34,10 +35,8 @@ WHAT_TO_PUT = (
 )
 
 
-class Qwen2AudioEncoderOptions(BaseModel):
+class Qwen2AudioEncoderOptions(CheckpointOptions):
     """Options of ``encoder/qwen2_audio_encoder``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     checkpoint: str = Field(
         description=(
@@ -54,10 +53,8 @@ class Qwen2AudioEncoderOptions(BaseModel):
     )
 
 
-class Qwen2AudioFoundationOptions(BaseModel):
+class Qwen2AudioFoundationOptions(CheckpointOptions):
     """Options of ``foundation/qwen2_audio``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     checkpoint: str = Field(
         description=(
@@ -78,15 +75,8 @@ def num_tokens_for_frames(valid_frames: int) -> int:
 
 
 def checkpoint_folder(checkpoint: str, what: str) -> Path:
-    """``checkpoint`` as a folder whose ``config.json`` is a Qwen2-Audio one: the kit's
-    :func:`omnicore_family_kit.checkpoint.checkpoint_folder` with :data:`MODEL_TYPES` and
-    :data:`WHAT_TO_PUT`.
-
-    Raises:
-        ValueError: naming ``what`` and what to put there, when the folder or its ``config.json`` is
-            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the installed
-            foundation that serves that model type, found through the registry).
-    """
+    """``checkpoint`` as a Qwen2-Audio folder: :func:`omnicore_family_kit.checkpoint.checkpoint_folder` of
+    :data:`MODEL_TYPES` (ValueError naming ``what``, ending with :data:`WHAT_TO_PUT`)."""
     return kit_checkpoint_folder(checkpoint, what, MODEL_TYPES, WHAT_TO_PUT)
 
 
