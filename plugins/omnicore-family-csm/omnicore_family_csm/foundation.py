@@ -13,15 +13,13 @@ decoder, Mimi codec) is ``decoder/csm_audio``, configured beside it;
 from __future__ import annotations
 
 import copy
-import shutil
 from pathlib import Path
 from typing import Any
 
-from omnicore.api import on_meta, plan_checkpoint
 from omnicore_family_csm.loading import LM
-from omnicore_family_csm.processor import PLACEHOLDER, START, CsmFoundationOptions, checkpoint_folder, read_config
-
-WHAT = "model.foundation.options.checkpoint"
+from omnicore_family_csm.plugin import MODEL_TYPES
+from omnicore_family_csm.processor import PLACEHOLDER, START, WHAT_TO_PUT, CsmFoundationOptions
+from omnicore_family_kit.foundation import WHAT, FamilyFoundation
 
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -46,9 +44,10 @@ segment's ``<|begin_of_text|>`` (the end of the assistant turn); the decoder wri
 the last frame (README.md)."""
 
 
-class CsmFoundation:
+class CsmFoundation(FamilyFoundation):
     """The :class:`omnicore.api.Foundation` of a CSM checkpoint (reads no weights until
-    :meth:`build_model`'s plan is filled).
+    :meth:`build_model`'s plan is filled). It brings no encoder: the audio side is
+    ``decoder/csm_audio``, configured beside it.
 
     Args:
         options: :class:`~omnicore_family_csm.processor.CsmFoundationOptions`.
@@ -57,19 +56,20 @@ class CsmFoundation:
         ValueError: the checkpoint folder is not a CSM one (naming the field).
     """
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.options = CsmFoundationOptions.model_validate(dict(options or {}))
-        self.folder = checkpoint_folder(self.options.checkpoint, WHAT)
-
-    def config(self) -> Any:
-        """The checkpoint's ``CsmConfig``."""
-        return read_config(self.folder)
-
-    def source_tokenizer(self) -> Any:
-        """The checkpoint's tokenizer as published (``AutoTokenizer.from_pretrained``)."""
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(self.folder))
+    family = "csm"
+    model_types = MODEL_TYPES
+    what_to_put = WHAT_TO_PUT
+    options_model = CsmFoundationOptions
+    lm_keys = LM
+    part_prefixes = {
+        "embed_text_tokens": ["lm.model.embed_tokens."],
+        "backbone_model": ["lm.model.layers.", "lm.model.norm.", "decoders.audio.code_embed."],
+        "lm_head": ["decoders.audio.lm_head."],
+        "depth_decoder": ["decoders.audio.depth_decoder."],
+        "codec_model": ["decoders.audio.codec."],
+    }
+    """CSM's module names: ``backbone_model`` holds the audio embedding too (the depth decoder's as
+    well); ``codec_model`` is frozen; the audio decoder sits under the key ``audio``."""
 
     def build_tokenizer(self) -> Any:
         """The checkpoint's tokenizer with :data:`CHAT_TEMPLATE` as its chat template; a tokenizer
@@ -89,89 +89,56 @@ class CsmFoundation:
         tok.chat_template = CHAT_TEMPLATE
         return tok
 
-    def build_model(self, vocab_size: int, dtype: Any = None) -> Any:
-        """:class:`~omnicore_family_csm.model.CsmTextLM` on the meta device with the plan that reads
-        the checkpoint's ``embed_text_tokens.*`` and ``backbone_model.*`` after sharding.
-
-        Args:
-            vocab_size: input embeddings needed; the model has ``max(text_vocab_size, vocab_size)``
-                rows (rows beyond the checkpoint's get the mean of its rows).
-            dtype: floating-point dtype of the parameters (default float32; rotary tables stay float32).
-
-        Raises:
-            LoadError: (``ValueError``) the checkpoint's tensors do not fit.
-        """
+    def build_lm(self, config: Any, vocab_size: int, dtype: Any) -> Any:
+        """:class:`~omnicore_family_csm.model.CsmTextLM` on the meta device: ``max(text_vocab_size,
+        vocab_size)`` rows, parameters in ``dtype`` (default float32; rotary tables stay float32),
+        nothing tied."""
         import torch
 
+        from omnicore.api import on_meta
         from omnicore_family_csm.model import CsmTextLM
 
-        config = self.config()
         rows = max(int(config.text_vocab_size), int(vocab_size))
         start_id = int(self.source_tokenizer().convert_tokens_to_ids(START))
         old = torch.get_default_dtype()
         torch.set_default_dtype(dtype or torch.float32)
         try:
             with on_meta():
-                model = CsmTextLM(config, rows, start_id)
+                return CsmTextLM(config, rows, start_id)
         finally:
             torch.set_default_dtype(old)
-        model.omnicore_pending_load = plan_checkpoint(
-            model, self.folder, renames=LM.renames(), other_parts=LM.other_parts(), what=WHAT, grow=("model.embed_tokens.weight",)
-        )
-        return model
 
-    def part_names(self) -> dict[str, list[str]]:
-        """CSM's module names for ``train.freeze`` / ``train.lr_multipliers``: ``embed_text_tokens``,
-        ``backbone_model`` (its layers and norm, and the audio embedding, which is the depth
-        decoder's too), ``lm_head``, ``depth_decoder`` and ``codec_model`` (frozen), with the audio
-        decoder under the key ``audio``."""
-        return {
-            "embed_text_tokens": ["lm.model.embed_tokens."],
-            "backbone_model": ["lm.model.layers.", "lm.model.norm.", "decoders.audio.code_embed."],
-            "lm_head": ["decoders.audio.lm_head."],
-            "depth_decoder": ["decoders.audio.depth_decoder."],
-            "codec_model": ["decoders.audio.codec."],
-        }
+    def grow(self, model: Any) -> tuple[str, ...]:
+        """The text embedding alone (the fixed text head holds no tensor)."""
+        return ("model.embed_tokens.weight",)
 
     def export_pretrained(self, model: Any, tokenizer: Any, folder: Path) -> None:
         """Write ``folder`` in the published layout: the trained tensors of the LM and the audio
         decoder under ``CsmForConditionalGeneration``'s names (:data:`~omnicore_family_csm.loading.LM`,
         :data:`~omnicore_family_csm.loading.DECODER`), written by its own ``save_pretrained``
-        (:func:`omnicore_family_kit.export.save_through_class`: ``config.json`` with the trained
-        ``text_vocab_size``, the safetensors under transformers' own names), the tokenizer with the
-        checkpoint's own chat template and special tokens, ``CsmProcessor``'s files, and the
-        checkpoint's ``generation_config.json``.
-
-        Args:
-            model: an unsharded CPU OmniModel (LoRA merged) with one ``decoder/csm_audio``.
+        (``config.json`` with the trained ``text_vocab_size``, the safetensors under transformers'
+        own names), ``CsmProcessor``'s files with the tokenizer under the checkpoint's own chat
+        template and special tokens (:meth:`export_processor`), and the checkpoint's
+        ``generation_config.json`` (:meth:`~omnicore_family_kit.foundation.FamilyFoundation.write_export`).
 
         Raises:
-            ValueError: the model has no CSM audio decoder, or more than one; RuntimeError: the
-                tensors do not fill the class (strict, both ways).
+            ValueError: not exactly one ``decoder/csm_audio``; RuntimeError: the tensors do not fill the class.
         """
         from transformers import CsmForConditionalGeneration
 
         from omnicore_family_csm.decoder import CsmAudioDecoder
         from omnicore_family_csm.loading import DECODER
-        from omnicore_family_kit.export import class_state, save_through_class
 
-        decoders = [d for d in model.decoders.values() if isinstance(d, CsmAudioDecoder)]
-        if len(decoders) != 1:
-            raise ValueError(f"csm export: the model needs exactly one decoder/csm_audio (model.decoders.audio), found {len(decoders)}")
-        dec, lm = decoders[0], model.lm
-        folder = Path(folder)
+        dec = self.one_module(model.decoders, CsmAudioDecoder, "decoder/csm_audio")
         config = self.config()
-        config.text_vocab_size = int(lm.get_input_embeddings().weight.shape[0])
-        state = class_state([(lm, LM), (dec, DECODER)])
-        save_through_class(CsmForConditionalGeneration, config, state, folder, dtype=lm.get_input_embeddings().weight.dtype)
-        self._write_processor(tokenizer, folder)
-        source = self.folder / "generation_config.json"
-        if source.is_file() and self.folder.resolve() != folder.resolve():
-            shutil.copyfile(source, folder / "generation_config.json")
+        config.text_vocab_size = int(model.lm.get_input_embeddings().weight.shape[0])
+        parts = [(model.lm, LM), (dec, DECODER)]
+        processor = self.export_processor(tokenizer)
+        self.write_export(folder, model, CsmForConditionalGeneration, config, parts, tokenizer=None, processor=processor)
 
-    def _write_processor(self, tokenizer: Any, folder: Path) -> None:
-        """``CsmProcessor(feature extractor, tokenizer, chat template)`` of the checkpoint into
-        ``folder``: the trained vocabulary, the checkpoint's own special tokens and chat template."""
+    def export_processor(self, tokenizer: Any) -> Any:
+        """``CsmProcessor(feature extractor, tokenizer, chat template)`` of the checkpoint: the
+        trained vocabulary, the checkpoint's own special tokens and chat template."""
         from transformers import AutoProcessor, CsmProcessor, EncodecFeatureExtractor
 
         source = self.source_tokenizer()
@@ -185,7 +152,7 @@ class CsmFoundation:
         except (OSError, ValueError):  # a checkpoint without processor files: the codec's rate, the tokenizer's template
             rate = int(self.config().codec_config.sampling_rate)
             fe, template = EncodecFeatureExtractor(feature_size=1, sampling_rate=rate, padding_value=0.0), source.chat_template
-        CsmProcessor(feature_extractor=fe, tokenizer=tok, chat_template=template).save_pretrained(folder)
+        return CsmProcessor(feature_extractor=fe, tokenizer=tok, chat_template=template)
 
 
 def build(options: dict[str, Any]) -> CsmFoundation:

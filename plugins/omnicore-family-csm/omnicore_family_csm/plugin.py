@@ -1,12 +1,10 @@
-"""Hook module of omnicore-family-csm (entry point ``csm`` in the group ``omnicore``).
-
-Torch-free on purpose (``omnicore plugins`` imports every hook module): the specs name their
-factories as strings, imported only when a component is built.
-"""
+"""Hook module of omnicore-family-csm (entry point ``csm`` in the group ``omnicore``): torch-free,
+the specs name their factories as strings (:mod:`omnicore_family_kit.specs`)."""
 
 from __future__ import annotations
 
 from omnicore.api import ComponentSpec, hookimpl
+from omnicore_family_kit.specs import foundation_spec, part_spec
 
 MODEL_TYPES = ("csm",)
 """The ``config.json`` ``model_type`` values this family reads (CSM): ``foundation/csm``
@@ -16,33 +14,18 @@ names them in ``extra["model_types"]``, so ``model.foundation: {name: auto}`` pi
 @hookimpl
 def omnicore_foundations() -> list[ComponentSpec]:
     """Register ``foundation/csm``."""
-    return [
-        ComponentSpec(
-            name="csm",
-            target="omnicore_family_csm.foundation:build",
-            options_model="omnicore_family_csm.processor:CsmFoundationOptions",
-            description=(
-                "Sesame CSM as published (CsmForConditionalGeneration folder): its text embedding and backbone, "
-                "tokenizer; with decoder/csm_audio exports the published layout"
-            ),
-            extra={"model_types": MODEL_TYPES},
-        )
-    ]
+    description = (
+        "Sesame CSM as published (CsmForConditionalGeneration folder): its text embedding and backbone, "
+        "tokenizer; with decoder/csm_audio exports the published layout"
+    )
+    return [foundation_spec(__package__, "csm", "CsmFoundationOptions", MODEL_TYPES, description)]
 
 
 @hookimpl
 def omnicore_decoders() -> list[ComponentSpec]:
     """Register ``decoder/csm_audio`` (audio)."""
-    return [
-        ComponentSpec(
-            name="csm_audio",
-            target="omnicore_family_csm.decoder:build",
-            options_model="omnicore_family_csm.processor:CsmAudioOptions",
-            processor="omnicore_family_csm.processor:build_processor",
-            modalities=("audio",),
-            description=(
-                "CSM's audio half from a published checkpoint: Mimi codec, audio embedding, codebook-0 head and "
-                "depth decoder (K codebooks per frame)"
-            ),
-        )
-    ]
+    description = (
+        "CSM's audio half from a published checkpoint: Mimi codec, audio embedding, codebook-0 head and "
+        "depth decoder (K codebooks per frame)"
+    )
+    return [part_spec(__package__, "csm_audio", "CsmAudioOptions", ("audio",), description, target="decoder:build")]

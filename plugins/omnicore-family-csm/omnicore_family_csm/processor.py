@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from omnicore.api import Audio, collate_waveforms, resample
 from omnicore_family_csm.plugin import MODEL_TYPES
 from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
+from omnicore_family_kit.options import CheckpointOptions
 
 START = "<|end_of_text|>"
 """The token that ends a speaker's text in CSM's chat template and after which its audio starts:
@@ -42,10 +43,8 @@ WHAT_TO_PUT = (
 )
 
 
-class CsmFoundationOptions(BaseModel):
+class CsmFoundationOptions(CheckpointOptions):
     """Options of ``foundation/csm``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     checkpoint: str = Field(
         description=(
@@ -56,10 +55,8 @@ class CsmFoundationOptions(BaseModel):
     )
 
 
-class CsmAudioOptions(BaseModel):
+class CsmAudioOptions(CheckpointOptions):
     """Options of ``decoder/csm_audio``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     checkpoint: str = Field(
         description=(
@@ -80,15 +77,8 @@ class CsmAudioOptions(BaseModel):
 
 
 def checkpoint_folder(checkpoint: str, what: str) -> Path:
-    """``checkpoint`` as a folder whose ``config.json`` is a CSM one: the kit's
-    :func:`omnicore_family_kit.checkpoint.checkpoint_folder` with :data:`MODEL_TYPES` and
-    :data:`WHAT_TO_PUT`.
-
-    Raises:
-        ValueError: naming ``what`` and what to put there, when the folder or its ``config.json`` is
-            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the installed
-            foundation that serves that model type, found through the registry).
-    """
+    """``checkpoint`` as a CSM folder: :func:`omnicore_family_kit.checkpoint.checkpoint_folder` of
+    :data:`MODEL_TYPES` (ValueError naming ``what``, ending with :data:`WHAT_TO_PUT`)."""
     return kit_checkpoint_folder(checkpoint, what, MODEL_TYPES, WHAT_TO_PUT)
 
 
