@@ -429,18 +429,19 @@ class FoundationOptional(Protocol):
     ) -> dict[str, Any]:
         """The foundation's keyword arguments (its attention masks) for attention that is
         bidirectional within *media spans*: the tokens of one medium see each other whatever their
-        order, and attention is causal elsewhere (Gemma 3's images). ``spans`` maps each encoder
-        modality to a LongTensor ``[B, T]``: on each of its placeholder tokens, the index of its run
-        of consecutive placeholders along the row (0, 1, ...: one medium), -1 elsewhere
-        (:func:`omnicore.model.omni.media_spans`; transformers' ``block_sequence_ids``); the
-        foundation uses the modalities its class treats so. ``config`` is the language model's
-        config as built (``_attn_implementation``: the ``model.kernels.attention`` kernel's);
-        ``position_ids`` ``[B, T]``, ``inputs_embeds`` ``[B, T, H]``. Called in every forward on the
-        packed row (``attention_mask`` and ``cache`` None: the masks must keep the packed samples
-        apart, as the restarting ``position_ids`` mark them) and in the prefill of generation (the
-        ``[B, T]`` padding mask and the cache). Returns ``{}`` where the row has no span. The core
-        then requires an attention kernel that applies masks (``sdpa``, ``eager``) and refuses
-        sequence parallelism (``parallel.sp`` above 1: the masks span the whole row)."""
+        order, and attention is causal elsewhere (the images of some vision-language models).
+        ``spans`` maps each encoder modality to a LongTensor ``[B, T]``: on each of its placeholder
+        tokens, the index of its run of consecutive placeholders along the row (0, 1, ...: one
+        medium), -1 elsewhere (:func:`omnicore.model.omni.media_spans`; transformers'
+        ``block_sequence_ids``); the foundation uses the modalities its class treats so. ``config``
+        is the language model's config as built (``_attn_implementation``: the
+        ``model.kernels.attention`` kernel's); ``position_ids`` ``[B, T]``, ``inputs_embeds``
+        ``[B, T, H]``. Called in every forward on the packed row (``attention_mask`` and ``cache``
+        None: the masks must keep the packed samples apart, as the restarting ``position_ids`` mark
+        them) and in the prefill of generation (the ``[B, T]`` padding mask and the cache). Returns
+        ``{}`` where the row has no span. The core then requires an attention kernel that applies
+        masks (``sdpa``, ``eager``) and refuses sequence parallelism (``parallel.sp`` above 1: the
+        masks span the whole row)."""
 
     def speak(self, prompt: Any, processors: dict[str, Any], *, max_new_tokens: int, seed: int, stop_id: Any = None) -> dict[str, Any]:
         """The answer to one encoded prompt (``ChatProcessor.encode(..., prompt_only=True)``),
