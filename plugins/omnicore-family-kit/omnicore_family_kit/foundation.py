@@ -55,9 +55,12 @@ class FamilyFoundation:
     :meth:`lm_config` (the config the language model is built from), :meth:`build_lm` (a language
     model of its own class), :meth:`grow` (the rows that may exceed the checkpoint's),
     :meth:`describe` (the log line), :meth:`encoders` and :meth:`part_names` (computed ones). It
-    writes ``export_pretrained`` itself (the core reads whether a foundation has one): the class,
-    its config and the parts are the family's; :meth:`one_module`, :meth:`export_config` and
-    :meth:`write_export` do the rest.
+    writes ``export_pretrained(model, tokenizer, folder)`` itself (the core reads whether a
+    foundation has one; ``model``: the unsharded CPU OmniModel, LoRA merged; ``tokenizer``: the
+    run's; ``folder``: created): the class, its config and the parts are the family's;
+    :meth:`one_module` (ValueError: the family's module missing or doubled),
+    :meth:`export_config` and :meth:`write_export` (RuntimeError: the tensors do not fill the
+    class) do the rest.
 
     Args:
         options: the foundation's options (validated by ``options_model``).
@@ -91,18 +94,27 @@ class FamilyFoundation:
 
         return AutoConfig.from_pretrained(str(self.folder), local_files_only=True)
 
-    def source_tokenizer(self) -> Any:
-        """The checkpoint's tokenizer as published, with its chat template (``AutoTokenizer``).
+    def check_tokenizer(self) -> None:
+        """Refuse a checkpoint folder without a tokenizer.
 
         Raises:
-            ValueError: the folder has none of :data:`TOKENIZER_FILES` (naming them).
+            ValueError: the folder has none of :data:`TOKENIZER_FILES` (naming the field, the folder
+                and the files looked for).
         """
-        from transformers import AutoTokenizer
-
         if not any((self.folder / f).is_file() for f in TOKENIZER_FILES):
             raise ValueError(
                 f"{WHAT}: {self.folder} has no tokenizer (looked for {', '.join(TOKENIZER_FILES)}); save the checkpoint's tokenizer there"
             )
+
+    def source_tokenizer(self) -> Any:
+        """The checkpoint's tokenizer as published, with its chat template (``AutoTokenizer``).
+
+        Raises:
+            ValueError: the folder has no tokenizer (:meth:`check_tokenizer`).
+        """
+        from transformers import AutoTokenizer
+
+        self.check_tokenizer()
         return AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
 
     def build_tokenizer(self) -> Any:

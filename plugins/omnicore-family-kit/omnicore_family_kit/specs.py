@@ -32,16 +32,16 @@ def part_spec(
     description: str,
     *,
     target: str = "encoder:build",
-    processor: str = "build_processor",
 ) -> ComponentSpec:
     """An encoder or decoder of a family (the hook that returns it states which): built by
-    ``<package>.<target>``, its options ``<package>.processor:<options>``, its data side
-    ``<package>.processor:<processor>``."""
+    ``<package>.<target>`` (``module:factory``), its options ``<package>.processor:<options>``, its
+    data side ``<package>.processor:<factory>_processor`` (``build_processor`` for ``encoder:build``)."""
+    factory = target.partition(":")[2]
     return ComponentSpec(
         name=name,
         target=f"{package}.{target}",
         options_model=f"{package}.processor:{options}",
-        processor=f"{package}.processor:{processor}",
+        processor=f"{package}.processor:{factory}_processor",
         modalities=tuple(modalities),
         description=description,
     )

@@ -20,18 +20,14 @@ reason and what would serve it (:func:`refusal`): never trained approximately.
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
+from omnicore_family_kit.foundation import WHAT, FamilyFoundation
 from omnicore_family_kit.generic.options import AutoFoundationOptions
 from omnicore_family_kit.generic.processor import FEATURES_BY_MODALITY, placeholder_id, read_config_json
 from omnicore_family_kit.generic.rope import RULE
 from omnicore_family_kit.keymap import KeyMap
-
-WHAT = "model.foundation.options.checkpoint"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-"""Files one of which a checkpoint's tokenizer needs (``AutoTokenizer`` reads them)."""
 
 logger = logging.getLogger(__name__)
 
@@ -134,9 +130,11 @@ def _forward_params(module: Any) -> set[str]:
         return set()
 
 
-class GenericFoundation:
+class GenericFoundation(FamilyFoundation):
     """The :class:`omnicore.api.Foundation` of a checkpoint served through transformers'
-    multimodal interface (reads no weights until :meth:`build_model`'s plan is filled).
+    multimodal interface (reads no weights until :meth:`build_model`'s plan is filled): a
+    :class:`~omnicore_family_kit.foundation.FamilyFoundation` of any model type, whose key map,
+    language model, encoder entries and part names are read from the composite class.
 
     Args:
         options: :class:`~omnicore_family_kit.generic.options.AutoFoundationOptions`.
@@ -151,15 +149,12 @@ class GenericFoundation:
             served exactly (:func:`refusal`), naming the field and the reason.
     """
 
+    family = "generic"
+    options_model = AutoFoundationOptions
+
     def __init__(self, options: dict[str, Any]) -> None:
-        self.options = AutoFoundationOptions.model_validate(dict(options or {}))
-        self.folder = Path(self.options.checkpoint).expanduser()
-        if not (self.folder / "config.json").is_file():
-            raise ValueError(f"{WHAT}: {str(self.folder)!r} has no config.json; point it at a folder written by save_pretrained")
-        if not any((self.folder / f).is_file() for f in TOKENIZER_FILES):
-            raise ValueError(
-                f"{WHAT}: {self.folder} has no tokenizer (looked for {', '.join(TOKENIZER_FILES)}); save the checkpoint's tokenizer there"
-            )
+        super().__init__(options)
+        self.check_tokenizer()
         self.raw = read_config_json(self.folder)
         from omnicore_family_kit.generic.model import build_composite, fresh_config, layout_of
 
@@ -174,17 +169,23 @@ class GenericFoundation:
         if spans is not None:  # FoundationOptional.media_span_inputs, only where the class attends so
             self.media_span_inputs = MediaSpanInputs(spans)
 
+    def checkpoint_folder(self, checkpoint: str) -> Path:
+        """``checkpoint`` as a folder with a ``config.json`` of any model type (what cannot be
+        served is refused by :func:`refusal`).
+
+        Raises:
+            ValueError: the folder has no ``config.json``.
+        """
+        folder = Path(checkpoint).expanduser()
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{WHAT}: {str(folder)!r} has no config.json; point it at a folder written by save_pretrained")
+        return folder
+
     def config(self) -> Any:
-        """A copy of the checkpoint's config."""
+        """A copy of the checkpoint's config (read once per process)."""
         from omnicore_family_kit.generic.model import fresh_config
 
         return fresh_config(self.folder)
-
-    def build_tokenizer(self) -> Any:
-        """The checkpoint's tokenizer with its chat template."""
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
 
     def lm_keymap(self) -> KeyMap:
         """The language model's key map: its ``model.`` is the class's text decoder, ``lm_head.`` its head."""
@@ -194,26 +195,14 @@ class GenericFoundation:
         parts = {"model.": self.layout.decoder + ".", "lm_head.": self.layout.head + "."}
         return KeyMap(parts=parts, legacy=legacy, others=self.layout.towers)
 
-    def build_model(self, vocab_size: int, dtype: Any = None) -> Any:
-        """The text decoder under its LM head, on the meta device, with the plan that reads the
-        checkpoint's decoder tensors after sharding.
-
-        Args:
-            vocab_size: input embeddings needed (the model has at least the checkpoint's rows).
-            dtype: floating-point dtype of the parameters (default float32).
-
-        Raises:
-            LoadError: (``ValueError``) the checkpoint's decoder tensors do not fit.
-        """
-        from omnicore.api import embedding_names, plan_checkpoint
+    def build_lm(self, config: Any, vocab_size: int, dtype: Any) -> Any:
+        """The class's text decoder under its LM head (:func:`~omnicore_family_kit.generic.text_lm.build_text_lm`)
+        on the meta device, tied as its config says; the base's :meth:`build_model` plans reading
+        the checkpoint's decoder tensors in either layout (:meth:`lm_keymap`)."""
         from omnicore_family_kit.generic.text_lm import build_text_lm
 
-        model = build_text_lm(self.config(), self._composite.get_submodule(self.layout.decoder), vocab_size, dtype)
+        model = build_text_lm(config, self._composite.get_submodule(self.layout.decoder), vocab_size, dtype)
         model.tie_weights()
-        keys = self.lm_keymap()
-        model.omnicore_pending_load = plan_checkpoint(
-            model, self.folder, renames=keys.renames(), other_parts=keys.other_parts(), what=WHAT, grow=embedding_names(model)
-        )
         return model
 
     def rope_layout(self) -> Any:
@@ -261,34 +250,22 @@ class GenericFoundation:
     def export_pretrained(self, model: Any, tokenizer: Any, folder: Path) -> None:
         """Write ``folder`` as the class's ``save_pretrained`` writes it, from the trained tensors of
         the encoder module and the language model, with the trained vocabulary size; then the
-        tokenizer, the source's processor files and its ``generation_config.json``.
+        source's processor files, the tokenizer and its ``generation_config.json``
+        (:meth:`~omnicore_family_kit.foundation.FamilyFoundation.write_export`).
 
         Raises:
             ValueError: the model has not exactly one generic encoder module of this checkpoint;
                 RuntimeError: the tensors do not fill the class (see ``save_through_class``).
         """
-        from omnicore_family_kit.export import PROCESSOR_FILES, class_state, copy_extra_files, save_through_class
         from omnicore_family_kit.generic.encoder import GenericTower
         from omnicore_family_kit.generic.model import composite_class
 
-        towers = {id(m): m for m in model.encoders.values() if isinstance(m, GenericTower)}
-        if len(towers) != 1:
-            raise ValueError(f"auto export: the model needs exactly one encoder/generic_encoder module, found {len(towers)}")
-        tower = next(iter(towers.values()))
-        folder = Path(folder)
-        config = self.config()
-        lm = model.lm
-        rows = int(lm.get_input_embeddings().weight.shape[0])
-        config.get_text_config().vocab_size = rows
+        tower = self.one_module(model.encoders, GenericTower, "encoder/generic_encoder")
+        config = self.export_config(model, tokenizer)
         if hasattr(config, "vocab_size") and config is not config.get_text_config():
-            config.vocab_size = rows
-        state = class_state([(tower, tower.keymap), (lm, self.lm_keymap())])
-        dtype = lm.get_input_embeddings().weight.dtype
-        save_through_class(composite_class(config), config, state, folder, dtype=dtype)
-        tokenizer.save_pretrained(folder)
-        copy_extra_files(self.folder, folder, PROCESSOR_FILES)
-        if (self.folder / "generation_config.json").is_file() and self.folder.resolve() != folder.resolve():
-            shutil.copyfile(self.folder / "generation_config.json", folder / "generation_config.json")
+            config.vocab_size = config.get_text_config().vocab_size
+        parts = [(tower, tower.keymap), (model.lm, self.lm_keymap())]
+        self.write_export(folder, model, composite_class(config), config, parts, tokenizer=tokenizer)
 
 
 def build(options: dict[str, Any]) -> GenericFoundation:
