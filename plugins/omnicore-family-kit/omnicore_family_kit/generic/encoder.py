@@ -135,8 +135,10 @@ class GenericTower(nn.Module):
 def freeze_unreachable(module: GenericTower) -> list[str]:
     """Freeze the parameters the rows of a dummy batch do not depend on (found on the meta device
     by walking the autograd graph); returns their names. Nothing is frozen when the forward cannot
-    run on meta tensors."""
-    batch = module.dummy_batch()
+    run on meta tensors. The batch itself is made on the CPU, also where the module is built under
+    ``torch.device("meta")`` (the core's export builds its copy so): the processor needs real values."""
+    with torch.device("cpu"):
+        batch = module.dummy_batch()
     try:
         with torch.enable_grad():
             rows = module({k: v.to("meta") if hasattr(v, "to") else v for k, v in batch.items()})
