@@ -15,21 +15,20 @@ checkpoint exports a thinker-only folder).
 from __future__ import annotations
 
 import json
-import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
-from omnicore.api import build_mrope_lm, embedding_names, on_meta, plan_checkpoint
+from omnicore_family_kit.foundation import FamilyFoundation
 from omnicore_family_qwen2_5_omni.loading import LM, SPEECH
+from omnicore_family_qwen2_5_omni.plugin import MODEL_TYPES
 from omnicore_family_qwen2_5_omni.processor import (
     AUDIO_PAD,
     AUDIO_WRAP,
     IMAGE_PAD,
     VIDEO_PAD,
     VISION_WRAP,
+    WHAT_TO_PUT,
     Qwen2_5OmniFoundationOptions,
-    checkpoint_folder,
 )
 
 WHAT = "model.foundation.options.checkpoint"
@@ -47,12 +46,11 @@ SPEECH_FILES = ("spk_dict.pt", "generation_config.json")
 """Files of a published folder the export copies as they are (the speakers the talker reads;
 ``from_pretrained`` of the whole model requires ``spk_dict.pt``)."""
 
-logger = logging.getLogger(__name__)
 
-
-class Qwen2_5OmniFoundation:
+class Qwen2_5OmniFoundation(FamilyFoundation):
     """The :class:`omnicore.api.Foundation` of a Qwen2.5-Omni checkpoint (reads no weights until
-    :meth:`build_model`'s plan is filled).
+    :meth:`build_model`'s plan is filled). Its LM is the thinker's (:meth:`lm_config`), rotating by
+    mRoPE; building it logs whether the checkpoint carries the speech side.
 
     Args:
         options: :class:`~omnicore_family_qwen2_5_omni.processor.Qwen2_5OmniFoundationOptions`.
@@ -61,82 +59,44 @@ class Qwen2_5OmniFoundation:
         ValueError: the checkpoint folder is not a Qwen2.5-Omni one (naming the field).
     """
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.options = Qwen2_5OmniFoundationOptions.model_validate(dict(options or {}))
-        self.folder = checkpoint_folder(self.options.checkpoint, WHAT)
-
-    def config(self) -> Any:
-        """The checkpoint's ``Qwen2_5OmniConfig`` (or ``Qwen2_5OmniThinkerConfig``, thinker alone)."""
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(str(self.folder))
+    family = "qwen2_5_omni"
+    model_types = MODEL_TYPES
+    what_to_put = WHAT_TO_PUT
+    options_model = Qwen2_5OmniFoundationOptions
+    lm_keys = LM
+    mrope = True
+    encoder_entries = {
+        "image": {"name": "qwen2_5_omni_vision"},
+        "video": {
+            "name": "qwen2_5_omni_vision",
+            "options": {"modality": "video", "use_audio_in_video": ..., "long_audio": ..., "video_fps": ...},
+            "share": "image",
+        },
+        "audio": {"name": "qwen2_5_omni_audio", "options": {"long_audio": ...}},
+    }
+    """``image``: the vision tower with its merger; ``video``: its processor only, its clips go to
+    the image module; ``audio``: the audio tower. The foundation's options pass through."""
+    part_prefixes = {
+        "audio_tower": ["encoders.audio.audio_tower."],
+        "visual": ["encoders.image.visual.patch_embed.", "encoders.image.visual.blocks."],
+        "merger": ["encoders.image.visual.merger."],
+        "language_model": ["lm."],
+    }
+    """``visual``: the vision tower's patch embedding and blocks; ``merger``: its patch merger. The
+    talker and token2wav are no part of the model (never trained)."""
 
     def thinker_config(self, config: Any = None) -> Any:
         """The thinker's config of ``config`` (default: the checkpoint's)."""
         config = self.config() if config is None else config
         return config.thinker_config if config.model_type == "qwen2_5_omni" else config
 
-    def build_tokenizer(self) -> Any:
-        """The checkpoint's tokenizer with its chat template (``AutoTokenizer.from_pretrained``)."""
-        from transformers import AutoTokenizer
+    def lm_config(self, config: Any) -> Any:
+        """The thinker's config: its text model is the LM."""
+        return self.thinker_config(config)
 
-        return AutoTokenizer.from_pretrained(str(self.folder))
-
-    def build_model(self, vocab_size: int, dtype: Any = None) -> Any:
-        """The thinker's mRoPE text LM under its head, on the meta device with the plan that reads
-        the checkpoint's thinker text tensors (any layout) after sharding. Logs the model type.
-
-        Args:
-            vocab_size: input embeddings needed; the model has ``max(text_config.vocab_size,
-                vocab_size)`` rows (rows beyond the checkpoint's get the mean of its rows).
-            dtype: floating-point dtype of the parameters (default float32).
-
-        Raises:
-            ValueError: the text config's ``mrope_section`` does not fit its head dim.
-            LoadError: (``ValueError``) the checkpoint's thinker text tensors do not fit.
-        """
-        config = self.config()
-        speech = (
-            "with its talker and token2wav, carried into the export unchanged" if config.model_type == "qwen2_5_omni" else "thinker only"
-        )
-        logger.info("foundation qwen2_5_omni: %s is a %s checkpoint (%s)", self.folder, config.model_type, speech)
-        with on_meta():
-            model = build_mrope_lm(self.thinker_config(config), vocab_size=vocab_size, dtype=dtype)
-        model.tie_weights()
-        model.omnicore_pending_load = plan_checkpoint(
-            model,
-            self.folder,
-            renames=LM.renames(),
-            other_parts=LM.other_parts(),
-            what=WHAT,
-            grow=embedding_names(model),
-        )
-        return model
-
-    def encoders(self) -> dict[str, dict[str, Any]]:
-        """The entries the checkpoint brings: ``image`` (``encoder/qwen2_5_omni_vision``, the tower
-        with its merger), ``video`` (its processor only; its clips go to the image module:
-        ``share: image``) and ``audio`` (``encoder/qwen2_5_omni_audio``)."""
-        folder, o = str(self.folder), self.options
-        video = {"checkpoint": folder, "modality": "video", "use_audio_in_video": o.use_audio_in_video}
-        video.update({"long_audio": o.long_audio, "video_fps": o.video_fps})
-        return {
-            "image": {"name": "qwen2_5_omni_vision", "options": {"checkpoint": folder}},
-            "video": {"name": "qwen2_5_omni_vision", "options": video, "share": "image"},
-            "audio": {"name": "qwen2_5_omni_audio", "options": {"checkpoint": folder, "long_audio": o.long_audio}},
-        }
-
-    def part_names(self) -> dict[str, list[str]]:
-        """Family part names for ``train.freeze`` / ``train.lr_multipliers``: ``audio_tower``,
-        ``visual`` (the vision tower's patch embedding and blocks), ``merger`` (its patch merger)
-        and ``language_model``, with the towers under the keys :meth:`encoders` gives them. The
-        talker and token2wav are no part of the model (never trained)."""
-        return {
-            "audio_tower": ["encoders.audio.audio_tower."],
-            "visual": ["encoders.image.visual.patch_embed.", "encoders.image.visual.blocks."],
-            "merger": ["encoders.image.visual.merger."],
-            "language_model": ["lm."],
-        }
+    def describe(self, config: Any) -> str:
+        """Whether the checkpoint carries the talker and token2wav into the export, or is a thinker alone."""
+        return "with its talker and token2wav, carried into the export unchanged" if config.model_type == "qwen2_5_omni" else "thinker only"
 
     def thinker_parts(self, model: Any) -> list[tuple[Any, Any]]:
         """``(module, key map)`` of each trained part of the thinker: the audio and vision encoder
@@ -147,13 +107,9 @@ class Qwen2_5OmniFoundation:
         """
         from omnicore_family_qwen2_5_omni.encoder import Qwen2_5OmniAudioTower, Qwen2_5OmniVisionTower
 
-        parts: list[tuple[Any, Any]] = []
-        for cls, name in ((Qwen2_5OmniAudioTower, "encoder/qwen2_5_omni_audio"), (Qwen2_5OmniVisionTower, "encoder/qwen2_5_omni_vision")):
-            towers = [m for m in model.encoders.values() if isinstance(m, cls)]
-            if len(towers) != 1:
-                raise ValueError(f"qwen2_5_omni export: the model needs exactly one {name} module, found {len(towers)}")
-            parts.append((towers[0], towers[0].keys))
-        return [*parts, (model.lm, LM)]
+        audio = self.one_module(model.encoders, Qwen2_5OmniAudioTower, "encoder/qwen2_5_omni_audio")
+        vision = self.one_module(model.encoders, Qwen2_5OmniVisionTower, "encoder/qwen2_5_omni_vision")
+        return [(audio, audio.keys), (vision, vision.keys), (model.lm, LM)]
 
     def speech_tensors(self) -> dict[str, Any]:
         """The checkpoint's ``talker.*`` and ``token2wav.*`` tensors as stored (dtype and values
@@ -183,26 +139,22 @@ class Qwen2_5OmniFoundation:
         (or, for a thinker alone, ``Qwen2_5OmniThinkerForConditionalGeneration``) built on the meta
         device, given the trained thinker (its parts' key maps) and, for a whole model, the
         checkpoint's ``talker.*`` and ``token2wav.*`` tensors unchanged (:meth:`speech_tensors`), and
-        written by its own ``save_pretrained`` (:func:`omnicore_family_kit.export.save_through_class`:
-        ``config.json`` with the trained vocabulary size and the tokenizer's ids of the media tokens,
-        the safetensors under the names it writes: ``thinker.audio_tower.*``, ``thinker.visual.*``,
-        ``thinker.model.*``, ``thinker.lm_head.*``, ``talker.*``, ``token2wav.*``; without
-        ``thinker.`` and the speech side for a thinker alone). Then the tokenizer with its chat
-        template, the source's processor files, ``spk_dict.pt`` and ``generation_config.json``.
-
-        Args:
-            model: an unsharded CPU OmniModel (LoRA merged) whose encoders are this family's.
+        written by its own ``save_pretrained`` (``config.json`` with the trained vocabulary size and
+        the tokenizer's ids of the media tokens, the safetensors under the names it writes:
+        ``thinker.audio_tower.*``, ``thinker.visual.*``, ``thinker.model.*``, ``thinker.lm_head.*``,
+        ``talker.*``, ``token2wav.*``; without ``thinker.`` and the speech side for a thinker alone).
+        Then the source's processor files, the tokenizer with its chat template, ``spk_dict.pt`` and
+        ``generation_config.json``
+        (:meth:`~omnicore_family_kit.foundation.FamilyFoundation.write_export`).
 
         Raises:
-            ValueError: the model lacks this family's audio or vision encoder; see :meth:`speech_tensors`.
-            RuntimeError: the tensors do not fill the class (strict, both ways).
+            ValueError: not exactly one audio and one vision encoder of this family, or see
+                :meth:`speech_tensors`; RuntimeError: the tensors do not fill the class.
         """
         from transformers import Qwen2_5OmniForConditionalGeneration, Qwen2_5OmniThinkerForConditionalGeneration
 
-        from omnicore_family_kit.export import class_state, copy_extra_files, save_through_class
         from omnicore_family_qwen2_5_omni.loading import in_thinker
 
-        folder = Path(folder)
         config = self.config()
         whole = config.model_type == "qwen2_5_omni"
         parts = self.thinker_parts(model)
@@ -214,17 +166,10 @@ class Qwen2_5OmniFoundation:
             if whole and hasattr(config.talker_config, key):
                 setattr(config.talker_config, key, value)
         if whole:
-            state = {**class_state(parts), **self.speech_tensors()}
-            cls = Qwen2_5OmniForConditionalGeneration
+            cls, speech = Qwen2_5OmniForConditionalGeneration, self.speech_tensors()
         else:
-            state, cls = class_state([(m, in_thinker(keys)) for m, keys in parts]), Qwen2_5OmniThinkerForConditionalGeneration
-        save_through_class(cls, config, state, folder, dtype=model.lm.get_input_embeddings().weight.dtype)
-        copy_extra_files(self.folder, folder)
-        tokenizer.save_pretrained(folder)
-        if self.folder.resolve() != folder.resolve():
-            for name in SPEECH_FILES:
-                if (self.folder / name).is_file():
-                    shutil.copyfile(self.folder / name, folder / name)
+            cls, speech, parts = Qwen2_5OmniThinkerForConditionalGeneration, None, [(m, in_thinker(keys)) for m, keys in parts]
+        self.write_export(folder, model, cls, config, parts, tokenizer=tokenizer, state=speech, copied=SPEECH_FILES)
 
     def speak(
         self, prompt: Any, processors: dict[str, Any], *, max_new_tokens: int, seed: int, stop_id: int | None = None

@@ -29,11 +29,12 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from omnicore.api import Audio, ItemLayout, Video, resample
 from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
 from omnicore_family_kit.media_processors import load_image_processor, load_video_processor, video_settings
+from omnicore_family_kit.options import CheckpointOptions
 from omnicore_family_qwen2_5_omni.plugin import MODEL_TYPES
 
 AUDIO_PAD, IMAGE_PAD, VIDEO_PAD = "<|AUDIO|>", "<|IMAGE|>", "<|VIDEO|>"
@@ -62,10 +63,8 @@ VIDEO_FPS = (
 )
 
 
-class Qwen2_5OmniFoundationOptions(BaseModel):
+class Qwen2_5OmniFoundationOptions(CheckpointOptions):
     """Options of ``foundation/qwen2_5_omni``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     checkpoint: str = Field(
         description=(
@@ -82,10 +81,8 @@ class Qwen2_5OmniFoundationOptions(BaseModel):
     )
 
 
-class Qwen2_5OmniVisionOptions(BaseModel):
+class Qwen2_5OmniVisionOptions(CheckpointOptions):
     """Options of ``encoder/qwen2_5_omni_vision``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     checkpoint: str = Field(
         description=(
@@ -105,10 +102,8 @@ class Qwen2_5OmniVisionOptions(BaseModel):
     video_fps: float = Field(default=2.0, gt=0, description=VIDEO_FPS)
 
 
-class Qwen2_5OmniAudioOptions(BaseModel):
+class Qwen2_5OmniAudioOptions(CheckpointOptions):
     """Options of ``encoder/qwen2_5_omni_audio``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     checkpoint: str = Field(
         description=(
@@ -120,15 +115,8 @@ class Qwen2_5OmniAudioOptions(BaseModel):
 
 
 def checkpoint_folder(checkpoint: str, what: str) -> Path:
-    """``checkpoint`` as a folder whose ``config.json`` is a Qwen2.5-Omni (whole or thinker) one: the kit's
-    :func:`omnicore_family_kit.checkpoint.checkpoint_folder` with :data:`MODEL_TYPES` and
-    :data:`WHAT_TO_PUT`.
-
-    Raises:
-        ValueError: naming ``what`` and what to put there, when the folder or its ``config.json`` is
-            missing or its ``model_type`` is not one of :data:`MODEL_TYPES` (naming the installed
-            foundation that serves that model type, found through the registry).
-    """
+    """``checkpoint`` as a Qwen2.5-Omni (whole or thinker) folder: :func:`omnicore_family_kit.checkpoint.checkpoint_folder` of
+    :data:`MODEL_TYPES` (ValueError naming ``what``, ending with :data:`WHAT_TO_PUT`)."""
     return kit_checkpoint_folder(checkpoint, what, MODEL_TYPES, WHAT_TO_PUT)
 
 
