@@ -55,14 +55,8 @@ class LlavaFoundation(FamilyFoundation):
         ``LlavaProcessor``'s files and the source's ``generation_config.json`` if it has one
         (:meth:`~omnicore_family_kit.foundation.FamilyFoundation.write_export`).
 
-        Args:
-            model: an unsharded CPU OmniModel (LoRA merged) whose image encoder is this family's.
-            tokenizer: the run's tokenizer (the checkpoint's, plus any token the core added).
-            folder: the export folder (created).
-
         Raises:
-            ValueError: the model has not exactly one LLaVA image encoder; RuntimeError: its
-                tensors do not fill ``LlavaForConditionalGeneration`` (strict, both ways).
+            ValueError: not exactly one ``encoder/llava_encoder``; RuntimeError: the tensors do not fill the class.
         """
         from transformers import LlavaForConditionalGeneration, LlavaProcessor
 

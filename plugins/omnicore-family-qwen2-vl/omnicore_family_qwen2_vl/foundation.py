@@ -66,12 +66,8 @@ class Qwen2VLFoundation(FamilyFoundation):
         ``generation_config.json`` if it has one
         (:meth:`~omnicore_family_kit.foundation.FamilyFoundation.write_export`).
 
-        Args:
-            model: an unsharded CPU OmniModel (LoRA merged) whose vision encoder is this family's.
-
         Raises:
-            ValueError: the model has not exactly one Qwen2-VL vision encoder; RuntimeError: its
-                tensors do not fill the class (strict, both ways).
+            ValueError: not exactly one ``encoder/qwen2_vl_encoder``; RuntimeError: the tensors do not fill the class.
         """
         from omnicore_family_qwen2_vl.encoder import Qwen2VLVisionTower, composite_class
         from omnicore_family_qwen2_vl.loading import TOWER

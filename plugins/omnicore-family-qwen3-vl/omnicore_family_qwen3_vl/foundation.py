@@ -73,12 +73,8 @@ class Qwen3VLFoundation(FamilyFoundation):
         ``generation_config.json`` if it has one
         (:meth:`~omnicore_family_kit.foundation.FamilyFoundation.write_export`).
 
-        Args:
-            model: an unsharded CPU OmniModel (LoRA merged) whose vision encoder is this family's.
-
         Raises:
-            ValueError: the model has not exactly one Qwen3-VL vision encoder; RuntimeError: its
-                tensors do not fill the class (strict, both ways).
+            ValueError: not exactly one ``encoder/qwen3_vl_encoder``; RuntimeError: the tensors do not fill the class.
         """
         from transformers import Qwen3VLForConditionalGeneration
 
