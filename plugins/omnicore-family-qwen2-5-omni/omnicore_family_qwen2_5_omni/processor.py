@@ -31,7 +31,9 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from omnicore.api import Audio, ItemLayout, Video, resample
+from omnicore.api import ItemLayout, Video
+from omnicore_family_kit.audio_processors import WhisperClipProcessor
+from omnicore_family_kit.audio_processors import load_feature_extractor as kit_load_feature_extractor
 from omnicore_family_kit.checkpoint import checkpoint_folder as kit_checkpoint_folder
 from omnicore_family_kit.media_processors import load_image_processor, load_video_processor, video_settings
 from omnicore_family_kit.options import CheckpointOptions
@@ -130,22 +132,9 @@ def thinker_config(folder: Path) -> Any:
 
 
 def load_feature_extractor(folder: Path, what: str) -> Any:
-    """The checkpoint's own ``WhisperFeatureExtractor`` (``AutoFeatureExtractor.from_pretrained``).
-
-    Raises:
-        ValueError: naming ``what`` when the folder has no processor files.
-    """
-    from transformers import AutoFeatureExtractor
-
-    if not any((folder / f).is_file() for f in ("preprocessor_config.json", "processor_config.json")):
-        raise ValueError(f"{what}: {str(folder)!r} has no preprocessor_config.json or processor_config.json; {WHAT_TO_PUT}")
-    return AutoFeatureExtractor.from_pretrained(str(folder))
-
-
-def num_tokens_for_frames(valid_frames: int) -> int:
-    """``<|AUDIO|>`` tokens of ``valid_frames`` valid mel frames: ``((L - 1) // 2 + 1 - 2) // 2 + 1``
-    (``Qwen2_5OmniProcessor``'s ``_get_feat_extract_output_lengths``)."""
-    return ((int(valid_frames) - 1) // 2 + 1 - 2) // 2 + 1
+    """The checkpoint's own ``WhisperFeatureExtractor`` (:func:`omnicore_family_kit.audio_processors.load_feature_extractor`;
+    ValueError naming ``what`` when the folder has no processor files)."""
+    return kit_load_feature_extractor(folder, what, WHAT_TO_PUT)
 
 
 def chunk_bounds(values: Any, per_chunk: int) -> list[tuple[int, int]]:
@@ -161,86 +150,14 @@ def chunk_bounds(values: Any, per_chunk: int) -> list[tuple[int, int]]:
     return out
 
 
-class Qwen2_5OmniAudioProcessor:
-    """The :class:`omnicore.api.Processor` of ``encoder/qwen2_5_omni_audio`` (picklable, no weights).
+class Qwen2_5OmniAudioProcessor(WhisperClipProcessor):
+    """The :class:`omnicore.api.Processor` of ``encoder/qwen2_5_omni_audio`` (picklable, no weights):
+    the kit's :class:`~omnicore_family_kit.audio_processors.WhisperClipProcessor` (the checkpoint's
+    ``WhisperFeatureExtractor`` as ``Qwen2_5OmniProcessor`` applies it, tokens per clip by its
+    ``_get_feat_extract_output_lengths``), its messages naming Qwen2.5-Omni."""
 
-    Attributes:
-        modality: ``"audio"``; placeholder: ``<|AUDIO|>``; wrap: ``(<|audio_bos|>, <|audio_eos|>)``:
-            the checkpoint's own tokens, as its chat template and processor write them.
-        feature_extractor: the checkpoint's ``WhisperFeatureExtractor`` (unchanged).
-        sampling_rate: Hz clips are resampled to; max_samples: the window every clip is padded to;
-        long_audio: ``"refuse"`` or ``"truncate"``.
-    """
-
-    modality = "audio"
-    placeholder = AUDIO_PAD
-    wrap = AUDIO_WRAP
-
-    def __init__(self, feature_extractor: Any, *, long_audio: str = "refuse") -> None:
-        self.feature_extractor = feature_extractor
-        self.long_audio = long_audio
-        self.sampling_rate = int(feature_extractor.sampling_rate)
-        self.hop_length = int(feature_extractor.hop_length)
-        self.max_samples = int(feature_extractor.n_samples)
-
-    def preprocess(self, media: Audio) -> dict[str, torch.Tensor]:
-        """One clip to the checkpoint's log-mel features, as ``Qwen2_5OmniProcessor`` computes them
-        (``padding="max_length"``).
-
-        Args:
-            media: :class:`omnicore.api.Audio`, mono float32 samples ``[num_samples]`` in [-1, 1]
-                at ``media.sample_rate`` Hz (resampled with soxr to :attr:`sampling_rate`).
-
-        Returns:
-            ``{"input_features": float32 [num_mel_bins, max_frames], "feature_attention_mask":
-            int64 [max_frames]}`` (1 on the frames that cover the clip).
-
-        Raises:
-            ValueError: the samples are not one-dimensional, the clip gives no token (under 3 mel
-                frames), or it is longer than the window with ``long_audio="refuse"`` (both lengths
-                in the message).
-        """
-        samples = np.asarray(media.samples)
-        if samples.ndim != 1:
-            raise ValueError(f"qwen2_5_omni audio expects mono audio of shape [num_samples]; got shape {samples.shape}")
-        audio = resample(Audio(samples=samples.astype(np.float32, copy=False), sample_rate=int(media.sample_rate)), self.sampling_rate)
-        wave = np.asarray(audio.samples, dtype=np.float32)
-        if wave.shape[0] > self.max_samples and self.long_audio == "refuse":
-            raise ValueError(
-                f"audio is {wave.shape[0] / self.sampling_rate:.2f} s long, longer than the checkpoint's window of "
-                f"{self.max_samples / self.sampling_rate:g} s (long_audio: refuse); cut the clip, or set long_audio: truncate"
-            )
-        out = self.feature_extractor(
-            wave, sampling_rate=self.sampling_rate, return_attention_mask=True, padding="max_length", return_tensors="pt"
-        )
-        features = {
-            "input_features": out["input_features"][0].to(torch.float32).contiguous(),
-            "feature_attention_mask": out["attention_mask"][0].to(torch.long).contiguous(),
-        }
-        if self.num_tokens(features) < 1:
-            raise ValueError(
-                f"audio of {wave.shape[0]} samples at {self.sampling_rate} Hz is too short for Qwen2.5-Omni (it needs at least "
-                f"3 mel frames, {2 * self.hop_length + 1} samples)"
-            )
-        return features
-
-    def num_tokens(self, features: dict[str, Any]) -> int:
-        """``<|AUDIO|>`` tokens of one clip: :func:`num_tokens_for_frames` of its mask's sum."""
-        return num_tokens_for_frames(int(torch.as_tensor(features["feature_attention_mask"]).sum()))
-
-    def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """Stack clips in order: ``input_features`` ``[B, num_mel_bins, max_frames]`` and
-        ``feature_attention_mask`` ``[B, max_frames]`` (the thinker's own input names).
-
-        Raises:
-            ValueError: ``items`` is empty.
-        """
-        if not items:
-            raise ValueError("qwen2_5_omni audio: collate() needs at least one item")
-        return {
-            "input_features": torch.stack([torch.as_tensor(it["input_features"]) for it in items]),
-            "feature_attention_mask": torch.stack([torch.as_tensor(it["feature_attention_mask"], dtype=torch.long) for it in items]),
-        }
+    label = "qwen2_5_omni audio"
+    model_name = "Qwen2.5-Omni"
 
 
 class Qwen2_5OmniVisionProcessor:
