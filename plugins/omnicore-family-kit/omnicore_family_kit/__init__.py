@@ -14,7 +14,11 @@ family. The kit holds:
   checkpoint's own processor, whole or its image and video processors one by one, also where
   torchvision is missing (:class:`~omnicore_family_kit.media_processors.FrameVideoProcessor`:
   transformers' Qwen2-VL video steps).
-* :mod:`omnicore_family_kit.foundation`: the base of a family's foundation.
+* :mod:`omnicore_family_kit.foundation`: the base of a family's foundation
+  (:class:`~omnicore_family_kit.foundation.FamilyFoundation`: a family states its model types,
+  options, key map, encoder entries and part names); :mod:`omnicore_family_kit.specs` and
+  :mod:`omnicore_family_kit.options`: its hook module's specs and options base (torch-free);
+  :mod:`omnicore_family_kit.audio_processors`: a Whisper-style audio tower's data side.
 
 It also registers the generic family (``foundation/auto``; see its hook module
 :mod:`omnicore_family_kit.plugin`). Importing this package is torch-free; each module imports
