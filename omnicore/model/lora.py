@@ -197,14 +197,15 @@ def head_weight(layer: nn.Module) -> torch.Tensor | None:
 
 
 def _merge_untied(layer: nn.Module, tied: bool) -> None:
-    """PEFT's ``merge`` of one layer; a ``tied`` base weight (shared with another module) is
-    replaced by a copy first, since PEFT writes the merged values into the shared tensor, which
-    would change the other module (the input embedding) too. When the merged weight equals the
-    shared one (an adapter whose update is zero) the layer shares it again."""
+    """PEFT's ``merge`` of one layer into a copy of its base weight: PEFT writes the merged values
+    into the base tensor, which may be shared with another module (a ``tied`` input embedding) or
+    with another model (the export's copy holds the trained model's tensors on one process:
+    :func:`omnicore.checkpoint.export.unsharded_copy`), and would change that one too. When a tied
+    layer's merged weight equals the shared one (an adapter whose update is zero) the layer shares it
+    again."""
     base = layer.get_base_layer()
     shared = base.weight
-    if tied:
-        base.weight = nn.Parameter(shared.detach().clone(), requires_grad=shared.requires_grad)
+    base.weight = nn.Parameter(shared.detach().clone(), requires_grad=shared.requires_grad)
     layer.merge(safe_merge=True)
     if tied and torch.equal(base.weight, shared):
         base.weight = shared
@@ -231,9 +232,10 @@ def merge_lora(model: nn.Module) -> int:
     """Fold each adapter into its base weight (``W + (alpha / r) * B @ A``, PEFT's ``merge`` with a
     finiteness check) and put the plain ``nn.Linear`` back, in place. Returns the layer count.
 
-    A base weight tied to another parameter (:func:`tied_adapted`) is merged into a copy: the layer
-    ends with its own weight, the other parameter unchanged (the layer shares it again only when the
-    merged weight equals it). The caller says so in the model's config (``tie_word_embeddings``).
+    Each base weight is merged into a copy, so a tensor the layer shares (a parameter it is tied to,
+    :func:`tied_adapted`, or another model's) is left unchanged: the layer ends with its own weight
+    (a tied one shares it again only when the merged weight equals it). The caller says so in the
+    model's config (``tie_word_embeddings``).
 
     Raises:
         ValueError: (PEFT) a merged weight is not finite.
