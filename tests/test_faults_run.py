@@ -133,7 +133,7 @@ def test_weights_made_nonfinite_at_a_finite_loss_are_never_saved(text_jsonl, tmp
 def _fail_with(exc: BaseException):
     """A stand-in for write_export that writes part of the export, then fails with ``exc``."""
 
-    def write_export(model, tokenizer, cfg, out):
+    def write_export(model, tokenizer, cfg, out, registry=None):
         (out / "foundation").mkdir(parents=True)
         (out / "foundation" / "model.safetensors").write_bytes(b"\0" * 1000)
         raise exc

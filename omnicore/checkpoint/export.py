@@ -61,8 +61,12 @@ from omnicore.checkpoint.errors import CheckpointError
 logger = logging.getLogger(__name__)
 
 
-def export_model(model: Any, tokenizer: Any, cfg: Any, out_dir: str | Path, state: Any) -> Path | None:
+def export_model(model: Any, tokenizer: Any, cfg: Any, out_dir: str | Path, state: Any, registry: Any = None) -> Path | None:
     """Gather the full state dict (collective) and write the export on rank 0. Returns the folder on rank 0.
+
+    ``registry``: the :class:`~omnicore.registry.Registry` the model was built from (the run's); the
+    copy and the foundation's export are built through it, so that a name such as ``auto`` resolves to
+    the same component as in training. Default: the config's discovery (:func:`~omnicore.registry.registry_for`).
 
     Rank 0 builds a second model with its parameters on the meta device (with the LoRA layers of
     ``model.lora``), then takes the gathered tensors by assignment: no weights are read from disk or
@@ -91,9 +95,9 @@ def export_model(model: Any, tokenizer: Any, cfg: Any, out_dir: str | Path, stat
             _refuse_nonfinite(full, out)
             from omnicore.checkpoint.dcp import replace_folder
 
-            plain = unsharded_copy(model, cfg, full)
+            plain = unsharded_copy(model, cfg, full, registry)
             shutil.rmtree(tmp, ignore_errors=True)
-            write_export(plain, tokenizer, cfg, tmp)
+            write_export(plain, tokenizer, cfg, tmp, registry)
             replace_folder(tmp, out)
         except Exception as exc:  # a half-written export is never left behind, whatever failed
             shutil.rmtree(tmp, ignore_errors=True)
@@ -174,9 +178,10 @@ def _free_bytes(path: Path) -> int | None:
     return None
 
 
-def unsharded_copy(model: Any, cfg: Any, full: dict[str, Any]) -> Any:
+def unsharded_copy(model: Any, cfg: Any, full: dict[str, Any], registry: Any = None) -> Any:
     """A plain (unsharded, CPU) :class:`~omnicore.model.omni.OmniModel` holding ``full``, the
-    gathered state dict of the trained ``model``; built on meta, so nothing is loaded twice.
+    gathered state dict of the trained ``model``; built on meta, so nothing is loaded twice, from
+    ``registry`` (default: the config's discovery; see :func:`export_model`).
 
     Raises:
         RuntimeError: ``full`` lacks a key of the model or has one it does not use (``load_state_dict``, strict).
@@ -192,7 +197,7 @@ def unsharded_copy(model: Any, cfg: Any, full: dict[str, Any]) -> Any:
     with torch.device("meta"), warnings.catch_warnings():
         # a checkpointed component copies into meta tensors: a deliberate no-op here, torch warns per tensor
         warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter.*")
-        plain, _ = build_omni_model(cfg)
+        plain, _ = build_omni_model(cfg, registry)
         apply_lora(plain, cfg.model.lora)
     tied = tied_groups(plain)  # tie_word_embeddings, also where LoRA wraps lm_head (transformers' tie_weights cannot)
     plain.load_state_dict(full, assign=True)
@@ -259,8 +264,10 @@ def _untie_merged(lm: Any) -> None:
     )
 
 
-def write_export(model: Any, tokenizer: Any, cfg: Any, out: Path) -> None:
-    """Write an unsharded :class:`~omnicore.model.omni.OmniModel` as the export layout above.
+def write_export(model: Any, tokenizer: Any, cfg: Any, out: Path, registry: Any = None) -> None:
+    """Write an unsharded :class:`~omnicore.model.omni.OmniModel` as the export layout above; the
+    foundation (whose ``export_pretrained`` writes a published family's layout) is built from
+    ``registry`` (default: the config's discovery; see :func:`export_model`).
 
     With LoRA adapters in ``model`` (``model.lora``) the model is changed in place: adapters are
     merged, or (``export: adapter``) the foundation's are written apart and removed. Last, every
@@ -274,7 +281,7 @@ def write_export(model: Any, tokenizer: Any, cfg: Any, out: Path) -> None:
     out.mkdir(parents=True)
     was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one-shard "Writing model shards" bars add only noise here
-    family = getattr(build_foundation(cfg), "export_pretrained", None)
+    family = getattr(build_foundation(cfg, registry), "export_pretrained", None)
     family = family if callable(family) else None
     try:
         header, adapter = _write_lora(model, cfg, out, family is not None)

@@ -147,8 +147,8 @@ def setup(cfg: Config, *, resume: bool | str = False, registry: Registry | None 
     return Run(
         cfg=cfg, state=state, model=model, tokenizer=tokenizer, processor=processor, data=data, strategies=strategies,
         optimizer=optimizer, scheduler=scheduler, data_rank=data_rank, data_size=data_size, replicas=replicas, autocast=autocast,
-        peak_tflops=peak, flops=flops, out_dir=out_dir, ckpt_root=ckpt_root, metrics_path=metrics_path, log=log, start=start, bar=bar,
-        skipped_steps=skips[0], nonfinite_in_row=skips[1], given_config=given,
+        peak_tflops=peak, flops=flops, out_dir=out_dir, ckpt_root=ckpt_root, metrics_path=metrics_path, log=log, registry=registry,
+        start=start, bar=bar, skipped_steps=skips[0], nonfinite_in_row=skips[1], given_config=given,
     )  # fmt: skip
 
 
@@ -933,7 +933,7 @@ def _loop(run: Run) -> None:
     # a resume of a finished run (its export failed, say) trains no step and exports it again
     finished = out_of_data or (run.history[-1]["step"] if run.history else run.start) == cfg.train.max_steps
     if cfg.train.export and finished:
-        path = export_model(run.model, run.tokenizer, cfg, run.out_dir / "export", run.state)
+        path = export_model(run.model, run.tokenizer, cfg, run.out_dir / "export", run.state, run.registry)
         run.log(f"exported to {path}")
     if run.state.is_main:  # loss.png from metrics.jsonl; a failure is a warning line, never an error
         from omnicore.plot import plot_after_training

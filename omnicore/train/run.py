@@ -21,6 +21,7 @@ from omnicore.data.chat import ChatProcessor
 from omnicore.data.pipeline import DataPipeline
 from omnicore.model.flops import ModelFlops
 from omnicore.parallel.state import ParallelState
+from omnicore.registry import Registry
 from omnicore.train.loggers import Loggers
 from omnicore.train.signals import GracefulStop
 
@@ -69,6 +70,9 @@ class Run:
     """``OUT_DIR/metrics.jsonl`` (written by the ``jsonl`` logger, rank 0)."""
     log: Callable[..., None]
     """Status lines: ``logger.info`` (shown on rank 0; see :mod:`omnicore.logs`)."""
+    registry: Registry
+    """The components the model was built from (the one :func:`omnicore.train.loop.train` was given, or
+    the config's discovery); the export builds its copy and the foundation's export through it."""
     start: int = 0
     """Steps already done when this process began (a resumed run's checkpoint step)."""
     bar: Any = None
