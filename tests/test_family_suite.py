@@ -1,7 +1,8 @@
 """The family parity suite (:class:`omnicore.testing.FamilyParitySuite`) can fail: its test methods,
 called directly on the LLaVA stand-in (CLIP tower), pass on the family as built and raise
 AssertionError on a perturbed weight, a conversation the processor renders otherwise, a target
-too many, an export that drops the training, and a wrong ``mrope``. And pytest collects its
+too many, an export that drops the training, a wrong ``mrope``, and a LoRA export whose adapter or
+merged weights differ from the trained model's (or whose steps moved nothing). And pytest collects its
 ``Test*`` subclasses but not the base."""
 
 from __future__ import annotations
@@ -147,3 +148,48 @@ def test_a_wrong_mrope_fails_the_ids_test(built):
 
     with pytest.raises(AssertionError, match="set mrope = False on"):
         WithPositions().test_ids_equal_transformers(run, ref, 0)
+
+
+@pytest.mark.slow
+def test_a_wrong_adapter_a_wrong_merged_export_or_unmoved_logits_fail_the_lora_test(built, tmp_path, monkeypatch):
+    """``test_lora_export_merged_and_adapter_equal_omnicore`` (left out unless ``lora_export``) fails
+    on a PEFT adapter whose B matrices are halved, on a merged export whose embedding is shifted,
+    and on steps too small to move the logits (each a 2-step LoRA run)."""
+    import omnicore.model.lora
+
+    class Lora(LlavaSuite):
+        lora_export = True
+
+    name = "test_lora_export_merged_and_adapter_equal_omnicore"
+    assert getattr(LlavaSuite, name) is None and getattr(Lora, name) is FamilyParitySuite.__dict__[name]
+    _, run, ref = built
+    real_adapter = omnicore.model.lora.family_adapter
+
+    def halved(*args, **kwargs):
+        config, state = real_adapter(*args, **kwargs)
+        return config, {k: v / 2 if ".lora_B." in k else v for k, v in state.items()}
+
+    with monkeypatch.context() as m:
+        m.setattr(omnicore.model.lora, "family_adapter", halved)
+        with pytest.raises(AssertionError, match="adapter: Tensor-likes are not close"):
+            Lora().test_lora_export_merged_and_adapter_equal_omnicore(run, ref, tmp_path / "halved")
+
+    standin = run.config["model"]["foundation"]["options"]["checkpoint"]
+    foundation = type(run.registry.build("foundation", "llava", {"checkpoint": standin}))
+    real_export = foundation.export_pretrained
+
+    def shifted(self, model, tok, folder):
+        with torch.no_grad():
+            model.lm.get_input_embeddings().weight.add_(0.01)
+        real_export(self, model, tok, folder)
+
+    with monkeypatch.context() as m:
+        m.setattr(foundation, "export_pretrained", shifted)
+        with pytest.raises(AssertionError, match="merged: Tensor-likes are not close"):
+            Lora().test_lora_export_merged_and_adapter_equal_omnicore(run, ref, tmp_path / "shifted")
+
+    class Tiny(Lora):
+        lora_lr = 1e-8
+
+    with pytest.raises(AssertionError, match="the LoRA steps left the stand-in's logits"):
+        Tiny().test_lora_export_merged_and_adapter_equal_omnicore(run, ref, tmp_path / "tiny")

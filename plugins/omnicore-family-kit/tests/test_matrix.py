@@ -4,8 +4,9 @@ auto}`` against the class's own forward by the family parity suite
 (:class:`omnicore.testing.FamilyParitySuite`): ids equal the processor's, logits equal the class's
 on text only, one image and two images (fp32, 1e-5), a packed row equals each sample alone, the
 loss equals transformers' on the assistant tokens, and the export is read back by the class's
-``from_pretrained`` with equal logits. Two FSDP2 processes equal one for two representative types
-(LLaVA-NeXT's tiling, Idefics3's tiles and connector); the rest leave that test out to keep the
+``from_pretrained`` with equal logits. Two FSDP2 processes equal one, and a 2-step LoRA run's
+merged and PEFT adapter exports give the trained model's logits, for two representative types
+(LLaVA-NeXT's tiling, Idefics3's tiles and connector); the rest leave those tests out to keep the
 suite's time.
 
 Each model type the generic family cannot serve exactly is refused at build time with one line
@@ -25,7 +26,8 @@ SERVED = ("llava", "llava_next", "llava_onevision", "internvl", "idefics3", "smo
 MROPE = ("glm4v",)
 """The served types with 3-D rotary positions (the suite also checks them against ``get_rope_index``)."""
 FSDP2 = ("llava_next", "idefics3")
-"""The types whose FSDP2 test runs (about 40 s each)."""
+"""The types whose FSDP2 test runs (about 40 s each), and whose LoRA export test runs (``lora_export``:
+a 2-step LoRA run exported merged and as a PEFT adapter, 4 to 9 s each)."""
 REFUSED = {
     "paligemma": "token_type_ids",
     "aya_vision": "logit_scale",
@@ -86,7 +88,9 @@ class GenericParity(FamilyParitySuite):
 for _type in SERVED:
     _name = "Test" + "".join(part.capitalize() for part in _type.split("_"))
     _attrs = {"model_type": _type, "__module__": __name__, "__qualname__": _name}
-    if _type not in FSDP2:
+    if _type in FSDP2:
+        _attrs["lora_export"] = True
+    else:
         _attrs["test_two_fsdp2_processes_equal_one"] = None
     if _type in MROPE:
         _attrs["mrope"] = True

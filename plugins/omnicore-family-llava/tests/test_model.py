@@ -2,8 +2,9 @@
 ``LlavaForConditionalGeneration`` and ``LlavaProcessor`` on the same images (fp32), for both
 stand-ins (the conftest's ``standin`` is parametrised by tower): omnicore's family parity suite
 (:class:`omnicore.testing.FamilyParitySuite`: ids, logits on text only, one image and two images, a
-packed row, the loss on the assistant tokens, the export read back by ``from_pretrained``, 2 FSDP2
-processes against one), and what only this family brings.
+packed row, the loss on the assistant tokens, the export read back by ``from_pretrained``, a LoRA
+run's merged and PEFT adapter exports, 2 FSDP2 processes against one), and what only this family
+brings.
 
 The stand-ins' templates render every image of a message (``<image>`` and a newline) before its
 text; samples write that newline as text after each image part (omnicore renders the text around
@@ -35,6 +36,7 @@ class TestLlavaParity(FamilyParitySuite):
     ]
     media = {"a.png": (40, 52), "b.png": (70, 33)}
     media_tokens = {"image": 16}  # both stand-ins: a 4 x 4 patch grid (CLIP's class token dropped)
+    lora_export = True  # a LoRA run exported merged and as a PEFT adapter of LlavaForConditionalGeneration
 
     def hf_messages(self, user, answer):
         """The template renders the images first, then the text: one image part per image and the
