@@ -7,8 +7,12 @@ from omnicore.api import ComponentSpec, hookimpl
 from omnicore_family_kit.specs import foundation_spec, part_spec
 
 MODEL_TYPES = ("llava",)
-"""The ``config.json`` ``model_type`` values this family reads (LLaVA): ``foundation/llava``
-names them in ``extra["model_types"]``, so ``model.foundation: {name: auto}`` picks it for them."""
+"""The ``config.json`` ``model_type`` values this family reads (LLaVA)."""
+AUTO_MODEL_TYPES: tuple[str, ...] = ()
+"""The model types ``model.foundation: {name: auto}`` picks this family for: none. The generic
+family (omnicore-family-kit) serves ``llava`` exactly, the newline the chat template writes after
+each image included, where this family writes the image alone and leaves that newline to the
+sample's text; ``name: llava`` still picks this family."""
 
 
 @hookimpl
@@ -18,7 +22,7 @@ def omnicore_foundations() -> list[ComponentSpec]:
         "LLaVA as published (LlavaForConditionalGeneration folder): its Llama/Qwen2 LM, tokenizer and chat "
         "template, and its CLIP/SigLIP vision tower + projector as the image encoder; exports the published layout"
     )
-    return [foundation_spec(__package__, "llava", "LlavaFoundationOptions", MODEL_TYPES, description)]
+    return [foundation_spec(__package__, "llava", "LlavaFoundationOptions", AUTO_MODEL_TYPES, description)]
 
 
 @hookimpl

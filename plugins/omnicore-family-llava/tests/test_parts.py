@@ -161,14 +161,15 @@ def test_bad_checkpoints_name_the_field(standin, tower, tmp_path):
         build_processor({"checkpoint": str(tmp_path / "miscount")})
 
 
-def test_the_foundation_serves_its_model_types():
-    """foundation/llava names its model type in its spec, so ``name: auto`` picks it."""
+def test_auto_leaves_llava_to_the_generic_family():
+    """foundation/llava reads llava checkpoints but claims none for ``name: auto``: the generic
+    family serves them exactly (the template's newline after each image included)."""
     from omnicore.api import Registry
     from omnicore_family_llava import plugin
 
     assert plugin.MODEL_TYPES == ("llava",)
-    assert [s.extra["model_types"] for s in plugin.omnicore_foundations()] == [plugin.MODEL_TYPES]
-    assert Registry.discover().foundation_for("llava") == "llava"
+    assert [s.extra["model_types"] for s in plugin.omnicore_foundations()] == [()]
+    assert Registry.discover().foundation_for("llava") == "generic"
 
 
 def test_another_model_type_names_the_installed_foundation_serving_it(tmp_path, monkeypatch, isolated_registry):
