@@ -89,7 +89,6 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.components import Violation as Violation
     from omnicore.data.chat import IGNORE_INDEX as IGNORE_INDEX
     from omnicore.data.chat import ItemLayout as ItemLayout
-    from omnicore.data.positions import RopeLayout as RopeLayout
     from omnicore.data.media import Audio as Audio
     from omnicore.data.media import MediaError as MediaError
     from omnicore.data.media import Video as Video
@@ -97,6 +96,7 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported from their
     from omnicore.data.media import load_image as load_image
     from omnicore.data.media import load_video as load_video
     from omnicore.data.media import resample as resample
+    from omnicore.data.positions import RopeLayout as RopeLayout
     from omnicore.data.seeds import ITEM_SEEDS as ITEM_SEEDS
     from omnicore.data.seeds import collate_items as collate_items
     from omnicore.data.seeds import item_generators as item_generators

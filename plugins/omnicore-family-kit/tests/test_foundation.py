@@ -174,6 +174,7 @@ def test_the_spec_helpers_name_the_kit_layout():
     assert part_spec("p", "d", "O", ("audio",), "", target="decoder:build").processor == "p.processor:build_processor"
 
 
+@pytest.mark.cli
 def test_the_kit_modules_a_hook_module_imports_are_torch_free():
     code = (
         "import sys, omnicore_family_kit.specs, omnicore_family_kit.options, omnicore_family_kit.foundation; "
