@@ -267,9 +267,6 @@ def load_video(source: str | Path | bytes, *, name: str | None = None, audio: bo
             if not container.streams.video:
                 raise MediaError(f"video {what} has no video stream")
             stream = container.streams.video[0]
-            # decode on this thread only: ffmpeg's frame threads deadlock in a data worker forked
-            # from a process that decoded video before (seen on CPU machines: the worker never returns)
-            stream.thread_type = "NONE"
             rate = stream.average_rate or stream.guessed_rate
             frames, times, last = _decode_frames(container, stream, what)
         track = _decode_audio(source, what) if audio else None
