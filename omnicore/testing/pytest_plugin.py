@@ -23,7 +23,10 @@ from typing import Any
 
 import pytest
 
-from omnicore import testing
+# the suites' asserts get pytest's detail (the compared values) whatever imports them first
+pytest.register_assert_rewrite("omnicore.testing.contracts", "omnicore.testing.family")
+
+from omnicore import testing  # noqa: E402
 
 
 @pytest.fixture
