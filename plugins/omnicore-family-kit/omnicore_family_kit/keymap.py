@@ -7,8 +7,8 @@ text model under the LM head is the foundation's ``lm``. Each part maps a prefix
 names to a prefix of the names of the class's ``state_dict()`` (its in-memory names, which its
 ``load_state_dict`` takes and its ``save_pretrained`` writes, after any conversion transformers
 applies on saving). Older published layouts (``language_model.model.*`` for LLaVA before
-transformers 5, ``visual.*`` for Qwen2-VL) are read too: :func:`legacy_renames` takes them from
-transformers' own conversion table for the model type, and a family adds its own.
+transformers 5, ``visual.*`` for Qwen2-VL) are read too: :func:`saved_renames` derives them from
+transformers' own conversion on saving (``revert_weight_conversion``), and a family adds its own.
 """
 
 from __future__ import annotations
@@ -82,32 +82,6 @@ def _longest_value(theirs: str, parts: Mapping[str, str]) -> str | None:
     """The omnicore prefix whose class prefix is the longest one ``theirs`` starts with."""
     hits = [ours for ours, cls in parts.items() if theirs.startswith(cls)]
     return max(hits, key=lambda o: len(parts[o])) if hits else None
-
-
-def legacy_renames(model_type: str) -> dict[str, str]:
-    """``old checkpoint prefix -> class prefix`` from transformers' own conversion table for
-    ``model_type`` (``transformers.conversion_mapping``): the plain prefix renames (``^language_model``
-    -> ``model.language_model``) it applies when loading a checkpoint of an older layout. Renames
-    that are not plain prefixes are left out (a family states those itself)."""
-    try:
-        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
-    except ImportError:  # an older transformers: no table
-        return {}
-    out: dict[str, str] = {}
-    for rule in get_checkpoint_conversion_mapping(model_type) or []:
-        sources = getattr(rule, "source_patterns", None) or []
-        targets = getattr(rule, "target_patterns", None) or []
-        if type(rule).__name__ != "WeightRenaming" or len(sources) != 1 or len(targets) != 1:
-            continue
-        source, target = str(sources[0]), str(targets[0])
-        if source.startswith("^") and _plain(source[1:]) and _plain(target):
-            out[source[1:] + "."] = target + "."
-    return out
-
-
-def _plain(pattern: str) -> bool:
-    """Whether a regex is a plain dotted name (no other metacharacters)."""
-    return all(c.isalnum() or c in "._" for c in pattern.replace("\\.", "."))
 
 
 def saved_renames(model: Any) -> dict[str, str]:
